@@ -1,0 +1,1 @@
+"""elmokit: ELMo deep contextualized word representations in PyTorch."""

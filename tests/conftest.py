@@ -1,0 +1,24 @@
+"""Shared test helpers: locating ``../shared`` beside the repository root."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+
+
+def shared_path(*parts: str) -> Path:
+    """Return a path under ``../shared``; skip the test when it is absent.
+
+    With ``ELMOKIT_REQUIRE_SHARED=1`` (set by ``.ci/run``) a missing file fails the test instead of skipping.
+    """
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        msg = f"{path} not found: the shared data/fixtures folder must sit beside the repository"
+        if os.environ.get("ELMOKIT_REQUIRE_SHARED") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return path
