@@ -1,0 +1,132 @@
+"""``Embedder``: sentences and files → ELMo layer arrays (NumPy) and HDF5 files."""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .characters import CharVocabulary, batch_to_ids, validate_sentences
+from .io import atomic_path
+from .modules.bilm import BiLM
+
+__all__ = ["Embedder"]
+
+logger = logging.getLogger(__name__)
+
+_LAYER_MODES = ("all", "top", "average")
+
+
+class Embedder:
+    """Embed tokenised sentences with a (frozen) :class:`BiLM`, stateless, in length-sorted batches.
+
+    Args:
+        bilm: the model (put in eval mode; stateful mode is switched off for embedding).
+        batch_size: sentences per forward pass.
+        device: where to run (default: the model's device).
+        char_vocab: for models trained in the character-vocabulary mode.
+
+    Source: AllenNLP ``ElmoEmbedder`` (``embed_sentence``, ``embed_sentences``, ``embed_file``); outputs match
+    AllenNLP's with its state reset before every batch.
+    """
+
+    def __init__(self, bilm: BiLM, batch_size: int = 64, device: str | torch.device | None = None,
+                 char_vocab: CharVocabulary | None = None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.bilm = bilm.eval()
+        self.bilm.stateful = False
+        self.batch_size = batch_size
+        self.device = torch.device(device) if device is not None else next(bilm.parameters()).device
+        self.bilm.to(self.device)
+        self.char_vocab = char_vocab
+
+    def _ids(self, batch: Sequence[Sequence[str]]) -> torch.Tensor:
+        c = self.bilm.config.char_cnn.max_characters_per_token
+        return batch_to_ids(batch, c, char_vocab=self.char_vocab).to(self.device)
+
+    def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """B sentences → B float32 arrays of shape (L+1, n_i, 2P)."""
+        batch = validate_sentences(batch)
+        if not batch:
+            return []
+        with torch.inference_mode():
+            out = self.bilm(self._ids(batch))
+        layers = out.layers.float().cpu().numpy()
+        return [layers[i, :, : len(s)] for i, s in enumerate(batch)]
+
+    def embed_sentence(self, tokens: Sequence[str]) -> np.ndarray:
+        """One sentence (list of str) → (L+1, n, 2P) float32. An empty sentence gives (L+1, 0, 2P)."""
+        if isinstance(tokens, str):
+            raise TypeError("embed_sentence expects a list of tokens, not a string; use text.split()")
+        return self.embed_batch([tokens])[0]
+
+    def embed_sentences(self, sentences: Iterable[Sequence[str]], batch_size: int | None = None,
+                        ) -> Iterator[np.ndarray]:
+        """Yield (L+1, n_i, 2P) arrays in input order. Works on a stream: reads ``batch_size × 32`` sentences at a time
+        and sorts them by length internally, so padding is small."""
+        batch_size = batch_size or self.batch_size
+        chunk: list[Sequence[str]] = []
+        for sentence in sentences:
+            chunk.append(sentence)
+            if len(chunk) == batch_size * 32:
+                yield from self._embed_chunk(chunk, batch_size)
+                chunk = []
+        if chunk:
+            yield from self._embed_chunk(chunk, batch_size)
+
+    def _embed_chunk(self, chunk: list[Sequence[str]], batch_size: int) -> Iterator[np.ndarray]:
+        validate_sentences(chunk)
+        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))
+        results: list[np.ndarray | None] = [None] * len(chunk)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            for i, arr in zip(idx, self.embed_batch([chunk[i] for i in idx])):
+                results[i] = arr
+        yield from results  # type: ignore[misc]
+
+    def embed_file(self, input_path: str | os.PathLike, output_path: str | os.PathLike, *, layers: str = "all",
+                   batch_size: int | None = None, progress: bool = True) -> int:
+        """Embed a file of whitespace-tokenised sentences (one per line, UTF-8) into HDF5, written atomically.
+
+        Dataset ``"i"`` holds line i's vectors: (L+1, n, 2P) for ``layers="all"``, (n, 2P) for ``"top"`` or
+        ``"average"``; blank lines give a zero-length array; ``"sentence_to_index"`` maps each line's text to its
+        dataset name (as AllenNLP's ``elmo`` command). Returns the number of sentences.
+
+        Raises:
+            ValueError: unknown ``layers``; a line that is not UTF-8 (names the file and line).
+        """
+        if layers not in _LAYER_MODES:
+            raise ValueError(f"layers must be one of {_LAYER_MODES}, got {layers!r}")
+        import json
+
+        import h5py
+        from tqdm.auto import tqdm
+
+        input_path = Path(input_path)
+        lines = []
+        with open(input_path, "rb") as fh:
+            for number, raw in enumerate(fh, 1):
+                try:
+                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                except UnicodeDecodeError as exc:
+                    raise ValueError(f"{input_path}:{number}: not valid UTF-8 ({exc.reason})") from None
+        sentences = [line.split() for line in lines]
+        index: dict[str, str] = {}
+        with atomic_path(output_path, suffix=".hdf5") as tmp, h5py.File(tmp, "w") as out:
+            bar = tqdm(total=len(sentences), unit="sent", disable=not progress, desc="embedding")
+            for i, arr in enumerate(self.embed_sentences(sentences, batch_size)):
+                if layers == "top":
+                    arr = arr[-1]
+                elif layers == "average":
+                    arr = arr.mean(axis=0)
+                out.create_dataset(str(i), data=arr)
+                index.setdefault(lines[i], str(i))
+                bar.update(1)
+            bar.close()
+            out.create_dataset("sentence_to_index", data=np.array([json.dumps(index)], dtype=h5py.string_dtype()))
+        logger.info("wrote %d sentences to %s", len(sentences), output_path)
+        return len(sentences)

@@ -1,0 +1,62 @@
+"""Character CNN: character embeddings → 1-D convolutions of several widths → max over positions → activation.
+
+Source: bilm-tf ``BidirectionalLanguageModel._build_word_char_embeddings``; Kim et al. (2016) char-aware LM.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["CharCNN"]
+
+
+class CharCNN(nn.Module):
+    """Character embedding + convolutions with max-pooling over the character positions.
+
+    Args:
+        n_char_rows: learned embedding rows (261 for the byte scheme). Id 0 is padding: a constant zero row kept
+            outside the parameters, so the published parameter counts hold.
+        embedding_dim: D, char embedding size.
+        filters: ``(width, count)`` per convolution; outputs are concatenated in this order.
+        activation: ``"relu"`` or ``"tanh"``, applied after the max (the original's order).
+
+    Shapes: ``forward(char_ids: LongTensor (N, C)) -> FloatTensor (N, F)`` with F = Σ counts. Convolutions are
+    "valid" (no padding) with bias; the in-word pad id takes part in the max, as in the original.
+    """
+
+    def __init__(self, n_char_rows: int, embedding_dim: int, filters: list[tuple[int, int]],
+                 activation: str = "relu") -> None:
+        super().__init__()
+        self.embedding_dim = embedding_dim
+        self.filters = [(int(w), int(n)) for w, n in filters]
+        #: (n_char_rows, D): row k is the embedding of id k + 1 (id 0 = padding = zeros).
+        self.char_embedding = nn.Parameter(torch.empty(n_char_rows, embedding_dim))
+        self.convolutions = nn.ModuleList(nn.Conv1d(embedding_dim, n, kernel_size=w) for w, n in self.filters)
+        if activation not in ("relu", "tanh"):
+            raise ValueError(f"activation must be 'relu' or 'tanh', got {activation!r}")
+        self.activation = activation
+        self.reset_parameters()
+
+    @property
+    def output_dim(self) -> int:
+        """F, the total number of filters."""
+        return sum(n for _, n in self.filters)
+
+    def reset_parameters(self) -> None:
+        """Random initialisation (uniform ±1 embeddings, as bilm-tf; PyTorch default for convolutions)."""
+        nn.init.uniform_(self.char_embedding, -1.0, 1.0)
+        for conv in self.convolutions:
+            conv.reset_parameters()
+
+    def embedding_table(self) -> torch.Tensor:
+        """(n_char_rows + 1, D) lookup table with the zero padding row prepended."""
+        return F.pad(self.char_embedding, (0, 0, 1, 0))
+
+    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """``char_ids`` (N, C) long → (N, F) float."""
+        x = F.embedding(char_ids, self.embedding_table())  # (N, C, D)
+        x = x.transpose(1, 2)  # (N, D, C)
+        pooled = [conv(x).amax(dim=-1) for conv in self.convolutions]
+        out = torch.cat(pooled, dim=-1)
+        return torch.relu(out) if self.activation == "relu" else torch.tanh(out)

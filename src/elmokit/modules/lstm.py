@@ -1,0 +1,151 @@
+"""The biLM's LSTM stacks: LSTM cells with projection and clipping, forward and backward run together.
+
+Both directions have their own parameters; they are stored with a leading direction axis (0 = forward,
+1 = backward) so that one batched matrix multiply advances both directions at each time step.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..config import LSTMConfig
+
+__all__ = ["BiLSTM", "LSTMState"]
+
+#: (c, h): c (2, L, B, H), h (2, L, B, P); index 0 = forward direction, 1 = backward.
+LSTMState = tuple[torch.Tensor, torch.Tensor]
+
+
+class BiLSTM(nn.Module):
+    """L layers of LSTM-with-projection per direction, run over inputs already in each direction's own time order.
+
+    Each layer and direction computes (TensorFlow ``LSTMCell`` with ``num_proj``, no peepholes)::
+
+        z = x_t · W_ih + h_{t-1} · W_hh + b            split into i, j, f, o (this order)
+        c_t = σ(f + 1) · c_{t-1} + σ(i) · tanh(j)      forget bias 1.0 added at run time (not stored)
+        c_t = clip(c_t, ±cell_clip)
+        h_t = clip((σ(o) · tanh(c_t)) · W_P, ±proj_clip)
+
+    With ``use_skip_connections`` a layer ≥ 1 outputs ``h_t + x_t`` (the recurrent h stays pre-residual).
+
+    Parameters per layer ``k`` (x·W layout, as the original HDF5): ``weight_ih[k]`` (2, I, 4H), ``weight_hh[k]``
+    (2, P, 4H), ``bias[k]`` (2, 4H), ``weight_proj[k]`` (2, H, P), where I = P (every layer's input is P wide).
+
+    Source: bilm-tf ``_build_lstms`` (TF ``LSTMCell(num_proj, cell_clip, proj_clip)``, forget_bias=1.0).
+    """
+
+    def __init__(self, config: LSTMConfig, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.config = config
+        self.hidden_dim = h = config.dim
+        self.projection_dim = p = config.projection_dim
+        self.n_layers = config.n_layers
+        self.dropout = dropout
+        self.weight_ih = nn.ParameterList(nn.Parameter(torch.empty(2, p, 4 * h)) for _ in range(config.n_layers))
+        self.weight_hh = nn.ParameterList(nn.Parameter(torch.empty(2, p, 4 * h)) for _ in range(config.n_layers))
+        self.bias = nn.ParameterList(nn.Parameter(torch.empty(2, 4 * h)) for _ in range(config.n_layers))
+        self.weight_proj = nn.ParameterList(nn.Parameter(torch.empty(2, h, p)) for _ in range(config.n_layers))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Uniform ±1/√H initialisation (PyTorch's LSTM default), zero biases."""
+        bound = 1.0 / math.sqrt(self.hidden_dim)
+        for k in range(self.n_layers):
+            for w in (self.weight_ih[k], self.weight_hh[k], self.weight_proj[k]):
+                nn.init.uniform_(w, -bound, bound)
+            nn.init.zeros_(self.bias[k])
+
+    def zero_state(self, batch_size: int, device=None, dtype=None) -> LSTMState:
+        """All-zero (c, h): c (2, L, B, H), h (2, L, B, P)."""
+        dtype = dtype or self.bias[0].dtype
+        device = device or self.bias[0].device
+        c = torch.zeros(2, self.n_layers, batch_size, self.hidden_dim, device=device, dtype=dtype)
+        h = torch.zeros(2, self.n_layers, batch_size, self.projection_dim, device=device, dtype=dtype)
+        return c, h
+
+    def forward(self, inputs: torch.Tensor, lengths: torch.Tensor,
+                initial_state: LSTMState | None = None) -> tuple[list[torch.Tensor], LSTMState]:
+        """Run both stacks.
+
+        Args:
+            inputs: (2, B, T, P) — [0] the forward direction's input, [1] the backward direction's input, each in
+                its own time order and left-aligned (real steps first, padding after).
+            lengths: (B,) long, real steps per row (0 allowed); **must be sorted in descending order**.
+            initial_state: (c, h) as :meth:`zero_state`, or ``None`` for zeros.
+
+        Returns:
+            outputs: L tensors (2, B, T, P), each layer's output (residual added where configured); zero at padding.
+            final_state: (c, h) reached at each row's last real step (its initial state if it has none).
+        """
+        if inputs.dim() != 4 or inputs.shape[0] != 2:
+            raise ValueError(f"inputs must be (2, B, T, P), got {tuple(inputs.shape)}")
+        _, b, t, _ = inputs.shape
+        lengths = lengths.to("cpu")
+        if b > 1 and bool((lengths[1:] > lengths[:-1]).any()):
+            raise ValueError("lengths must be sorted in descending order")
+        if initial_state is None:
+            initial_state = self.zero_state(b, inputs.device, inputs.dtype)
+        c0, h0 = initial_state
+        # batch_sizes[s] = rows still running at step s
+        batch_sizes = [int((lengths > s).sum()) for s in range(t)]
+        x = inputs
+        outputs: list[torch.Tensor] = []
+        final_c: list[torch.Tensor] = []
+        final_h: list[torch.Tensor] = []
+        for k in range(self.n_layers):
+            layer_in = x
+            if self.dropout > 0 and self.training:
+                layer_in = nn.functional.dropout(layer_in, self.dropout, True)
+            out, (ck, hk) = self._run_layer(k, layer_in, batch_sizes, c0[:, k], h0[:, k])
+            if self.config.use_skip_connections and k > 0:
+                out = out + x
+            outputs.append(out)
+            final_c.append(ck)
+            final_h.append(hk)
+            x = out
+        return outputs, (torch.stack(final_c, 1), torch.stack(final_h, 1))
+
+    def _run_layer(self, k: int, x: torch.Tensor, batch_sizes: list[int], c: torch.Tensor,
+                   h: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        _, b, t, p = x.shape
+        hd = self.hidden_dim
+        cell_clip = self.config.cell_clip
+        proj_clip = self.config.proj_clip
+        w_hh = self.weight_hh[k]
+        w_proj = self.weight_proj[k]
+        # Input contribution for all steps at once: (2, B*T, 4H)
+        xw = torch.baddbmm(self.bias[k].unsqueeze(1), x.reshape(2, b * t, p), self.weight_ih[k]).view(2, b, t, 4 * hd)
+        steps: list[torch.Tensor] = []
+        done_c: list[torch.Tensor] = []  # final states of rows that ended, latest-ending first
+        done_h: list[torch.Tensor] = []
+        n_prev = b
+        for s in range(t):
+            n = batch_sizes[s]
+            if n < n_prev:
+                done_c.append(c[:, n:n_prev])
+                done_h.append(h[:, n:n_prev])
+                c, h = c[:, :n], h[:, :n]
+                n_prev = n
+            if n == 0:
+                break
+            z = xw[:, :n, s] + torch.bmm(h, w_hh)
+            i, j, f, o = z.chunk(4, dim=-1)
+            c = torch.sigmoid(f + 1.0) * c + torch.sigmoid(i) * torch.tanh(j)
+            if cell_clip:
+                c = c.clamp(-cell_clip, cell_clip)
+            h = torch.bmm(torch.sigmoid(o) * torch.tanh(c), w_proj)
+            if proj_clip:
+                h = h.clamp(-proj_clip, proj_clip)
+            steps.append(h if n == b else nn.functional.pad(h, (0, 0, 0, b - n)))
+        if n_prev > 0:
+            done_c.append(c)
+            done_h.append(h)
+        final_c = torch.cat(done_c[::-1], dim=1) if done_c else c
+        final_h = torch.cat(done_h[::-1], dim=1) if done_h else h
+        if len(steps) < t:
+            pad = x.new_zeros(2, b, p)
+            steps.extend([pad] * (t - len(steps)))
+        out = torch.stack(steps, dim=2) if steps else x.new_zeros(2, b, 0, p)
+        return out, (final_c, final_h)

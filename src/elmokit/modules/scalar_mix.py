@@ -1,0 +1,88 @@
+"""ScalarMix: ELMo's task-specific weighting of the biLM layers (Peters et al. 2018, eq. 1)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["ScalarMix"]
+
+
+class ScalarMix(nn.Module):
+    """``ELMo_t = γ · Σ_j softmax(w)_j · h_{t,j}`` over the L+1 layers, optionally layer-normalised first.
+
+    Args:
+        mixture_size: number of layers mixed (L + 1).
+        do_layer_norm: normalise each layer by **one** mean and variance over all unmasked positions and all
+            dimensions of the batch (not per token), eps 1e-12 — the original's behaviour (bilm-tf ``weight_layers``,
+            AllenNLP ``ScalarMix._do_layer_norm``). Which positions count is the caller's mask.
+        initial_scalar_parameters: initial w (default zeros = equal weights).
+        trainable: learn w and γ (``False`` fixes them, e.g. for AllenNLP's ``scalar_mix_parameters``).
+        initial_gamma: initial γ (default 1.0).
+        top_only: return γ · (last layer) and ignore w (bilm-tf ``use_top_only``).
+
+    ``forward(layers, mask=None)``: ``layers`` is a (B, K, T, D) tensor or a sequence of K tensors (B, T, D);
+    ``mask`` (B, T) bool is required with layer norm. Returns (B, T, D).
+
+    Raises:
+        ValueError: a wrong number of layers, a missing mask with layer norm, mismatched shapes.
+    """
+
+    def __init__(self, mixture_size: int, do_layer_norm: bool = False,
+                 initial_scalar_parameters: Sequence[float] | None = None, trainable: bool = True,
+                 initial_gamma: float = 1.0, top_only: bool = False) -> None:
+        super().__init__()
+        if mixture_size < 1:
+            raise ValueError(f"mixture_size must be >= 1, got {mixture_size}")
+        if initial_scalar_parameters is None:
+            initial_scalar_parameters = [0.0] * mixture_size
+        if len(initial_scalar_parameters) != mixture_size:
+            raise ValueError(
+                f"initial_scalar_parameters has {len(initial_scalar_parameters)} values for a mixture of {mixture_size} layers"
+            )
+        self.mixture_size = mixture_size
+        self.do_layer_norm = do_layer_norm
+        self.top_only = top_only
+        self.scalar_parameters = nn.Parameter(
+            torch.tensor([float(v) for v in initial_scalar_parameters]), requires_grad=trainable
+        )
+        self.gamma = nn.Parameter(torch.tensor([float(initial_gamma)]), requires_grad=trainable)
+
+    def weights(self) -> torch.Tensor:
+        """softmax(w), shape (K,)."""
+        return torch.softmax(self.scalar_parameters, dim=0)
+
+    def l2_penalty(self, coefficient: float = 0.001) -> torch.Tensor:
+        """λ · Σ w² (bilm-tf's regulariser on the layer weights; 0.001 is its ``l2_coef`` default)."""
+        return coefficient * (self.scalar_parameters**2).sum()
+
+    def forward(self, layers: torch.Tensor | Sequence[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(layers, torch.Tensor):
+            if layers.dim() != 4:
+                raise ValueError(f"layers must be (B, K, T, D), got shape {tuple(layers.shape)}")
+            tensors = layers.unbind(1)
+        else:
+            tensors = list(layers)
+        if len(tensors) != self.mixture_size:
+            raise ValueError(f"{len(tensors)} layers were passed to a ScalarMix of {self.mixture_size}")
+        if self.top_only:
+            return self.gamma * tensors[-1]
+        weights = self.weights().to(tensors[0].dtype)
+        if self.do_layer_norm:
+            if mask is None:
+                raise ValueError("ScalarMix with do_layer_norm needs the (B, T) mask")
+            m = mask.unsqueeze(-1).to(tensors[0].dtype)
+            count = (m.sum() * tensors[0].shape[-1]).clamp(min=1.0)
+            tensors = [self._layer_norm(t, m, count) for t in tensors]
+        out = weights[0] * tensors[0]
+        for w, t in zip(weights[1:], tensors[1:]):
+            out = out + w * t
+        return self.gamma * out
+
+    @staticmethod
+    def _layer_norm(tensor: torch.Tensor, m: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        masked = tensor * m
+        mean = masked.sum() / count
+        variance = (((masked - mean) * m) ** 2).sum() / count
+        return (tensor - mean) / torch.sqrt(variance + 1e-12)

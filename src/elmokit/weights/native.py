@@ -1,0 +1,192 @@
+"""elmokit's native format (``config.json`` + ``model.safetensors`` [+ ``vocab.txt``]) and the download cache.
+
+``from_pretrained(name_or_path)`` accepts:
+
+* a released model name (:data:`RELEASED`): its original options + HDF5 are downloaded once into the cache
+  (``$ELMOKIT_CACHE``, default ``~/.cache/elmokit``) with a progress bar, to a temporary name renamed into place
+  only when complete, and reused offline afterwards;
+* a directory in the native format (``config.json`` + ``model.safetensors``);
+* a directory holding an original ``options.json`` (or ``*options*.json``) and one ``*.hdf5`` weight file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..config import ElmoConfig
+from ..errors import WeightsError
+from ..io import atomic_path
+from ..modules.bilm import BiLM
+
+__all__ = ["save_pretrained", "load_native", "load_pretrained_bilm", "cache_dir", "download", "RELEASED",
+           "CONFIG_NAME", "WEIGHTS_NAME"]
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+FORMAT_VERSION = 1
+
+_BASE = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo/"
+#: Released English models (AllenNLP's download addresses): name → (options URL, weights URL).
+RELEASED: dict[str, tuple[str, str]] = {
+    "small": (
+        _BASE + "2x1024_128_2048cnn_1xhighway/elmo_2x1024_128_2048cnn_1xhighway_options.json",
+        _BASE + "2x1024_128_2048cnn_1xhighway/elmo_2x1024_128_2048cnn_1xhighway_weights.hdf5",
+    ),
+    "medium": (
+        _BASE + "2x2048_256_2048cnn_1xhighway/elmo_2x2048_256_2048cnn_1xhighway_options.json",
+        _BASE + "2x2048_256_2048cnn_1xhighway/elmo_2x2048_256_2048cnn_1xhighway_weights.hdf5",
+    ),
+    "original": (
+        _BASE + "2x4096_512_2048cnn_2xhighway/elmo_2x4096_512_2048cnn_2xhighway_options.json",
+        _BASE + "2x4096_512_2048cnn_2xhighway/elmo_2x4096_512_2048cnn_2xhighway_weights.hdf5",
+    ),
+    "original-5.5b": (
+        _BASE + "2x4096_512_2048cnn_2xhighway_5.5B/elmo_2x4096_512_2048cnn_2xhighway_5.5B_options.json",
+        _BASE + "2x4096_512_2048cnn_2xhighway_5.5B/elmo_2x4096_512_2048cnn_2xhighway_5.5B_weights.hdf5",
+    ),
+}
+
+
+def cache_dir() -> Path:
+    """The download cache: ``$ELMOKIT_CACHE`` or ``~/.cache/elmokit``."""
+    return Path(os.environ.get("ELMOKIT_CACHE", Path.home() / ".cache" / "elmokit"))
+
+
+def _urlopen(url: str):  # indirection so tests can replace the network
+    return urllib.request.urlopen(url, timeout=60)
+
+
+def download(url: str, dest: str | os.PathLike, *, opener: Callable | None = None, progress: bool = True) -> Path:
+    """Fetch ``url`` to ``dest`` unless it is already there. Never leaves a partial file at ``dest``: data goes to a
+    temporary name in the same folder, renamed when complete (a length mismatch is an error).
+
+    Raises:
+        OSError: the download failed (the message names the URL); ``dest`` is left absent.
+    """
+    dest = Path(dest)
+    if dest.is_file():
+        return dest
+    from tqdm.auto import tqdm
+
+    opener = opener or _urlopen
+    logger.info("downloading %s → %s", url, dest)
+    try:
+        with opener(url) as response, atomic_path(dest) as tmp:
+            total = int(response.headers.get("Content-Length", 0) or 0) if hasattr(response, "headers") else 0
+            written = 0
+            with open(tmp, "wb") as fh, tqdm(total=total or None, unit="B", unit_scale=True, desc=dest.name,
+                                             disable=not progress) as bar:
+                while True:
+                    chunk = response.read(1 << 20)
+                    if not chunk:
+                        break
+                    fh.write(chunk)
+                    written += len(chunk)
+                    bar.update(len(chunk))
+            if total and written != total:
+                raise OSError(f"download of {url} stopped at {written} of {total} bytes")
+    except OSError as exc:
+        raise OSError(f"could not download {url}: {exc}") from exc
+    return dest
+
+
+def save_pretrained(model: BiLM, out_dir: str | os.PathLike, *, vocab_lines: list[str] | None = None,
+                    extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (+ ``vocab.txt``) into ``out_dir``, each atomically.
+
+    ``extra_tensors`` (e.g. an LM softmax under ``softmax.*``) are stored beside the biLM tensors.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    for k, v in (extra_tensors or {}).items():
+        tensors[k] = v.detach().cpu().contiguous()
+    with atomic_path(out_dir / WEIGHTS_NAME, suffix=".safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "elmokit", "version": str(FORMAT_VERSION)})
+    if vocab_lines is not None:
+        from ..io import atomic_write_text
+
+        atomic_write_text(out_dir / "vocab.txt", "".join(line + "\n" for line in vocab_lines))
+    model.config.to_json_file(out_dir / CONFIG_NAME)
+    return out_dir
+
+
+def load_native(path: str | os.PathLike, **bilm_kwargs) -> BiLM:
+    """Load a native-format directory. Extra tensors (``softmax.*``) are ignored here.
+
+    Raises:
+        FileNotFoundError: ``config.json`` or ``model.safetensors`` missing.
+        WeightsError: a tensor is missing or has the wrong shape (named, with both shapes).
+    """
+    path = Path(path)
+    config = ElmoConfig.from_json_file(path / CONFIG_NAME)
+    weights = path / WEIGHTS_NAME
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights} not found")
+    tensors = load_file(str(weights))
+    model = BiLM(config, **bilm_kwargs)
+    own = model.state_dict()
+    state = {}
+    for name, target in own.items():
+        if name not in tensors:
+            raise WeightsError(f"{weights}: tensor {name!r} is missing")
+        if tuple(tensors[name].shape) != tuple(target.shape):
+            raise WeightsError(f"{weights}: tensor {name!r} has shape {tuple(tensors[name].shape)}, the config "
+                               f"implies {tuple(target.shape)}")
+        state[name] = tensors[name]
+    unknown = [k for k in tensors if k not in own and not k.startswith("softmax.")]
+    if unknown:
+        raise WeightsError(f"{weights}: unexpected tensors {unknown[:5]} for this config")
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def _original_pair(directory: Path) -> tuple[Path, Path] | None:
+    options = sorted(directory.glob("*options*.json"))
+    weights = sorted(directory.glob("*.hdf5"))
+    if len(options) == 1 and len(weights) == 1:
+        return options[0], weights[0]
+    return None
+
+
+def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | None = None, **bilm_kwargs) -> BiLM:
+    """Resolve a released name, a native directory, or an original-format directory to a :class:`BiLM`.
+
+    Raises:
+        ValueError: an unknown name that is not a directory either (lists the known names).
+        FileNotFoundError / WeightsError: as the loaders.
+    """
+    from .original import load_original
+
+    path = Path(name_or_path)
+    if path.is_dir():
+        if (path / CONFIG_NAME).is_file():
+            return load_native(path, **bilm_kwargs)
+        pair = _original_pair(path)
+        if pair:
+            return load_original(*pair, **bilm_kwargs)
+        raise FileNotFoundError(
+            f"{path} holds neither {CONFIG_NAME} + {WEIGHTS_NAME} nor one *options*.json + one *.hdf5"
+        )
+    key = str(name_or_path).lower()
+    if key not in RELEASED:
+        raise ValueError(f"unknown model {name_or_path!r}: not a directory, and not one of {sorted(RELEASED)}")
+    options_url, weights_url = RELEASED[key]
+    folder = cache_dir() / key
+    options = download(options_url, folder / "options.json", opener=opener)
+    weights = download(weights_url, folder / "weights.hdf5", opener=opener)
+    return load_original(options, weights, **bilm_kwargs)
+
+
+def read_config_json(path: str | os.PathLike) -> dict:
+    """Parse a JSON file (helper for the CLI)."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))

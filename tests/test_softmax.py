@@ -1,0 +1,214 @@
+"""LM head: full softmax NLL, TF-style log-uniform sampler and sampled softmax."""
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+from elmokit.modules.softmax import (
+    SoftmaxLM,
+    log_uniform_candidates,
+    log_uniform_draws,
+    log_uniform_expected_count,
+    log_uniform_probs,
+)
+
+
+def _tiny_head() -> SoftmaxLM:
+    m = SoftmaxLM(2, 3)
+    with torch.no_grad():
+        m.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+        m.bias.copy_(torch.tensor([0.0, 0.0, -1.0]))
+    return m
+
+
+def test_shapes_and_init():
+    torch.manual_seed(0)
+    m = SoftmaxLM(64, 1000)
+    assert m.weight.shape == (1000, 64) and m.bias.shape == (1000,)
+    assert torch.all(m.bias == 0)
+    assert abs(m.weight.std().item() - 1 / 8) < 0.01  # N(0, 1/sqrt(D)) as bilm-tf
+    assert m.logits(torch.zeros(2, 5, 64)).shape == (2, 5, 1000)
+
+
+def test_full_nll_hand_computed():
+    m = _tiny_head()
+    h = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    targets = torch.tensor([0, 2])
+    # row 0: logits [1, 0, 0 - 1 + 0] = [1, 0, 0]  -> -log(e / (e + 2))
+    # row 1: logits [0, 2, 2 - 1]    = [0, 2, 1]  -> -log(e^1 / (1 + e^2 + e))
+    expected = torch.tensor([math.log(math.e + 2) - 1, math.log(1 + math.e**2 + math.e) - 1])
+    nll = m.full_nll(h, targets)
+    assert nll.dtype == torch.float32 and nll.shape == (2,)
+    torch.testing.assert_close(nll, expected)
+
+
+def test_full_nll_float32_under_bf16_input():
+    m = _tiny_head()
+    nll = m.full_nll(torch.tensor([[1.0, 0.0]], dtype=torch.bfloat16).float(), torch.tensor([0]))
+    assert nll.dtype == torch.float32
+
+
+def test_validation_errors():
+    m = _tiny_head()
+    h = torch.zeros(2, 2)
+    with pytest.raises(ValueError, match="target id 3 out of range"):
+        m.full_nll(h, torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="target id -1 out of range"):
+        m.sampled_nll(h, torch.tensor([-1, 0]), 1)
+    with pytest.raises(ValueError, match=r"targets must have shape \(N=2,\)"):
+        m.full_nll(h, torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"shape \(N, D=2\)"):
+        m.full_nll(torch.zeros(1, 2, 2), torch.tensor([0]))
+    with pytest.raises(ValueError, match="last dim must be D=2"):
+        m.full_nll(torch.zeros(2, 3), torch.tensor([0, 1]))
+    with pytest.raises(TypeError, match="integer tensor"):
+        m.full_nll(h, torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match="num_samples"):
+        m.sampled_nll(h, torch.tensor([0, 1]), 0)
+    with pytest.raises(ValueError, match="vocab_size"):
+        SoftmaxLM(4, 0)
+
+
+def test_log_uniform_probs_formula_and_sum():
+    p = log_uniform_probs(10)
+    assert p.dtype == torch.float64
+    assert p.sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert p[0].item() == pytest.approx(math.log(2) / math.log(11))
+    assert p[9].item() == pytest.approx((math.log(11) - math.log(10)) / math.log(11))
+    assert torch.all(p[1:] < p[:-1])  # Zipfian: decreasing
+    assert log_uniform_probs(793471).sum().item() == pytest.approx(1.0, abs=1e-9)
+
+
+def test_draw_frequencies_match_formula():
+    g = torch.Generator().manual_seed(1234)
+    V, n = 1000, 200_000
+    draws = log_uniform_draws(V, n, g)
+    assert draws.min() >= 0 and draws.max() < V
+    p = log_uniform_probs(V)
+    for k in (0, 1, 5):
+        freq = (draws == k).double().mean().item()
+        # 5 standard deviations of a binomial proportion
+        assert abs(freq - p[k].item()) < 5 * math.sqrt(p[k].item() * (1 - p[k].item()) / n)
+    assert (draws >= 100).double().mean().item() == pytest.approx(p[100:].sum().item(), abs=0.005)
+
+
+def test_candidates_unique_and_deterministic():
+    ids, tries = log_uniform_candidates(500, 50, torch.Generator().manual_seed(7))
+    ids2, tries2 = log_uniform_candidates(500, 50, torch.Generator().manual_seed(7))
+    assert ids.shape == (50,) and ids.dtype == torch.int64
+    assert len(set(ids.tolist())) == 50
+    assert tries >= 50
+    assert torch.equal(ids, ids2) and tries == tries2
+    # all ids: the rejection loop has to find every one
+    ids, tries = log_uniform_candidates(20, 20, torch.Generator().manual_seed(0))
+    assert sorted(ids.tolist()) == list(range(20))
+    with pytest.raises(ValueError, match="num_samples"):
+        log_uniform_candidates(20, 21)
+
+
+def test_candidates_num_tries_counts_draws():
+    # Replay: the picked ids are the first distinct values of the raw draw stream, and num_tries the position of the
+    # draw that completed the set.
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state()
+    ids, tries = log_uniform_candidates(100, 30, g)
+    g.set_state(state)
+    raw = log_uniform_draws(100, max(2 * 30, 64), g).tolist()
+    first: list[int] = []
+    for i, v in enumerate(raw):
+        if v not in first:
+            first.append(v)
+            if len(first) == 30:
+                assert tries == i + 1
+                break
+    assert ids.tolist() == first
+
+
+def test_expected_count_formulas():
+    V, S = 10, 3
+    ids = torch.tensor([0, 4])
+    p = [math.log(2) / math.log(11), (math.log(6) - math.log(5)) / math.log(11)]
+    q = log_uniform_expected_count(ids, V, S, num_tries=5)
+    assert q.tolist() == pytest.approx([1 - (1 - p[0]) ** 5, 1 - (1 - p[1]) ** 5])
+    # TF's shortcut when no draw was rejected
+    q = log_uniform_expected_count(ids, V, S, num_tries=S)
+    assert q.tolist() == pytest.approx([p[0] * S, p[1] * S])
+
+
+def test_sampled_falls_back_to_full(caplog):
+    torch.manual_seed(0)
+    m = SoftmaxLM(4, 6)
+    h, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 3, 5])
+    with caplog.at_level(logging.INFO, logger="elmokit.modules.softmax"):
+        a = m.sampled_nll(h, y, 5)
+        b = m.sampled_nll(h, y, 100)
+    torch.testing.assert_close(a, m.full_nll(h, y))
+    torch.testing.assert_close(b, m.full_nll(h, y))
+    assert sum("full softmax" in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
+def test_sampled_nll_matches_hand_computation_with_accidental_hit():
+    torch.manual_seed(0)
+    V, D, S = 50, 6, 8
+    m = SoftmaxLM(D, V)
+    with torch.no_grad():
+        m.bias.normal_()
+    h = torch.randn(3, D)
+    g = torch.Generator().manual_seed(11)
+    state = g.get_state()
+    sampled, tries = log_uniform_candidates(V, S, g)
+    hit = int(sampled[2])
+    targets = torch.tensor([hit, 49, 7 if 7 not in sampled.tolist() else 48])
+    g.set_state(state)
+    nll = m.sampled_nll(h, targets, S, g)
+
+    W, b = m.weight.detach().double(), m.bias.detach().double()
+    hd = h.double()
+    p = log_uniform_probs(V)
+    q = (p * S) if tries == S else -torch.expm1(tries * torch.log1p(-p))
+    for n in range(3):
+        y = int(targets[n])
+        true = float(hd[n] @ W[y] + b[y] - torch.log(q[y]))
+        terms = [true]
+        for s in sampled.tolist():
+            if s == y:
+                continue  # accidental hit removed
+            terms.append(float(hd[n] @ W[s] + b[s] - torch.log(q[s])))
+        expected = math.log(sum(math.exp(t) for t in terms)) - true
+        assert nll[n].item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    assert nll.dtype == torch.float32
+
+
+def test_sampled_nll_importance_estimate_is_sane():
+    # exp(nll) - 1 = Q(y) * sum_{s in S, s != y} exp(o_s - o_y) / Q(s); divided by Q(y) it is an importance-sampling
+    # estimate of sum_{j != y} exp(o_j - o_y) = exp(full_nll) - 1, whose mean over draws must come close
+    # (TF's expected-count approximation leaves a bias of a few percent).
+    torch.manual_seed(0)
+    V, D, S, R = 200, 8, 20, 400
+    m = SoftmaxLM(D, V)
+    h, y = torch.randn(4, D), torch.tensor([0, 5, 50, 199])
+    full = m.full_nll(h, y).double()
+    g = torch.Generator().manual_seed(1)
+    acc = torch.zeros(4, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(R):
+            state = g.get_state()
+            nll = m.sampled_nll(h, y, S, g).double()
+            g2 = torch.Generator()
+            g2.set_state(state)
+            _, tries = log_uniform_candidates(V, S, g2)
+            acc += (nll.exp() - 1) / log_uniform_expected_count(y, V, S, tries)
+    torch.testing.assert_close(acc / R, full.exp() - 1, rtol=0.15, atol=0)
+
+
+def test_sampled_nll_gradients_flow():
+    torch.manual_seed(0)
+    m = SoftmaxLM(4, 100)
+    h = torch.randn(6, 4, requires_grad=True)
+    loss = m.sampled_nll(h, torch.randint(0, 100, (6,)), 10, torch.Generator().manual_seed(0)).mean()
+    loss.backward()
+    assert torch.isfinite(h.grad).all() and torch.isfinite(m.weight.grad).all()
+    assert m.weight.grad.abs().sum() > 0
