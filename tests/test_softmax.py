@@ -45,10 +45,15 @@ def test_full_nll_hand_computed():
     torch.testing.assert_close(nll, expected)
 
 
-def test_full_nll_float32_under_bf16_input():
+def test_losses_float32_under_autocast():
     m = _tiny_head()
-    nll = m.full_nll(torch.tensor([[1.0, 0.0]], dtype=torch.bfloat16).float(), torch.tensor([0]))
-    assert nll.dtype == torch.float32
+    h, y = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 2])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert m.logits(h).dtype == torch.bfloat16
+        nll = m.full_nll(h, y)
+        snll = m.sampled_nll(h, y, 1, torch.Generator().manual_seed(0))
+    assert nll.dtype == snll.dtype == torch.float32
+    torch.testing.assert_close(nll, m.full_nll(h, y), atol=0.05, rtol=0.02)  # bf16 matmul, float32 softmax
 
 
 def test_validation_errors():
@@ -116,7 +121,11 @@ def test_candidates_num_tries_counts_draws():
     state = g.get_state()
     ids, tries = log_uniform_candidates(100, 30, g)
     g.set_state(state)
-    raw = log_uniform_draws(100, max(2 * 30, 64), g).tolist()
+    raw: list[int] = []
+    chunk = max(2 * 30, 64)  # the sampler's chunk schedule: 64, 128, 256, ...
+    for _ in range(6):
+        raw += log_uniform_draws(100, chunk, g).tolist()
+        chunk *= 2
     first: list[int] = []
     for i, v in enumerate(raw):
         if v not in first:
