@@ -184,26 +184,39 @@ class BiLM(nn.Module):
                  ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], LSTMState]:
         """Run both directions over left-aligned token vectors (B, T, P) in sentence order.
 
-        The backward stack sees each row reversed within its length. Rows are sorted by length internally.
-        Returns per layer (forward (B, T, P), backward (B, T, P)) in sentence order, and the final (c, h) state in the
-        original row order (backward: the state after consuming the first token, i.e. ``<S>``).
+        The backward stack sees each row reversed within its length. Returns per layer (forward (B, T, P),
+        backward (B, T, P)) in sentence order, and the final (c, h) state (backward: the state after consuming the
+        first token, i.e. ``<S>``).
         """
-        b = tokens.shape[0]
-        order = torch.argsort(lengths.cpu(), descending=True, stable=True).to(tokens.device)
-        sorted_tokens = tokens.index_select(0, order)
-        sorted_lengths = lengths.index_select(0, order)
-        backward_in = reverse_padded(sorted_tokens, sorted_lengths)
-        inputs = torch.stack([sorted_tokens, backward_in], dim=0)  # (2, B, T, P)
-        if initial_state is not None:
-            initial_state = (initial_state[0].index_select(2, order), initial_state[1].index_select(2, order))
+        backward_in = reverse_padded(tokens, lengths)
+        outputs, state = self.run_streams(tokens, backward_in, lengths, initial_state)
+        return [(fwd, reverse_padded(bwd, lengths)) for fwd, bwd in outputs], state
+
+    def run_streams(self, forward_in: torch.Tensor, backward_in: torch.Tensor, lengths: torch.Tensor,
+                    initial_state: LSTMState | None = None,
+                    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], LSTMState]:
+        """Run the forward stack on ``forward_in`` and the backward stack on ``backward_in``, each (B, T, P) already
+        in its own reading order and left-aligned (as bilm-tf's training windows, whose backward LM reads a reversed
+        stream). Rows are sorted by length internally. Returns per layer (forward, backward) outputs (B, T, P) in the
+        inputs' order, and the final (c, h) state in the original row order.
+        """
+        b = forward_in.shape[0]
+        order = torch.argsort(lengths.cpu(), descending=True, stable=True).to(forward_in.device)
+        identity = bool((order == torch.arange(b, device=order.device)).all())
+        if identity:
+            inputs = torch.stack([forward_in, backward_in], dim=0)
+            sorted_lengths = lengths
+        else:
+            inputs = torch.stack([forward_in.index_select(0, order), backward_in.index_select(0, order)], dim=0)
+            sorted_lengths = lengths.index_select(0, order)
+            if initial_state is not None:
+                initial_state = (initial_state[0].index_select(2, order), initial_state[1].index_select(2, order))
         outputs, (c, h) = self.bilstm(inputs, sorted_lengths, initial_state)
+        if identity:
+            return [(out[0], out[1]) for out in outputs], (c, h)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(b, device=order.device)
-        result = []
-        for out in outputs:
-            fwd = out[0].index_select(0, inverse)
-            bwd = reverse_padded(out[1], sorted_lengths).index_select(0, inverse)
-            result.append((fwd, bwd))
+        result = [(out[0].index_select(0, inverse), out[1].index_select(0, inverse)) for out in outputs]
         return result, (c.index_select(2, inverse), h.index_select(2, inverse))
 
     # ------------------------------------------------------------------ stateful mode

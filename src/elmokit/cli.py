@@ -1,0 +1,101 @@
+"""The ``elmokit`` command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _load_bilm(path: str):
+    from .weights.native import load_pretrained_bilm
+
+    return load_pretrained_bilm(path)
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from .embedding import Embedder
+
+    embedder = Embedder(_load_bilm(args.model), batch_size=args.batch_size)
+    n = embedder.embed_file(args.input, args.output, layers=args.layers)
+    print(f"embedded {n} sentences → {args.output}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .weights.native import save_pretrained
+    from .weights.original import load_original
+
+    model = load_original(args.options, args.weights)
+    save_pretrained(model, args.output)
+    print(f"wrote {args.output}/config.json and model.safetensors")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .weights.original import export_original
+
+    options, weights = export_original(_load_bilm(args.model), args.output)
+    print(f"wrote {options} and {weights}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    model = _load_bilm(args.model)
+    n = sum(p.numel() for p in model.parameters())
+    print(json.dumps({"parameters": n, "layers": model.num_layers, "output_dim": model.output_dim,
+                      "options": model.config.to_options()}, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="elmokit", description="ELMo: pretrain, convert, embed.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("embed", help="embed a file of tokenised sentences (one per line) into HDF5")
+    p.add_argument("model", help="released name (small, medium, original, original-5.5b) or a model directory")
+    p.add_argument("input", type=Path)
+    p.add_argument("output", type=Path)
+    p.add_argument("--layers", choices=["all", "top", "average"], default="all")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("convert", help="original options.json + HDF5 → native directory (config.json + safetensors)")
+    p.add_argument("options", type=Path)
+    p.add_argument("weights", type=Path)
+    p.add_argument("output", type=Path)
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("export", help="model directory → original options.json + weights.hdf5")
+    p.add_argument("model")
+    p.add_argument("output", type=Path)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("info", help="show a model's configuration and parameter count")
+    p.add_argument("model")
+    p.set_defaults(func=cmd_info)
+
+    from . import training_cli
+
+    training_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
+        print(f"elmokit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

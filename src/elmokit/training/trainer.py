@@ -1,0 +1,357 @@
+"""Pretraining a biLM: the training loop, checkpoints that resume exactly, metrics and the learning curve.
+
+Defaults follow bilm-tf: Adagrad (lr 0.2, initial accumulator 1.0), global gradient-norm clip 10, dropout 0.1,
+**stream windows** of ``unroll_steps`` = 20 tokens with LSTM state carried between batches (truncated BPTT), loss
+``0.5 · (NLL_fwd + NLL_bwd) · unroll_steps`` (the scale matters for Adagrad). Stream windows are the default because
+they are what the released models were trained with, they waste no compute on padding, and the carried state lets the
+model use context across sentence boundaries; ``batching="sentences"`` (independent sentences from a zero state,
+length-bucketed) is offered for corpora of unrelated sentences.
+
+Output folder layout::
+
+    out_dir/train_config.json     the TrainConfig (resume checks it)
+    out_dir/metrics.jsonl         one JSON object per logged step (step, loss, ppl_fwd, ppl_bwd, tokens/s, lr)
+    out_dir/checkpoint.json       names the latest complete checkpoint (written last, atomically)
+    out_dir/ckpt-<step>.safetensors + ckpt-<step>.state.pt   model tensors; optimiser/data/RNG/LSTM state
+    out_dir/model/                final model: config.json, model.safetensors (biLM + softmax), vocab.txt
+    out_dir/learning_curve.png
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..characters import CharVocabulary
+from ..config import ElmoConfig
+from ..data.corpus import SentenceBatcher, StreamWindows, TextCorpus
+from ..errors import ElmoError
+from ..io import atomic_path, atomic_write_text
+from ..vocabulary import Vocabulary
+from .lm import BidirectionalLM
+
+__all__ = ["TrainConfig", "Trainer", "TrainingError", "save_lm", "load_lm"]
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingError(ElmoError, RuntimeError):
+    """Training cannot go on (e.g. a non-finite loss); the message names the step."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run (saved as ``train_config.json``).
+
+    Attributes:
+        train_files: glob pattern(s) of training shards (one tokenised sentence per line).
+        out_dir: output folder (see module docstring).
+        model: the biLM architecture as an options dict (``ElmoConfig.to_options()``).
+        vocab_file: bilm-tf vocabulary; ``None`` = build from the training files with ``min_count``/``max_vocab``.
+        char_vocab: ``True`` = character-vocabulary input (built from the training files) instead of UTF-8 bytes.
+        batching: ``"windows"`` (bilm-tf stream windows, default) or ``"sentences"``.
+        batch_size: rows (windows) or sentences per step. unroll_steps: T, window length and loss scale.
+        n_epochs: passes over the data. max_steps: stop after this many steps (``None`` = epochs decide).
+        optimizer: ``"adagrad"`` (lr 0.2, accumulator 1.0, as bilm-tf) or ``"adam"``.
+        lr: learning rate (``None`` = 0.2 for Adagrad, 1e-3 for Adam). clip_norm: global gradient-norm clip.
+        dropout: on LSTM inputs and before the softmax. n_negative_samples: sampled softmax negatives (0 = full).
+        seed: seeds data shuffling, initialisation, dropout and the sampler.
+        checkpoint_every / log_every: in steps.
+    """
+
+    train_files: list[str]
+    out_dir: str
+    model: dict[str, Any]
+    vocab_file: str | None = None
+    min_count: int = 1
+    max_vocab: int | None = None
+    char_vocab: bool = False
+    batching: str = "windows"
+    batch_size: int = 128
+    unroll_steps: int = 20
+    n_epochs: int = 10
+    max_steps: int | None = None
+    optimizer: str = "adagrad"
+    lr: float | None = None
+    clip_norm: float = 10.0
+    dropout: float = 0.1
+    n_negative_samples: int = 8192
+    seed: int = 0
+    shuffle: bool = True
+    checkpoint_every: int = 500
+    log_every: int = 10
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> "TrainConfig":
+        if self.batching not in ("windows", "sentences"):
+            raise ValueError(f"batching must be 'windows' or 'sentences', got {self.batching!r}")
+        if self.optimizer not in ("adagrad", "adam"):
+            raise ValueError(f"optimizer must be 'adagrad' or 'adam', got {self.optimizer!r}")
+        for name in ("batch_size", "unroll_steps", "n_epochs", "checkpoint_every", "log_every"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_negative_samples < 0:
+            raise ValueError("n_negative_samples must be >= 0 (0 = full softmax)")
+        ElmoConfig.from_options(self.model)
+        return self
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else (0.2 if self.optimizer == "adagrad" else 1e-3)
+
+
+# ---------------------------------------------------------------------------------------------- saving models
+def save_lm(lm: BidirectionalLM, out_dir: str | os.PathLike) -> Path:
+    """Save a trained LM in the native format: the biLM (loadable by :func:`elmokit.load_native`, ``Elmo``), the softmax
+    (``softmax.weight``, ``softmax.bias``), ``vocab.txt`` and, in character-vocabulary mode, ``chars.txt``."""
+    from ..weights.native import save_pretrained
+
+    out_dir = Path(out_dir)
+    if lm.char_vocab is not None:
+        lm.char_vocab.save(out_dir / "chars.txt")
+    return save_pretrained(lm.bilm, out_dir, vocab_lines=lm.vocab.tokens,
+                           extra_tensors={f"softmax.{k}": v for k, v in lm.softmax.state_dict().items()})
+
+
+def load_lm(model_dir: str | os.PathLike) -> BidirectionalLM:
+    """Load :func:`save_lm`'s folder as a :class:`BidirectionalLM` (eval mode).
+
+    Raises:
+        FileNotFoundError: the folder lacks ``vocab.txt`` or the softmax (only an embedding model was saved).
+    """
+    from ..weights.native import WEIGHTS_NAME, load_native
+
+    model_dir = Path(model_dir)
+    bilm = load_native(model_dir)
+    if not (model_dir / "vocab.txt").is_file():
+        raise FileNotFoundError(f"{model_dir}/vocab.txt not found: perplexity and scoring need a trained LM folder")
+    vocab = Vocabulary.from_file(model_dir / "vocab.txt")
+    tensors = load_file(str(model_dir / WEIGHTS_NAME))
+    if "softmax.weight" not in tensors:
+        raise FileNotFoundError(f"{model_dir}/{WEIGHTS_NAME} has no softmax: it is an embedding-only model")
+    char_vocab = None
+    if (model_dir / "chars.txt").is_file():
+        char_vocab = CharVocabulary.from_file(model_dir / "chars.txt", bilm.config.char_cnn.max_characters_per_token)
+    lm = BidirectionalLM(bilm.config, vocab, dropout=0.0, char_vocab=char_vocab)
+    lm.bilm.load_state_dict(bilm.state_dict())
+    if tuple(tensors["softmax.weight"].shape) != tuple(lm.softmax.weight.shape):
+        raise ValueError(f"{model_dir}: softmax.weight has shape {tuple(tensors['softmax.weight'].shape)} but vocab.txt "
+                         f"and the config imply {tuple(lm.softmax.weight.shape)}")
+    lm.softmax.load_state_dict({"weight": tensors["softmax.weight"], "bias": tensors["softmax.bias"]})
+    return lm.eval()
+
+
+# ---------------------------------------------------------------------------------------------- trainer
+class Trainer:
+    """Train a :class:`BidirectionalLM` as configured; :meth:`train` runs (or resumes) to the end.
+
+    Raises (from :meth:`train`):
+        TrainingError: a non-finite loss (names the step; the last good checkpoint is left intact, nothing is saved).
+        ValueError / FileNotFoundError: bad corpus, vocabulary or options (see :class:`TextCorpus`, :class:`Vocabulary`).
+    """
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config.validate()
+        self.out_dir = Path(config.out_dir)
+        torch.manual_seed(config.seed)
+        random.seed(config.seed)
+        np.random.seed(config.seed % 2**32)
+        self.corpus = TextCorpus(config.train_files, shuffle=config.shuffle, seed=config.seed)
+        self.vocab = self._vocabulary()
+        model_config = ElmoConfig.from_options(config.model)
+        self.char_vocab = None
+        if config.char_vocab:
+            self.char_vocab = CharVocabulary.build(self.corpus.sentences(0),
+                                                   max_characters_per_token=model_config.char_cnn.max_characters_per_token)
+            model_config.char_cnn.char_vocab_size = self.char_vocab.vocab_size
+        self.lm = BidirectionalLM(model_config, self.vocab, dropout=config.dropout, char_vocab=self.char_vocab)
+        params = list(self.lm.parameters())
+        if config.optimizer == "adagrad":
+            self.optimizer: torch.optim.Optimizer = torch.optim.Adagrad(params, lr=config.learning_rate,
+                                                                        initial_accumulator_value=1.0)
+        else:
+            self.optimizer = torch.optim.Adam(params, lr=config.learning_rate)
+        self.sampler = torch.Generator().manual_seed(config.seed + 1)
+        if config.batching == "windows":
+            self.data: StreamWindows | SentenceBatcher = StreamWindows(
+                self.corpus, config.batch_size, config.unroll_steps, num_epochs=config.n_epochs)
+        else:
+            self.data = SentenceBatcher(self.corpus, config.batch_size, num_epochs=config.n_epochs,
+                                        bucket_by_length=True)
+        self.step = 0
+        self.lstm_state = None
+
+    def _vocabulary(self) -> Vocabulary:
+        c = self.config
+        if c.vocab_file:
+            return Vocabulary.from_file(c.vocab_file)
+        return Vocabulary.build(self.corpus.sentences(0), min_count=c.min_count, max_size=c.max_vocab)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> None:
+        """Write ``ckpt-<step>.*`` then point ``checkpoint.json`` at them (each write atomic), drop older ones."""
+        step = self.step
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.lm.state_dict().items()}
+        with atomic_path(self.out_dir / f"ckpt-{step}.safetensors", suffix=".safetensors") as tmp:
+            save_file(tensors, str(tmp))
+        state = {
+            "step": step,
+            "optimizer": self.optimizer.state_dict(),
+            "data": json.dumps(self.data.state_dict()),
+            "torch_rng": torch.get_rng_state(),
+            "sampler_rng": self.sampler.get_state(),
+            "python_rng": json.dumps(random.getstate()),
+            "lstm_state": None if self.lstm_state is None else list(self.lstm_state),
+        }
+        with atomic_path(self.out_dir / f"ckpt-{step}.state.pt", suffix=".pt") as tmp:
+            torch.save(state, tmp)
+        atomic_write_text(self.out_dir / "checkpoint.json", json.dumps({"step": step}) + "\n")
+        for old in self.out_dir.glob("ckpt-*"):
+            if not old.name.startswith(f"ckpt-{step}."):
+                old.unlink(missing_ok=True)
+
+    def load_checkpoint(self) -> bool:
+        """Restore the latest checkpoint of ``out_dir`` if there is one; return whether one was loaded."""
+        manifest = self.out_dir / "checkpoint.json"
+        if not manifest.is_file():
+            return False
+        step = int(json.loads(manifest.read_text())["step"])
+        tensors = load_file(str(self.out_dir / f"ckpt-{step}.safetensors"))
+        self.lm.load_state_dict(tensors)
+        state = torch.load(self.out_dir / f"ckpt-{step}.state.pt", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.data.load_state_dict(json.loads(state["data"]))
+        torch.set_rng_state(state["torch_rng"])
+        self.sampler.set_state(state["sampler_rng"])
+        py = json.loads(state["python_rng"])
+        random.setstate((py[0], tuple(py[1]), py[2]))
+        self.lstm_state = None if state["lstm_state"] is None else tuple(state["lstm_state"])
+        self.step = step
+        self._truncate_metrics(step)
+        logger.info("resumed from step %d", step)
+        return True
+
+    def _truncate_metrics(self, step: int) -> None:
+        path = self.out_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+    # ------------------------------------------------------------------ loop
+    def _step_nll(self, batch):
+        c = self.config
+        if c.batching == "windows":
+            nll, self.lstm_state = self.lm.window_nll(
+                batch.forward_inputs, batch.forward_targets, batch.backward_inputs, batch.backward_targets,
+                self.lstm_state if self._state_fits(batch) else None,
+                num_samples=c.n_negative_samples, generator=self.sampler)
+            return nll
+        return self.lm.sentence_nll(batch, num_samples=c.n_negative_samples, generator=self.sampler)
+
+    def _state_fits(self, batch) -> bool:
+        return self.lstm_state is not None and self.lstm_state[0].shape[2] == len(batch.forward_inputs)
+
+    def train(self, resume: bool = False) -> dict[str, Any]:
+        """Run to the end of the configured epochs / steps. With ``resume``, continue from the latest checkpoint.
+
+        Returns a summary: steps, tokens, seconds, final loss, paths.
+        """
+        from tqdm.auto import tqdm
+
+        c = self.config
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.load_checkpoint()
+        else:
+            for stale in ("metrics.jsonl", "checkpoint.json"):
+                (self.out_dir / stale).unlink(missing_ok=True)
+        atomic_write_text(self.out_dir / "train_config.json", json.dumps(asdict(c), indent=2) + "\n")
+        self.lm.train()
+        metrics = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
+        bar = tqdm(total=c.max_steps, initial=self.step, unit="step", disable=not c.progress, desc="training")
+        tokens_seen, start = 0, time.perf_counter()
+        last_loss = float("nan")
+        window: list[tuple[float, float, float]] = []
+        try:
+            for batch in self.data:
+                if c.max_steps is not None and self.step >= c.max_steps:
+                    break
+                self.step += 1
+                nll = self._step_nll(batch)
+                loss = nll.loss()
+                if not torch.isfinite(loss):
+                    raise TrainingError(
+                        f"non-finite loss ({float(loss)}) at step {self.step}; stopping. The last good checkpoint "
+                        f"in {self.out_dir} is intact: lower the learning rate or check the data, then --resume")
+                self.optimizer.zero_grad(set_to_none=True)
+                (loss * c.unroll_steps).backward()
+                torch.nn.utils.clip_grad_norm_(self.lm.parameters(), c.clip_norm)
+                self.optimizer.step()
+                n_tok = int(nll.forward.numel())
+                tokens_seen += n_tok
+                last_loss = float(loss.detach())
+                window.append((float(nll.forward.detach().mean()), float(nll.backward.detach().mean()), n_tok))
+                elapsed = time.perf_counter() - start
+                if self.step % c.log_every == 0:
+                    f = sum(a * n for a, _, n in window) / max(1, sum(n for *_, n in window))
+                    b = sum(bb * n for _, bb, n in window) / max(1, sum(n for *_, n in window))
+                    record = {"step": self.step, "loss": round(last_loss, 6), "train_ppl_fwd": math.exp(f),
+                              "train_ppl_bwd": math.exp(b), "train_ppl": math.exp(0.5 * (f + b)),
+                              "tokens_per_s": tokens_seen / max(elapsed, 1e-9), "lr": c.learning_rate}
+                    metrics.write(json.dumps(record) + "\n")
+                    metrics.flush()
+                    window = []
+                bar.update(1)
+                bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}")
+                if self.step % c.checkpoint_every == 0:
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+            metrics.close()
+        self.save_checkpoint()
+        model_dir = save_lm(self.lm, self.out_dir / "model")
+        curve = plot_learning_curve(self.out_dir / "metrics.jsonl", self.out_dir / "learning_curve.png")
+        seconds = time.perf_counter() - start
+        return {"steps": self.step, "tokens": tokens_seen, "seconds": seconds, "final_loss": last_loss,
+                "tokens_per_s": tokens_seen / max(seconds, 1e-9), "model_dir": str(model_dir),
+                "learning_curve": str(curve) if curve else None}
+
+
+def plot_learning_curve(metrics_path: Path, out_png: Path) -> Path | None:
+    """Training perplexity (log scale) per step from ``metrics.jsonl`` → PNG (atomic). ``None`` if nothing logged."""
+    if not metrics_path.is_file():
+        return None
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    steps = [r["step"] for r in rows]
+    for key, label in (("train_ppl_fwd", "forward"), ("train_ppl_bwd", "backward"), ("train_ppl", "average")):
+        ax.plot(steps, [r[key] for r in rows], label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training perplexity (batch, sampled softmax if used)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(out_png, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return out_png
