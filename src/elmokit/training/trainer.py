@@ -293,7 +293,7 @@ class Trainer:
                 loss = nll.loss()
                 if not torch.isfinite(loss):
                     raise TrainingError(
-                        f"non-finite loss ({float(loss)}) at step {self.step}; stopping. The last good checkpoint "
+                        f"non-finite loss ({float(loss.detach())}) at step {self.step}; stopping. The last good checkpoint "
                         f"in {self.out_dir} is intact: lower the learning rate or check the data, then --resume")
                 self.optimizer.zero_grad(set_to_none=True)
                 (loss * c.unroll_steps).backward()
