@@ -147,6 +147,15 @@ def test_kill_9_and_resume_gives_the_same_losses(tmp_path):
     assert got == expected
 
 
+@pytest.mark.parametrize("batching", ["windows", "sentences"])
+def test_stop_at_max_steps_then_resume_equals_one_run(tmp_path, batching):
+    kw = dict(max_steps=24, checkpoint_every=1000, log_every=1, batching=batching)
+    Trainer(_tiny_config(tmp_path / "full", **kw)).train()
+    Trainer(_tiny_config(tmp_path / "cut", **{**kw, "max_steps": 11})).train()  # ends by max_steps, not a kill
+    Trainer(_tiny_config(tmp_path / "cut", **kw)).train(resume=True)
+    assert _losses(tmp_path / "cut") == _losses(tmp_path / "full")
+
+
 def test_non_finite_loss_stops_with_step_and_keeps_checkpoint(tmp_path, monkeypatch):
     cfg = _tiny_config(tmp_path, max_steps=30, checkpoint_every=5, log_every=1)
     trainer = Trainer(cfg)
@@ -167,6 +176,28 @@ def test_non_finite_loss_stops_with_step_and_keeps_checkpoint(tmp_path, monkeypa
     resumed = Trainer(cfg)
     assert resumed.load_checkpoint() and resumed.step == 10
     assert all(torch.isfinite(p).all() for p in resumed.lm.parameters())
+
+
+def test_non_finite_gradient_stops_before_the_update(tmp_path):
+    cfg = _tiny_config(tmp_path, max_steps=30, checkpoint_every=5, log_every=1)
+    trainer = Trainer(cfg)
+    calls = {"n": 0}
+
+    def poison(grad):
+        calls["n"] += 1
+        return grad * float("inf") if calls["n"] == 7 else grad
+
+    trainer.lm.softmax.weight.register_hook(poison)
+    with pytest.raises(TrainingError, match="non-finite gradient norm at step 7"):
+        trainer.train()
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["step"] == 5
+    assert all(torch.isfinite(p).all() for p in trainer.lm.parameters())  # the bad update was not applied
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where CUDA is missing")
+def test_cuda_device_without_cuda_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        Trainer(_tiny_config(tmp_path, device="cuda"))
 
 
 def _write(path: Path, data: bytes | str) -> Path:
@@ -224,3 +255,22 @@ def test_sentence_batching_and_char_vocab_mode(tmp_path):
     assert summary["steps"] == 6
     (f, b), = lm.score([["苹果", "公司"]])
     assert f < 0 and b < 0
+    # the saved folder carries chars.txt: the generic loaders and `elmokit embed` use the model's own character ids
+    from elmokit import Embedder, load_native
+    from elmokit.cli import main as cli_main
+
+    bilm = load_native(tmp_path / "out" / "model")
+    assert bilm.char_vocab is not None and bilm.char_vocab.vocab_size == lm.char_vocab.vocab_size
+    vectors = Embedder(bilm).embed_sentence(["苹果", "公司"])
+    with torch.no_grad():
+        expected = lm.bilm(batch_to_ids([["苹果", "公司"]], 10, char_vocab=lm.char_vocab)).layers[0]
+    np.testing.assert_allclose(vectors, expected.numpy(), atol=1e-6)
+    (tmp_path / "in.txt").write_text("苹果 公司\n", encoding="utf-8")
+    assert cli_main(["embed", str(tmp_path / "out" / "model"), str(tmp_path / "in.txt"), str(tmp_path / "o.h5")]) == 0
+    import h5py
+
+    with h5py.File(tmp_path / "o.h5", "r") as h5:
+        np.testing.assert_allclose(h5["0"][()], expected.numpy(), atol=1e-6)
+    (tmp_path / "out" / "model" / "chars.txt").unlink()
+    with pytest.raises(FileNotFoundError, match="chars.txt"):
+        load_native(tmp_path / "out" / "model")

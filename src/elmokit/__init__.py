@@ -17,6 +17,7 @@ from .config import (
     elmo_tiny,
 )
 from .elmo import Elmo
+from .embedding import Embedder
 from .errors import ConfigError, ElmoError, InputError, WeightsError
 from .modules.bilm import BiLM, BiLMOutput
 from .modules.scalar_mix import ScalarMix
@@ -26,7 +27,7 @@ from .weights.original import export_original, load_original
 __version__ = "0.1.0"
 
 __all__ = [
-    "BiLM", "BiLMOutput", "Elmo", "ScalarMix", "batch_to_ids", "CharVocabulary",
+    "BiLM", "BiLMOutput", "Elmo", "Embedder", "ScalarMix", "batch_to_ids", "CharVocabulary",
     "ElmoConfig", "CharCNNConfig", "LSTMConfig", "PRESETS",
     "elmo_small", "elmo_medium", "elmo_original", "elmo_original_5b", "elmo_tiny",
     "load_original", "export_original", "save_pretrained", "load_native", "load_pretrained_bilm",

@@ -27,7 +27,8 @@ class Embedder:
         bilm: the model (put in eval mode; stateful mode is switched off for embedding).
         batch_size: sentences per forward pass.
         device: where to run (default: the model's device).
-        char_vocab: for models trained in the character-vocabulary mode.
+        char_vocab: for models trained in the character-vocabulary mode (default: ``bilm.char_vocab``, set by the
+            loaders).
 
     Source: AllenNLP ``ElmoEmbedder`` (``embed_sentence``, ``embed_sentences``, ``embed_file``); outputs match
     AllenNLP's with its state reset before every batch.
@@ -42,7 +43,11 @@ class Embedder:
         self.batch_size = batch_size
         self.device = torch.device(device) if device is not None else next(bilm.parameters()).device
         self.bilm.to(self.device)
-        self.char_vocab = char_vocab
+        self.char_vocab = char_vocab if char_vocab is not None else getattr(bilm, "char_vocab", None)
+        if bilm.config.char_cnn.char_vocab_size is not None and self.char_vocab is None:
+            raise ValueError("this model reads a character vocabulary (config char_vocab_size="
+                             f"{bilm.config.char_cnn.char_vocab_size}); pass char_vocab= or load it with load_native, "
+                             "which reads chars.txt")
 
     def _ids(self, batch: Sequence[Sequence[str]]) -> torch.Tensor:
         c = self.bilm.config.char_cnn.max_characters_per_token

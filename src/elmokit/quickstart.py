@@ -3,9 +3,14 @@ context at work.
 
 Text: the Lee news corpus (300 ABC news articles, 59,890 words) inside the gensim wheel
 (``gensim.test.utils.datapath("lee_background.cor")``). It is split into sentences and tokens here; the last 10 % of
-the articles are held out. The run prints the held-out perplexity (full softmax, forward/backward/average) beside an
-add-one unigram baseline over the same vocabulary, saves the model, and compares top-layer vectors of "bank" in two
-river sentences and one money sentence.
+the articles are held out. The vocabulary is the training words seen at least twice (the others become ``<UNK>``, so
+the model learns how likely an unseen word is). The run prints the held-out perplexity (full softmax,
+forward/backward/average) beside an add-one unigram baseline over the same vocabulary and held-out text, saves the
+model, and compares the vectors of "bank" in two river sentences and one money sentence, layer by layer.
+
+Settings (chosen on this corpus with a held-out curve every 300 steps): LSTM 512 → projection 128, 2 layers, skip
+connections, full softmax, Adam lr 2e-3, dropout 0.5 (the corpus has only 60k tokens: at dropout 0.1 held-out
+perplexity rose again after 300 steps), stream windows of 32 × 20 tokens.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ __all__ = ["run_quickstart", "load_lee_corpus", "tokenize", "quickstart_config",
 logger = logging.getLogger(__name__)
 
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|\w+(?:['’-]\w+)*|[^\w\s]")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'A-Z])")
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"'’”]))\s+(?=[\"'“‘A-Z])")
 
 #: (label, tokens, index of "bank")
 BANK_SENTENCES = [
@@ -37,7 +42,8 @@ BANK_SENTENCES = [
 
 
 def tokenize(text: str) -> list[list[str]]:
-    """Split running English text into sentences (at . ! ? before a capital) and tokens (words, numbers, punctuation)."""
+    """Split running English text into sentences (at . ! ?, or one followed by a closing quote, before a capital or an
+    opening quote) and tokens (words, numbers, punctuation)."""
     return [toks for s in _SENTENCE_END.split(text) if (toks := _TOKEN.findall(s))]
 
 
@@ -71,14 +77,23 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
 
 
-def run_quickstart(out_dir: Path, minutes: float = 6.0, seed: int = 0) -> dict:
-    """Train, evaluate, save and embed (see module docstring). Returns the figures it printed."""
+def run_quickstart(out_dir: Path, minutes: float = 6.0, seed: int = 0, steps: int | None = None,
+                   device: str = "cpu") -> dict:
+    """Train, evaluate, save and embed (see module docstring). Returns the figures it printed (also written to
+    ``out_dir/quickstart.json``).
+
+    Args:
+        out_dir: where the corpus split, checkpoints, metrics and ``train/model`` go.
+        minutes: training time budget; the first 5 steps are timed and the budget becomes a fixed step count.
+        steps: train exactly this many steps instead (reproducible across machines).
+        seed: data order, initialisation, dropout.
+        device: ``"cpu"`` (default), ``"cuda"`` or ``"auto"``.
+    """
     from .embedding import Embedder
     from .training.perplexity import evaluate_perplexity, unigram_perplexity
     from .training.trainer import TrainConfig, Trainer, load_lm
 
     start = time.perf_counter()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     train, held = load_lee_corpus()
@@ -93,9 +108,9 @@ def run_quickstart(out_dir: Path, minutes: float = 6.0, seed: int = 0) -> dict:
     steps_per_epoch = max(1, (n_train + 2 * len(train)) // (batch_size * unroll))
     config = TrainConfig(
         train_files=[str(train_file)], out_dir=str(out_dir / "train"), model=quickstart_config().to_options(),
-        min_count=1, batching="windows", batch_size=batch_size, unroll_steps=unroll, n_epochs=1000,
-        optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.1, n_negative_samples=0, seed=seed,
-        checkpoint_every=10_000, log_every=20,
+        min_count=2, batching="windows", batch_size=batch_size, unroll_steps=unroll, n_epochs=1000,
+        optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0, seed=seed,
+        checkpoint_every=10_000, log_every=20, device=device,
     )
     trainer = Trainer(config)
     # time budget → steps: measure a few steps, then fix max_steps so the run is reproducible from its config
@@ -103,9 +118,13 @@ def run_quickstart(out_dir: Path, minutes: float = 6.0, seed: int = 0) -> dict:
     trainer.config.max_steps = 5
     trainer.train()
     per_step = (time.perf_counter() - probe) / 5
-    max_steps = max(10, int(minutes * 60 / per_step))
+    if steps is None:
+        max_steps = max(10, int(minutes * 60 / per_step))
+        budget = f"in the {minutes:g}-minute budget"
+    else:
+        max_steps, budget = max(5, steps), "as asked"
     print(f"training: ~{per_step * 1000:.0f} ms/step → {max_steps} steps (~{max_steps / steps_per_epoch:.1f} epochs) "
-          f"in the {minutes:g}-minute budget")
+          f"{budget}")
     trainer.config.max_steps = max_steps
     summary = trainer.train(resume=True)
     lm = load_lm(summary["model_dir"])
@@ -121,14 +140,16 @@ def run_quickstart(out_dir: Path, minutes: float = 6.0, seed: int = 0) -> dict:
     vectors = {}
     for label, tokens, i in BANK_SENTENCES:
         vectors[label] = embedder.embed_sentence(tokens)[:, i]  # (L+1, 2P)
-    print('"bank" in context (cosine similarity of top-layer vectors; layer 0 is context-free):')
+    n_layers = vectors["money"].shape[0]
+    print('"bank" in context: cosine similarity of its vectors (layer 0 is the context-free token vector):')
     for label, tokens, _ in BANK_SENTENCES:
         print(f"  {label:8s} {' '.join(tokens)}")
     sims = {}
     for a, b in (("river 1", "river 2"), ("river 1", "money"), ("river 2", "money")):
-        sims[f"{a} ~ {b}"] = top = _cosine(vectors[a][-1], vectors[b][-1])
-        layer0 = _cosine(vectors[a][0], vectors[b][0])
-        print(f"  {a:8s} ~ {b:8s}: top layer {top:.3f}   (layer 0: {layer0:.3f})")
+        per_layer = [_cosine(vectors[a][j], vectors[b][j]) for j in range(n_layers)]
+        sims[f"{a} ~ {b}"] = per_layer[-1]
+        lower = "  ".join(f"layer {j}: {per_layer[j]:.3f}" for j in range(n_layers - 1))
+        print(f"  {a:8s} ~ {b:8s}: top layer {per_layer[-1]:.3f}   ({lower})")
     holds = sims["river 1 ~ river 2"] > max(sims["river 1 ~ money"], sims["river 2 ~ money"])
     print(f"  the two river senses are {'closer to each other' if holds else 'NOT closer to each other'} than to the "
           "money sense")

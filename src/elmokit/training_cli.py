@@ -26,6 +26,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = TrainConfig(**json.loads((out / "train_config.json").read_text()))
         if args.max_steps is not None:
             config.max_steps = args.max_steps
+        if args.device is not None:
+            config.device = args.device
     else:
         config = TrainConfig(
             train_files=args.train_files, out_dir=str(out), model=_model_options(args), vocab_file=args.vocab,
@@ -33,7 +35,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             batch_size=args.batch_size, unroll_steps=args.unroll_steps, n_epochs=args.epochs, max_steps=args.max_steps,
             optimizer=args.optimizer, lr=args.lr, clip_norm=args.clip_norm, dropout=args.dropout,
             n_negative_samples=args.negatives, seed=args.seed, checkpoint_every=args.checkpoint_every,
-            log_every=args.log_every, progress=not args.no_progress,
+            log_every=args.log_every, progress=not args.no_progress, decode_errors=args.decode_errors,
+            device=args.device or "auto",
         )
     summary = Trainer(config).train(resume=args.resume)
     print(json.dumps(summary, indent=2))
@@ -69,7 +72,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from .quickstart import run_quickstart
 
-    run_quickstart(Path(args.out_dir), minutes=args.minutes, seed=args.seed)
+    run_quickstart(Path(args.out_dir), minutes=args.minutes, seed=args.seed, steps=args.steps, device=args.device)
     return 0
 
 
@@ -98,6 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out-dir")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--device", default=None, help="auto (CUDA when available), cpu, cuda, cuda:1, ...")
+    p.add_argument("--decode-errors", choices=["strict", "replace", "ignore", "skip"], default="strict",
+                   help="invalid UTF-8 in the corpus: stop with file and line (strict), or replace/ignore/skip")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("perplexity", help="held-out perplexity (full softmax): forward, backward, average")
@@ -114,6 +120,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("quickstart", help="train a small biLM on English text shipped with gensim, evaluate, embed")
     p.add_argument("--out-dir", default="runs/quickstart")
-    p.add_argument("--minutes", type=float, default=6.0, help="training time budget")
+    p.add_argument("--minutes", type=float, default=6.0,
+                   help="training time budget, turned into a number of steps after timing the first 5")
+    p.add_argument("--steps", type=int, default=None, help="train exactly this many steps (overrides --minutes)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, auto")
     p.set_defaults(func=cmd_quickstart)

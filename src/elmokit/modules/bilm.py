@@ -104,6 +104,8 @@ class BiLM(nn.Module):
 
     ``forward(char_ids (B, T, C))`` → :class:`BiLMOutput`. Raises :class:`InputError` for a wrong shape, a C that is
     not ``max_characters_per_token``, or ids outside the character table.
+
+    In the character-vocabulary mode, make the ids with ``batch_to_ids(..., char_vocab=bilm.char_vocab)``.
     """
 
     def __init__(self, config: ElmoConfig, *, stateful: bool = False, dropout: float = 0.0) -> None:
@@ -116,6 +118,9 @@ class BiLM(nn.Module):
         self._bos, self._eos = bos, eos
         self.stateful = stateful
         self._state: LSTMState | None = None
+        #: the character vocabulary of a model trained in the character-vocabulary mode (``config.char_cnn.char_vocab_size``
+        #: set); attached by the loaders from ``chars.txt``. ``None`` for the UTF-8 byte scheme.
+        self.char_vocab = None
 
     @property
     def num_layers(self) -> int:

@@ -60,7 +60,11 @@ class BidirectionalLM(nn.Module):
         if char_vocab is not None and config.char_cnn.char_vocab_size != char_vocab.vocab_size:
             raise ValueError(f"config.char_cnn.char_vocab_size={config.char_cnn.char_vocab_size} but the character "
                              f"vocabulary has {char_vocab.vocab_size} ids")
+        if char_vocab is None and config.char_cnn.char_vocab_size is not None:
+            raise ValueError(f"config.char_cnn.char_vocab_size={config.char_cnn.char_vocab_size}: pass the character "
+                             "vocabulary (char_vocab=) that its ids come from")
         self.bilm = BiLM(config, dropout=dropout)
+        self.bilm.char_vocab = char_vocab
         self.softmax = SoftmaxLM(config.lstm.projection_dim, len(vocab))
         self.vocab = vocab
         self.char_vocab = char_vocab

@@ -19,6 +19,7 @@ Output folder layout::
 from __future__ import annotations
 
 import json
+import sys
 import logging
 import math
 import os
@@ -66,6 +67,9 @@ class TrainConfig:
         lr: learning rate (``None`` = 0.2 for Adagrad, 1e-3 for Adam). clip_norm: global gradient-norm clip.
         dropout: on LSTM inputs and before the softmax. n_negative_samples: sampled softmax negatives (0 = full).
         seed: seeds data shuffling, initialisation, dropout and the sampler.
+        decode_errors: invalid UTF-8 in the corpus: ``"strict"`` (error naming file and line), ``"replace"``,
+            ``"ignore"`` or ``"skip"`` (drop the line); see :class:`elmokit.data.corpus.TextCorpus`.
+        device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         checkpoint_every / log_every: in steps.
     """
 
@@ -88,6 +92,8 @@ class TrainConfig:
     n_negative_samples: int = 8192
     seed: int = 0
     shuffle: bool = True
+    decode_errors: str = "strict"
+    device: str = "auto"
     checkpoint_every: int = 500
     log_every: int = 10
     progress: bool = True
@@ -111,15 +117,26 @@ class TrainConfig:
         return self.lr if self.lr is not None else (0.2 if self.optimizer == "adagrad" else 1e-3)
 
 
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` → ``cuda`` when available, else ``cpu``; anything else as ``torch.device``.
+
+    Raises:
+        ValueError: a CUDA device is asked for but CUDA is not available.
+    """
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available on this machine")
+    return dev
+
+
 # ---------------------------------------------------------------------------------------------- saving models
 def save_lm(lm: BidirectionalLM, out_dir: str | os.PathLike) -> Path:
     """Save a trained LM in the native format: the biLM (loadable by :func:`elmokit.load_native`, ``Elmo``), the softmax
     (``softmax.weight``, ``softmax.bias``), ``vocab.txt`` and, in character-vocabulary mode, ``chars.txt``."""
     from ..weights.native import save_pretrained
 
-    out_dir = Path(out_dir)
-    if lm.char_vocab is not None:
-        lm.char_vocab.save(out_dir / "chars.txt")
     return save_pretrained(lm.bilm, out_dir, vocab_lines=lm.vocab.tokens,
                            extra_tensors={f"softmax.{k}": v for k, v in lm.softmax.state_dict().items()})
 
@@ -140,10 +157,7 @@ def load_lm(model_dir: str | os.PathLike) -> BidirectionalLM:
     tensors = load_file(str(model_dir / WEIGHTS_NAME))
     if "softmax.weight" not in tensors:
         raise FileNotFoundError(f"{model_dir}/{WEIGHTS_NAME} has no softmax: it is an embedding-only model")
-    char_vocab = None
-    if (model_dir / "chars.txt").is_file():
-        char_vocab = CharVocabulary.from_file(model_dir / "chars.txt", bilm.config.char_cnn.max_characters_per_token)
-    lm = BidirectionalLM(bilm.config, vocab, dropout=0.0, char_vocab=char_vocab)
+    lm = BidirectionalLM(bilm.config, vocab, dropout=0.0, char_vocab=bilm.char_vocab)
     lm.bilm.load_state_dict(bilm.state_dict())
     if tuple(tensors["softmax.weight"].shape) != tuple(lm.softmax.weight.shape):
         raise ValueError(f"{model_dir}: softmax.weight has shape {tuple(tensors['softmax.weight'].shape)} but vocab.txt "
@@ -167,7 +181,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         random.seed(config.seed)
         np.random.seed(config.seed % 2**32)
-        self.corpus = TextCorpus(config.train_files, shuffle=config.shuffle, seed=config.seed)
+        self.corpus = TextCorpus(config.train_files, shuffle=config.shuffle, seed=config.seed,
+                                 errors=config.decode_errors)
         self.vocab = self._vocabulary()
         model_config = ElmoConfig.from_options(config.model)
         self.char_vocab = None
@@ -176,6 +191,8 @@ class Trainer:
                                                    max_characters_per_token=model_config.char_cnn.max_characters_per_token)
             model_config.char_cnn.char_vocab_size = self.char_vocab.vocab_size
         self.lm = BidirectionalLM(model_config, self.vocab, dropout=config.dropout, char_vocab=self.char_vocab)
+        self.device = resolve_device(config.device)
+        self.lm.to(self.device)
         params = list(self.lm.parameters())
         if config.optimizer == "adagrad":
             self.optimizer: torch.optim.Optimizer = torch.optim.Adagrad(params, lr=config.learning_rate,
@@ -212,8 +229,10 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "sampler_rng": self.sampler.get_state(),
             "python_rng": json.dumps(random.getstate()),
-            "lstm_state": None if self.lstm_state is None else list(self.lstm_state),
+            "lstm_state": None if self.lstm_state is None else [s.cpu() for s in self.lstm_state],
         }
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
         with atomic_path(self.out_dir / f"ckpt-{step}.state.pt", suffix=".pt") as tmp:
             torch.save(state, tmp)
         atomic_write_text(self.out_dir / "checkpoint.json", json.dumps({"step": step}) + "\n")
@@ -236,7 +255,9 @@ class Trainer:
         self.sampler.set_state(state["sampler_rng"])
         py = json.loads(state["python_rng"])
         random.setstate((py[0], tuple(py[1]), py[2]))
-        self.lstm_state = None if state["lstm_state"] is None else tuple(state["lstm_state"])
+        self.lstm_state = None if state["lstm_state"] is None else tuple(s.to(self.device) for s in state["lstm_state"])
+        if "cuda_rng" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         self.step = step
         self._truncate_metrics(step)
         logger.info("resumed from step %d", step)
@@ -280,13 +301,17 @@ class Trainer:
         atomic_write_text(self.out_dir / "train_config.json", json.dumps(asdict(c), indent=2) + "\n")
         self.lm.train()
         metrics = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
-        bar = tqdm(total=c.max_steps, initial=self.step, unit="step", disable=not c.progress, desc="training")
+        bar = tqdm(total=c.max_steps, initial=self.step, unit="step", disable=not c.progress, desc="training",
+                   mininterval=0.1 if sys.stderr.isatty() else 30.0)
         tokens_seen, start = 0, time.perf_counter()
         last_loss = float("nan")
         window: list[tuple[float, float, float]] = []
         try:
-            for batch in self.data:
-                if c.max_steps is not None and self.step >= c.max_steps:
+            batches = iter(self.data)
+            while c.max_steps is None or self.step < c.max_steps:
+                # test max_steps before drawing: a batch drawn and not trained on would be skipped after a resume
+                batch = next(batches, None)
+                if batch is None:
                     break
                 self.step += 1
                 nll = self._step_nll(batch)
@@ -297,7 +322,12 @@ class Trainer:
                         f"in {self.out_dir} is intact: lower the learning rate or check the data, then --resume")
                 self.optimizer.zero_grad(set_to_none=True)
                 (loss * c.unroll_steps).backward()
-                torch.nn.utils.clip_grad_norm_(self.lm.parameters(), c.clip_norm)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.lm.parameters(), c.clip_norm)
+                if not torch.isfinite(grad_norm):
+                    raise TrainingError(
+                        f"non-finite gradient norm at step {self.step} (loss {float(loss.detach()):.4f}); stopping "
+                        f"before the update. The last good checkpoint in {self.out_dir} is intact: lower the "
+                        "learning rate or check the data, then --resume")
                 self.optimizer.step()
                 n_tok = int(nll.forward.numel())
                 tokens_seen += n_tok

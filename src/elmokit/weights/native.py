@@ -20,10 +20,12 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..characters import CharVocabulary
 from ..config import ElmoConfig
 from ..errors import WeightsError
 from ..io import atomic_path
 from ..modules.bilm import BiLM
+from . import load_state_checked
 
 __all__ = ["save_pretrained", "load_native", "load_pretrained_bilm", "cache_dir", "download", "RELEASED",
            "CONFIG_NAME", "WEIGHTS_NAME"]
@@ -32,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+CHARS_NAME = "chars.txt"
 FORMAT_VERSION = 1
 
 _BASE = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo/"
@@ -107,6 +110,8 @@ def save_pretrained(model: BiLM, out_dir: str | os.PathLike, *, vocab_lines: lis
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if getattr(model, "char_vocab", None) is not None:
+        model.char_vocab.save(out_dir / CHARS_NAME)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     for k, v in (extra_tensors or {}).items():
         tensors[k] = v.detach().cpu().contiguous()
@@ -121,10 +126,12 @@ def save_pretrained(model: BiLM, out_dir: str | os.PathLike, *, vocab_lines: lis
 
 
 def load_native(path: str | os.PathLike, **bilm_kwargs) -> BiLM:
-    """Load a native-format directory. Extra tensors (``softmax.*``) are ignored here.
+    """Load a native-format directory. Extra tensors (``softmax.*``) are ignored here. A character-vocabulary model's
+    ``chars.txt`` is attached as ``model.char_vocab``.
 
     Raises:
-        FileNotFoundError: ``config.json`` or ``model.safetensors`` missing.
+        FileNotFoundError: ``config.json`` or ``model.safetensors`` missing (or ``chars.txt`` for a
+            character-vocabulary model).
         WeightsError: a tensor is missing or has the wrong shape (named, with both shapes).
     """
     path = Path(path)
@@ -134,19 +141,16 @@ def load_native(path: str | os.PathLike, **bilm_kwargs) -> BiLM:
         raise FileNotFoundError(f"{weights} not found")
     tensors = load_file(str(weights))
     model = BiLM(config, **bilm_kwargs)
-    own = model.state_dict()
-    state = {}
-    for name, target in own.items():
-        if name not in tensors:
-            raise WeightsError(f"{weights}: tensor {name!r} is missing")
-        if tuple(tensors[name].shape) != tuple(target.shape):
-            raise WeightsError(f"{weights}: tensor {name!r} has shape {tuple(tensors[name].shape)}, the config "
-                               f"implies {tuple(target.shape)}")
-        state[name] = tensors[name]
-    unknown = [k for k in tensors if k not in own and not k.startswith("softmax.")]
-    if unknown:
-        raise WeightsError(f"{weights}: unexpected tensors {unknown[:5]} for this config")
-    model.load_state_dict(state, strict=True)
+    load_state_checked(model, {k: v for k, v in tensors.items() if not k.startswith("softmax.")}, str(weights))
+    if config.char_cnn.char_vocab_size is not None:
+        chars = path / CHARS_NAME
+        if not chars.is_file():
+            raise FileNotFoundError(f"{chars} not found: the config says this model reads a character vocabulary of "
+                                    f"{config.char_cnn.char_vocab_size} ids, and its ids come from that file")
+        model.char_vocab = CharVocabulary.from_file(chars, config.char_cnn.max_characters_per_token)
+        if model.char_vocab.vocab_size != config.char_cnn.char_vocab_size:
+            raise WeightsError(f"{chars} gives {model.char_vocab.vocab_size} character ids but config.json says "
+                               f"char_vocab_size={config.char_cnn.char_vocab_size}")
     return model
 
 

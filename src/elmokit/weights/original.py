@@ -20,6 +20,7 @@ from ..config import ElmoConfig
 from ..errors import WeightsError
 from ..io import atomic_path
 from ..modules.bilm import BiLM
+from . import load_state_checked
 
 __all__ = ["load_original", "load_original_state", "export_original", "conversion_table", "Entry"]
 
@@ -167,22 +168,8 @@ def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLik
     config = ElmoConfig.from_json_file(options_file)
     model = BiLM(config, **bilm_kwargs)
     state = load_original_state(config, weight_file)
-    _load_checked(model, state, str(weight_file))
+    load_state_checked(model, state, str(weight_file))
     return model
-
-
-def _load_checked(model: BiLM, state: dict[str, torch.Tensor], source: str) -> None:
-    own = model.state_dict()
-    for name, tensor in state.items():
-        if name not in own:
-            raise WeightsError(f"{source}: tensor {name!r} has no place in the model")
-        if tuple(own[name].shape) != tuple(tensor.shape):
-            raise WeightsError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, model expects "
-                               f"{tuple(own[name].shape)}")
-    missing = sorted(set(own) - set(state))
-    if missing:
-        raise WeightsError(f"{source}: no values for {missing[:5]}")
-    model.load_state_dict(state, strict=True)
 
 
 def export_original(model: BiLM, out_dir: str | os.PathLike, *, options_name: str = "options.json",
