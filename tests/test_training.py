@@ -40,6 +40,7 @@ def _train_fixture():
 def _tiny_config(out_dir, **kw) -> TrainConfig:
     data, vocab = _train_fixture()
     base = dict(train_files=[str(data)], out_dir=str(out_dir), model=TINY_CHAR, vocab_file=str(vocab), batch_size=2,
+                batching="windows",
                 unroll_steps=10, n_epochs=50, n_negative_samples=16, dropout=0.1, clip_norm=1.0, seed=0,
                 checkpoint_every=1000, log_every=10, progress=False)
     base.update(kw)
@@ -116,7 +117,7 @@ def _run_cli_train(out_dir: Path, extra: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "elmokit.cli", "train", str(data), "--out-dir", str(out_dir),
            "--options", str(out_dir.parent / f"{out_dir.name}-opts.json"), "--vocab", str(vocab),
            "--batch-size", "2", "--unroll-steps", "10", "--epochs", "50", "--max-steps", "60", "--negatives", "16",
-           "--clip-norm", "1.0", "--checkpoint-every", "5", "--log-every", "1", "--no-progress", *extra]
+           "--clip-norm", "1.0", "--batching", "windows", "--checkpoint-every", "5", "--log-every", "1", "--no-progress", *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

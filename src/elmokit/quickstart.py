@@ -10,7 +10,8 @@ model, and compares the vectors of "bank" in two river sentences and one money s
 
 Settings (chosen on this corpus with a held-out curve every 300 steps): LSTM 512 → projection 128, 2 layers, skip
 connections, full softmax, Adam lr 2e-3, dropout 0.5 (the corpus has only 60k tokens: at dropout 0.1 held-out
-perplexity rose again after 300 steps), stream windows of 32 × 20 tokens.
+perplexity rose again after 300 steps), batches of 32 whole sentences from a zero state — the way the model is then
+evaluated and embedded (see :mod:`elmokit.training.trainer` for why this beats stream windows here).
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
 
 
-def run_quickstart(out_dir: Path, minutes: float = 6.0, seed: int = 0, steps: int | None = None,
+def run_quickstart(out_dir: Path, minutes: float = 5.0, seed: int = 0, steps: int | None = None,
                    device: str = "cpu") -> dict:
     """Train, evaluate, save and embed (see module docstring). Returns the figures it printed (also written to
     ``out_dir/quickstart.json``).
@@ -88,11 +89,19 @@ def run_quickstart(out_dir: Path, minutes: float = 6.0, seed: int = 0, steps: in
         steps: train exactly this many steps instead (reproducible across machines).
         seed: data order, initialisation, dropout.
         device: ``"cpu"`` (default), ``"cuda"`` or ``"auto"``.
+
+    Raises:
+        ValueError: ``steps`` < 1 or ``minutes`` <= 0.
+        ImportError: gensim (a dependency) is missing.
     """
     from .embedding import Embedder
     from .training.perplexity import evaluate_perplexity, unigram_perplexity
     from .training.trainer import TrainConfig, Trainer, load_lm
 
+    if steps is not None and steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if steps is None and not minutes > 0:
+        raise ValueError(f"minutes must be > 0, got {minutes}")
     start = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -104,29 +113,31 @@ def run_quickstart(out_dir: Path, minutes: float = 6.0, seed: int = 0, steps: in
     print(f"corpus: gensim lee_background.cor — {len(train)} training sentences ({n_train} tokens), "
           f"{len(held)} held-out sentences ({sum(len(s) for s in held)} tokens)")
 
-    batch_size, unroll = 32, 20
-    steps_per_epoch = max(1, (n_train + 2 * len(train)) // (batch_size * unroll))
+    batch_size, unroll = 32, 20  # 32 sentences a step; unroll_steps only scales the loss here
+    steps_per_epoch = max(1, -(-len(train) // batch_size))
     config = TrainConfig(
         train_files=[str(train_file)], out_dir=str(out_dir / "train"), model=quickstart_config().to_options(),
-        min_count=2, batching="windows", batch_size=batch_size, unroll_steps=unroll, n_epochs=1000,
+        min_count=2, batching="sentences", batch_size=batch_size, unroll_steps=unroll, n_epochs=1000,
         optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0, seed=seed,
         checkpoint_every=10_000, log_every=20, device=device,
     )
     trainer = Trainer(config)
-    # time budget → steps: measure a few steps, then fix max_steps so the run is reproducible from its config
-    probe = time.perf_counter()
-    trainer.config.max_steps = 5
-    trainer.train()
-    per_step = (time.perf_counter() - probe) / 5
     if steps is None:
-        max_steps = max(10, int(minutes * 60 / per_step))
-        budget = f"in the {minutes:g}-minute budget"
+        # time budget → steps: time 20 steps after 5 of warm-up, then fix max_steps (the run is then reproducible from
+        # its config and step count). The probe steps are part of the training run.
+        warmup, probe_steps = 5, 20
+        trainer.config.max_steps = warmup
+        trainer.train()
+        trainer.config.max_steps = warmup + probe_steps
+        per_step = trainer.train(resume=True)["loop_seconds"] / probe_steps
+        max_steps = max(warmup + probe_steps, int(minutes * 60 / per_step))
+        print(f"training: ~{per_step * 1000:.0f} ms/step → {max_steps} steps (~{max_steps / steps_per_epoch:.1f} "
+              f"epochs) in the {minutes:g}-minute budget")
     else:
-        max_steps, budget = max(5, steps), "as asked"
-    print(f"training: ~{per_step * 1000:.0f} ms/step → {max_steps} steps (~{max_steps / steps_per_epoch:.1f} epochs) "
-          f"{budget}")
+        max_steps = steps
+        print(f"training: {max_steps} steps (~{max_steps / steps_per_epoch:.1f} epochs) as asked")
     trainer.config.max_steps = max_steps
-    summary = trainer.train(resume=True)
+    summary = trainer.train(resume=trainer.step > 0)
     lm = load_lm(summary["model_dir"])
 
     ppl = evaluate_perplexity(lm, held)

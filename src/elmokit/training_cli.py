@@ -86,7 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-count", type=int, default=1)
     p.add_argument("--max-vocab", type=int)
     p.add_argument("--char-vocab", action="store_true", help="character-vocabulary input (CJK) instead of UTF-8 bytes")
-    p.add_argument("--batching", choices=["windows", "sentences"], default="windows")
+    p.add_argument("--batching", choices=["sentences", "windows"], default="sentences",
+                   help="whole sentences from a zero state (default, as elmokit embeds) or bilm-tf's stream windows "
+                        "with carried state")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--unroll-steps", type=int, default=20)
     p.add_argument("--epochs", type=int, default=10)
@@ -120,7 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("quickstart", help="train a small biLM on English text shipped with gensim, evaluate, embed")
     p.add_argument("--out-dir", default="runs/quickstart")
-    p.add_argument("--minutes", type=float, default=6.0,
+    p.add_argument("--minutes", type=float, default=5.0,
                    help="training time budget, turned into a number of steps after timing the first 5")
     p.add_argument("--steps", type=int, default=None, help="train exactly this many steps (overrides --minutes)")
     p.add_argument("--seed", type=int, default=0)
