@@ -272,6 +272,15 @@ def test_sentence_batching_and_char_vocab_mode(tmp_path):
 
     with h5py.File(tmp_path / "o.h5", "r") as h5:
         np.testing.assert_allclose(h5["0"][()], expected.numpy(), atol=1e-6)
+    # byte ids given to a character-vocabulary model are refused (they would run and give wrong vectors)
+    from elmokit import ConfigError, Elmo, InputError
+
+    elmo = Elmo.from_pretrained(tmp_path / "out" / "model", dropout=0.0)
+    with pytest.raises(InputError, match="char_vocab=model.char_vocab"):
+        elmo(batch_to_ids([["苹果", "公司"]], 10))
+    assert elmo(batch_to_ids([["苹果", "公司"]], 10, char_vocab=elmo.bilm.char_vocab))["mask"].all()
+    with pytest.raises(ConfigError, match="character vocabulary"):
+        export_original(bilm, tmp_path / "exported")
     (tmp_path / "out" / "model" / "chars.txt").unlink()
     with pytest.raises(FileNotFoundError, match="chars.txt"):
         load_native(tmp_path / "out" / "model")

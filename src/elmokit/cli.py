@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -19,7 +20,11 @@ def _load_bilm(path: str):
 def cmd_embed(args: argparse.Namespace) -> int:
     from .embedding import Embedder
 
-    embedder = Embedder(_load_bilm(args.model), batch_size=args.batch_size)
+    if not args.input.is_file():
+        raise FileNotFoundError(f"{args.input}: no such file")
+    if args.output.resolve() == args.input.resolve():
+        raise ValueError(f"the output {args.output} is the input file: choose another output path")
+    embedder = Embedder(_load_bilm(args.model), batch_size=args.batch_size, device=args.device)
     n = embedder.embed_file(args.input, args.output, layers=args.layers)
     print(f"embedded {n} sentences → {args.output}")
     return 0
@@ -38,6 +43,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .weights.original import export_original
 
+    if Path(args.model).is_dir() and Path(args.output).resolve() == Path(args.model).resolve():
+        raise ValueError(f"the output folder {args.output} is the model's own folder: export into another folder")
     options, weights = export_original(_load_bilm(args.model), args.output)
     print(f"wrote {options} and {weights}")
     return 0
@@ -62,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", type=Path)
     p.add_argument("--layers", choices=["all", "top", "average"], default="all")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cpu)")
     p.set_defaults(func=cmd_embed)
 
     p = sub.add_parser("convert", help="original options.json + HDF5 → native directory (config.json + safetensors)")
@@ -90,11 +98,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from .errors import ElmoError
+
+    # SIGTERM (e.g. from `timeout` or a job scheduler) unwinds like Ctrl-C, so atomic writes remove their temporary
+    # files and the last checkpoint stays the latest complete one
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    except ValueError:  # not the main thread (main() called from a worker thread): leave signals alone
+        previous = None
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
+    except (ElmoError, ValueError, TypeError, FileNotFoundError, OSError) as exc:
         print(f"elmokit {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        hint = " (continue with --resume)" if args.command == "train" else ""
+        print(f"elmokit {args.command}: interrupted; nothing partial was written{hint}", file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_keyboard_interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .characters import CharVocabulary, batch_to_ids, validate_sentences
+from .data.corpus import read_lines
 from .io import atomic_path
 from .modules.bilm import BiLM
 
@@ -25,7 +26,9 @@ class Embedder:
 
     Args:
         bilm: the model (put in eval mode; stateful mode is switched off for embedding).
-        batch_size: sentences per forward pass.
+        batch_size: sentences per forward pass (at most).
+        max_batch_tokens: padded token positions per forward pass (at most; a longer sentence goes alone), which
+            bounds memory when a file has a few very long lines. Used by :meth:`embed_sentences` / :meth:`embed_file`.
         device: where to run (default: the model's device).
         char_vocab: for models trained in the character-vocabulary mode (default: ``bilm.char_vocab``, set by the
             loaders).
@@ -35,9 +38,12 @@ class Embedder:
     """
 
     def __init__(self, bilm: BiLM, batch_size: int = 64, device: str | torch.device | None = None,
-                 char_vocab: CharVocabulary | None = None) -> None:
+                 char_vocab: CharVocabulary | None = None, max_batch_tokens: int = 8192) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        self.max_batch_tokens = max_batch_tokens
         self.bilm = bilm.eval()
         self.bilm.stateful = False
         self.batch_size = batch_size
@@ -87,38 +93,45 @@ class Embedder:
         validate_sentences(chunk)
         order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))
         results: list[np.ndarray | None] = [None] * len(chunk)
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        start = 0
+        while start < len(order):
+            # at most batch_size sentences and max_batch_tokens padded positions (one very long line is embedded
+            # alone instead of padding batch_size others to its length)
+            end = start + 1
+            while (end < len(order) and end - start < batch_size
+                   and (end - start + 1) * len(chunk[order[end]]) <= self.max_batch_tokens):
+                end += 1
+            idx = order[start:end]
             for i, arr in zip(idx, self.embed_batch([chunk[i] for i in idx])):
                 results[i] = arr
+            start = end
         yield from results  # type: ignore[misc]
 
     def embed_file(self, input_path: str | os.PathLike, output_path: str | os.PathLike, *, layers: str = "all",
                    batch_size: int | None = None, progress: bool = True) -> int:
         """Embed a file of whitespace-tokenised sentences (one per line, UTF-8) into HDF5, written atomically.
 
-        Dataset ``"i"`` holds line i's vectors: (L+1, n, 2P) for ``layers="all"``, (n, 2P) for ``"top"`` or
-        ``"average"``; blank lines give a zero-length array; ``"sentence_to_index"`` maps each line's text to its
-        dataset name (as AllenNLP's ``elmo`` command). Returns the number of sentences.
+        Dataset ``"i"`` holds line i's (0-based) vectors: (L+1, n, 2P) for ``layers="all"``, (n, 2P) for ``"top"`` or
+        ``"average"``; ``"sentence_to_index"`` is a JSON map from each line's text (stripped) to its dataset name, the
+        last one for repeated lines — as AllenNLP's ``elmo`` command. Unlike AllenNLP, which refuses blank lines,
+        a blank line gives a zero-length array, so dataset numbers always equal line numbers − 1.
+        Returns the number of sentences.
 
         Raises:
-            ValueError: unknown ``layers``; a line that is not UTF-8 (names the file and line).
+            ValueError: unknown ``layers``; ``output_path`` is ``input_path``; a line that is not UTF-8 (names the file
+                and line).
+            FileNotFoundError: no input file.
         """
         if layers not in _LAYER_MODES:
             raise ValueError(f"layers must be one of {_LAYER_MODES}, got {layers!r}")
+        if Path(output_path).resolve() == Path(input_path).resolve():
+            raise ValueError(f"the output {output_path} is the input file: choose another output path")
         import json
 
         import h5py
         from tqdm.auto import tqdm
 
-        input_path = Path(input_path)
-        lines = []
-        with open(input_path, "rb") as fh:
-            for number, raw in enumerate(fh, 1):
-                try:
-                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
-                except UnicodeDecodeError as exc:
-                    raise ValueError(f"{input_path}:{number}: not valid UTF-8 ({exc.reason})") from None
+        lines = [text for _, text in read_lines(input_path)]
         sentences = [line.split() for line in lines]
         index: dict[str, str] = {}
         with atomic_path(output_path, suffix=".hdf5") as tmp, h5py.File(tmp, "w") as out:
@@ -129,7 +142,7 @@ class Embedder:
                 elif layers == "average":
                     arr = arr.mean(axis=0)
                 out.create_dataset(str(i), data=arr)
-                index.setdefault(lines[i], str(i))
+                index[lines[i].strip()] = str(i)
                 bar.update(1)
             bar.close()
             out.create_dataset("sentence_to_index", data=np.array([json.dumps(index)], dtype=h5py.string_dtype()))

@@ -119,7 +119,7 @@ def run_quickstart(out_dir: Path, minutes: float = 5.0, seed: int = 0, steps: in
         train_files=[str(train_file)], out_dir=str(out_dir / "train"), model=quickstart_config().to_options(),
         min_count=2, batching="sentences", batch_size=batch_size, unroll_steps=unroll, n_epochs=1000,
         optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0, seed=seed,
-        checkpoint_every=10_000, log_every=20, device=device,
+        checkpoint_every=10_000, log_every=10, device=device,
     )
     trainer = Trainer(config)
     if steps is None:
@@ -169,5 +169,5 @@ def run_quickstart(out_dir: Path, minutes: float = 5.0, seed: int = 0, steps: in
               "seconds": time.perf_counter() - start}
     atomic_write_text(out_dir / "quickstart.json", json.dumps(result, indent=2) + "\n")
     print(f"model saved to {summary['model_dir']} (use it with Elmo.from_pretrained); "
-          f"learning curve {summary['learning_curve']}; total {result['seconds'] / 60:.1f} min")
+          f"learning curve {summary['learning_curve'] or '(none: fewer steps than one log interval)'}; total {result['seconds'] / 60:.1f} min")
     return result

@@ -3,14 +3,39 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 __all__ = ["register"]
 
 
+# CLI option → TrainConfig field, for options that may change when a run is resumed; all others are fixed by the run
+_RESUME_MAY_CHANGE = {"max_steps": "max_steps", "device": "device", "checkpoint_every": "checkpoint_every",
+                      "log_every": "log_every"}
+# CLI option → TrainConfig field, for options fixed by the run: on --resume they may be repeated, not changed
+_RESUME_FIXED = {"train_files": "train_files", "preset": "model", "options": "model", "vocab": "vocab_file",
+                 "min_count": "min_count", "max_vocab": "max_vocab", "char_vocab": "char_vocab", "batching": "batching",
+                 "batch_size": "batch_size", "unroll_steps": "unroll_steps", "optimizer": "optimizer", "lr": "lr",
+                 "clip_norm": "clip_norm", "dropout": "dropout", "negatives": "n_negative_samples", "seed": "seed",
+                 "decode_errors": "decode_errors", "epochs": "n_epochs"}
+_ARCHITECTURE_KEYS = {"lstm", "char_cnn"}
+
+
 def _model_options(args: argparse.Namespace) -> dict:
     if args.options:
-        return json.loads(Path(args.options).read_text(encoding="utf-8"))
+        path = Path(args.options)
+        try:
+            options = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON ({exc})") from None
+        if not isinstance(options, dict):
+            raise ValueError(f"{path} must hold a JSON object (an options.json), not {type(options).__name__}")
+        ignored = sorted(set(options) - _ARCHITECTURE_KEYS)
+        if ignored:
+            print(f"elmokit train: note: {path}: only the architecture ('lstm', 'char_cnn') is read; training "
+                  f"settings {ignored} there are not used — pass them as options (--batch-size, --epochs, ...)",
+                  file=sys.stderr)
+        return options
     from .config import PRESETS
 
     if args.preset not in PRESETS:
@@ -18,24 +43,58 @@ def _model_options(args: argparse.Namespace) -> dict:
     return PRESETS[args.preset]().to_options()
 
 
+def _or(value, default):
+    return default if value is None else value
+
+
+def _same_files(given: list[str], saved: list[str]) -> bool:
+    return [str(Path(g)) for g in given] == [str(Path(s)) for s in saved]
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .training.trainer import TrainConfig, Trainer
 
     out = Path(args.out_dir)
-    if args.resume and (out / "train_config.json").is_file():
-        config = TrainConfig(**json.loads((out / "train_config.json").read_text()))
-        if args.max_steps is not None:
-            config.max_steps = args.max_steps
-        if args.device is not None:
-            config.device = args.device
+    if args.resume:
+        saved = out / "train_config.json"
+        if not saved.is_file():
+            raise FileNotFoundError(f"nothing to resume in {out}: no train_config.json (drop --resume to start a run)")
+        config = TrainConfig(**json.loads(saved.read_text()))
+        parser = args._parser
+        given = {a for a in vars(args) if getattr(args, a) != parser.get_default(a)}
+        if not args.train_files:
+            given.discard("train_files")
+        changed = []
+        for arg, field_name in _RESUME_FIXED.items():
+            if arg not in given:
+                continue
+            if arg in ("preset", "options"):
+                same = json.loads(json.dumps(_model_options(args))) == json.loads(json.dumps(config.model))
+            elif arg == "train_files":
+                same = _same_files(args.train_files, config.train_files)
+            elif arg == "vocab":
+                same = config.vocab_file is not None and _same_files([args.vocab], [config.vocab_file])
+            else:
+                same = getattr(args, arg) == getattr(config, field_name)
+            if not same:
+                changed.append("the training files" if arg == "train_files" else "--" + arg.replace("_", "-"))
+        if changed:
+            raise ValueError(f"{', '.join(changed)}: differ from the run being resumed (see {saved}); only "
+                             f"{', '.join('--' + a.replace('_', '-') for a in _RESUME_MAY_CHANGE)} may change on "
+                             "--resume. Start a new --out-dir to change the others")
+        for arg, field_name in _RESUME_MAY_CHANGE.items():
+            if getattr(args, arg) != parser.get_default(arg):
+                setattr(config, field_name, getattr(args, arg))
+        config.progress = not args.no_progress
     else:
         config = TrainConfig(
             train_files=args.train_files, out_dir=str(out), model=_model_options(args), vocab_file=args.vocab,
             min_count=args.min_count, max_vocab=args.max_vocab, char_vocab=args.char_vocab, batching=args.batching,
-            batch_size=args.batch_size, unroll_steps=args.unroll_steps, n_epochs=args.epochs, max_steps=args.max_steps,
+            batch_size=args.batch_size, unroll_steps=args.unroll_steps, n_epochs=_or(args.epochs, 10),
+            max_steps=args.max_steps,
             optimizer=args.optimizer, lr=args.lr, clip_norm=args.clip_norm, dropout=args.dropout,
-            n_negative_samples=args.negatives, seed=args.seed, checkpoint_every=args.checkpoint_every,
-            log_every=args.log_every, progress=not args.no_progress, decode_errors=args.decode_errors,
+            n_negative_samples=args.negatives, seed=args.seed, checkpoint_every=_or(args.checkpoint_every, 500),
+            log_every=_or(args.log_every, 10), progress=not args.no_progress, decode_errors=args.decode_errors,
             device=args.device or "auto",
         )
     summary = Trainer(config).train(resume=args.resume)
@@ -43,17 +102,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_sentences(path: str) -> list[list[str]]:
-    from .data.corpus import TextCorpus
+def _read_lines(args: argparse.Namespace) -> list[tuple[int, list[str]]]:
+    from .data.corpus import read_lines
 
-    return list(TextCorpus(path).sentences(0))
+    return [(number, text.split()) for number, text in read_lines(args.file, errors=args.decode_errors)]
 
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
     from .training.perplexity import evaluate_perplexity
     from .training.trainer import load_lm
 
-    result = evaluate_perplexity(load_lm(args.model), _read_sentences(args.file), batch_size=args.batch_size)
+    lm = load_lm(args.model)
+    sentences = [tokens for _, tokens in _read_lines(args) if tokens]  # blank lines are not sentences
+    result = evaluate_perplexity(lm, sentences, batch_size=args.batch_size)
     print(json.dumps(result, indent=2))
     return 0
 
@@ -62,10 +123,12 @@ def cmd_score(args: argparse.Namespace) -> int:
     from .training.perplexity import score_sentences
     from .training.trainer import load_lm
 
-    sentences = _read_sentences(args.file)
-    for tokens, (f, b) in zip(sentences, score_sentences(load_lm(args.model), sentences, args.batch_size)):
-        print(json.dumps({"sentence": " ".join(tokens), "logprob_forward": f, "logprob_backward": b,
-                          "tokens": len(tokens)}, ensure_ascii=False))
+    lm = load_lm(args.model)
+    lines = _read_lines(args)
+    scores = score_sentences(lm, [tokens for _, tokens in lines], args.batch_size)
+    for (number, tokens), (f, b) in zip(lines, scores):
+        print(json.dumps({"line": number, "sentence": " ".join(tokens), "words": len(tokens),
+                          "logprob_forward": f, "logprob_backward": b}, ensure_ascii=False))
     return 0
 
 
@@ -91,7 +154,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "with carried state")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--unroll-steps", type=int, default=20)
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=None, help="passes over the data (default 10)")
     p.add_argument("--max-steps", type=int)
     p.add_argument("--optimizer", choices=["adagrad", "adam"], default="adagrad")
     p.add_argument("--lr", type=float)
@@ -99,31 +162,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--negatives", type=int, default=8192, help="sampled-softmax negatives (0 = full softmax)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-every", type=int, default=500)
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--checkpoint-every", type=int, default=None, help="steps (default 500)")
+    p.add_argument("--log-every", type=int, default=None, help="steps (default 10)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out-dir")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--device", default=None, help="auto (CUDA when available), cpu, cuda, cuda:1, ...")
     p.add_argument("--decode-errors", choices=["strict", "replace", "ignore", "skip"], default="strict",
                    help="invalid UTF-8 in the corpus: stop with file and line (strict), or replace/ignore/skip")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, _parser=p)
 
-    p = sub.add_parser("perplexity", help="held-out perplexity (full softmax): forward, backward, average")
+    p = sub.add_parser("perplexity", help="held-out perplexity (full softmax): forward, backward, average",
+                       description="Perplexity of each sentence read from a zero state, per direction over its words "
+                                   "plus one boundary (</S> forward, <S> backward); unknown words count as <UNK>; "
+                                   "blank lines are skipped.")
     p.add_argument("model", help="a trained model folder (out_dir/model)")
     p.add_argument("file", help="tokenised text, one sentence per line")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--decode-errors", choices=["strict", "replace", "ignore", "skip"], default="strict")
     p.set_defaults(func=cmd_perplexity)
 
-    p = sub.add_parser("score", help="per-sentence log-probability (nats) under each direction, one JSON line each")
-    p.add_argument("model")
-    p.add_argument("file")
+    p = sub.add_parser("score", help="per-sentence log-probability (nats) under each direction, one JSON line each",
+                       description="One JSON line per input line (blank lines included, as empty sentences): line, "
+                                   "sentence, words, logprob_forward = log p(w1 … wn </S>), logprob_backward = "
+                                   "log p(<S> w1 … wn) read right to left, in nats, full softmax.")
+    p.add_argument("model", help="a trained model folder (out_dir/model)")
+    p.add_argument("file", help="tokenised text, one sentence per line")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--decode-errors", choices=["strict", "replace", "ignore", "skip"], default="strict")
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("quickstart", help="train a small biLM on English text shipped with gensim, evaluate, embed")
     p.add_argument("--out-dir", default="runs/quickstart")
     p.add_argument("--minutes", type=float, default=5.0,
-                   help="training time budget, turned into a number of steps after timing the first 5")
+                   help="training time budget, turned into a number of steps after timing 20 steps (after 5 of "
+                        "warm-up)")
     p.add_argument("--steps", type=int, default=None, help="train exactly this many steps (overrides --minutes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, auto")

@@ -51,10 +51,42 @@ class CorpusDecodeError(ValueError):
 
     def __init__(self, path: Path, lineno: int, detail: str) -> None:
         super().__init__(
-            f"{path}:{lineno}: invalid UTF-8 ({detail}); pass errors='replace', 'ignore' or 'skip' to read it anyway"
+            f"{path}:{lineno}: invalid UTF-8 ({detail}); fix the file, or read it anyway with errors='replace', "
+            "'ignore' or 'skip' (command line: --decode-errors)"
         )
         self.path = path
         self.lineno = lineno
+
+
+def read_lines(path: str | os.PathLike, errors: str = "strict") -> list[tuple[int, str]]:
+    """Every line of one UTF-8 text file as ``(line number (1-based), text without the newline)``, blank lines too.
+
+    For commands whose output must line up with their input lines (``embed``, ``score``); training reads
+    :class:`TextCorpus` instead (streamed, shuffled, blank lines dropped).
+
+    Raises:
+        FileNotFoundError: no such file.
+        CorpusDecodeError: invalid UTF-8 with ``errors="strict"`` (names file and line); ``"skip"`` drops such lines,
+            ``"replace"``/``"ignore"`` decode them as Python does.
+    """
+    if errors not in _DECODE_ERRORS:
+        raise ValueError(f"errors must be one of {_DECODE_ERRORS}, got {errors!r}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    out: list[tuple[int, str]] = []
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if errors == "strict":
+                    raise CorpusDecodeError(path, number, exc.reason) from None
+                if errors == "skip":
+                    continue
+                text = raw.decode("utf-8", errors=errors)
+            out.append((number, text.rstrip("\r\n")))
+    return out
 
 
 def _expand_pattern(pattern: PatternLike) -> list[Path]:

@@ -137,7 +137,8 @@ class BiLM(nn.Module):
         self._state = None
 
     def check_char_ids(self, char_ids: torch.Tensor) -> None:
-        """Validate a (B, T, C) id tensor; raise :class:`InputError` naming the problem."""
+        """Validate a (B, T, C) id tensor; raise :class:`InputError` naming the problem (type, shape, dtype, ids out of
+        the character table, or ids of the other character scheme: bytes vs. a character vocabulary)."""
         if not isinstance(char_ids, torch.Tensor):
             raise InputError(f"char_ids must be a LongTensor (B, T, C) from batch_to_ids, got {type(char_ids).__name__}")
         c = self.config.char_cnn.max_characters_per_token
@@ -146,10 +147,20 @@ class BiLM(nn.Module):
         if char_ids.dtype not in (torch.long, torch.int32, torch.int64, torch.int16, torch.uint8):
             raise InputError(f"char_ids must be integer ids, got dtype {char_ids.dtype}")
         if char_ids.numel():
+            scheme = ("batch_to_ids(sentences, char_vocab=model.char_vocab)" if self.config.char_cnn.char_vocab_size
+                      else "batch_to_ids(sentences) (UTF-8 bytes, no char_vocab)")
             lo, hi = int(char_ids.min()), int(char_ids.max())
             n = self.config.char_cnn.n_char_rows + 1
             if lo < 0 or hi >= n:
-                raise InputError(f"char_ids contain {lo if lo < 0 else hi}, outside the character table [0, {n})")
+                raise InputError(f"char_ids contain {lo if lo < 0 else hi}, outside the character table [0, {n}); "
+                                 f"this model's ids come from {scheme}")
+            # every token's ids start with this model's beginning-of-word id: catches byte ids given to a
+            # character-vocabulary model (and the reverse), which would otherwise run and give wrong vectors
+            first = char_ids[..., 0]
+            bow = self._bos[0]
+            if bool(((first != 0) & (first != bow)).any()):
+                raise InputError(f"char_ids do not start each token with this model's beginning-of-word id {bow}: "
+                                 f"they were made for another character scheme; use {scheme}")
 
     def forward(self, char_ids: torch.Tensor, *, keep_sentence_boundaries: bool = False,
                 add_boundaries: bool = True) -> BiLMOutput:

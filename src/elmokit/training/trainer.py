@@ -130,11 +130,14 @@ def resolve_device(device: str | torch.device) -> torch.device:
     """``"auto"`` → ``cuda`` when available, else ``cpu``; anything else as ``torch.device``.
 
     Raises:
-        ValueError: a CUDA device is asked for but CUDA is not available.
+        ValueError: an unknown device name, or a CUDA device asked for where CUDA is not available.
     """
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available on this machine")
     return dev
@@ -159,9 +162,11 @@ def load_lm(model_dir: str | os.PathLike) -> BidirectionalLM:
     from ..weights.native import WEIGHTS_NAME, load_native
 
     model_dir = Path(model_dir)
+    missing = [n for n in ("config.json", WEIGHTS_NAME, "vocab.txt") if not (model_dir / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{model_dir} is not a trained LM folder (no {', '.join(missing)}): perplexity and "
+                                "scoring need the model/ folder that `elmokit train` writes (biLM + softmax + vocab)")
     bilm = load_native(model_dir)
-    if not (model_dir / "vocab.txt").is_file():
-        raise FileNotFoundError(f"{model_dir}/vocab.txt not found: perplexity and scoring need a trained LM folder")
     vocab = Vocabulary.from_file(model_dir / "vocab.txt")
     tensors = load_file(str(model_dir / WEIGHTS_NAME))
     if "softmax.weight" not in tensors:
@@ -354,7 +359,9 @@ class Trainer:
                     metrics.flush()
                     window = []
                 bar.update(1)
-                bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}")
+                # refresh=False: the bar redraws at its own interval (30 s when stderr is not a terminal)
+                bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}",
+                                refresh=False)
                 if self.step % c.checkpoint_every == 0:
                     self.save_checkpoint()
         finally:

@@ -139,7 +139,10 @@ def load_native(path: str | os.PathLike, **bilm_kwargs) -> BiLM:
     weights = path / WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found")
-    tensors = load_file(str(weights))
+    try:
+        tensors = load_file(str(weights))
+    except Exception as exc:  # safetensors raises its own error type for truncated or foreign files
+        raise WeightsError(f"{weights} is not a readable safetensors file ({exc}): re-save or re-download it") from None
     model = BiLM(config, **bilm_kwargs)
     load_state_checked(model, {k: v for k, v in tensors.items() if not k.startswith("softmax.")}, str(weights))
     if config.char_cnn.char_vocab_size is not None:
@@ -154,12 +157,24 @@ def load_native(path: str | os.PathLike, **bilm_kwargs) -> BiLM:
     return model
 
 
-def _original_pair(directory: Path) -> tuple[Path, Path] | None:
+def _original_pair(directory: Path) -> tuple[Path, Path]:
+    """The one ``*options*.json`` and the one weight HDF5 of an original-format folder. When several ``*.hdf5``
+    lie there (AllenNLP folders also hold embedding dumps), the one named ``*weights*`` is taken.
+
+    Raises:
+        FileNotFoundError: no unique pair, listing what was found.
+    """
     options = sorted(directory.glob("*options*.json"))
     weights = sorted(directory.glob("*.hdf5"))
+    if len(weights) > 1:
+        weights = [w for w in weights if "weights" in w.name]
     if len(options) == 1 and len(weights) == 1:
         return options[0], weights[0]
-    return None
+    found = sorted(p.name for p in directory.iterdir())[:12]
+    raise FileNotFoundError(
+        f"{directory} holds neither {CONFIG_NAME} + {WEIGHTS_NAME} (native) nor exactly one *options*.json and one "
+        f"weight *.hdf5 (original); found {found}. Pass the files explicitly, e.g. `elmokit convert OPTIONS WEIGHTS "
+        f"OUT_DIR`, then use OUT_DIR")
 
 
 def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | None = None, **bilm_kwargs) -> BiLM:
@@ -175,12 +190,7 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
     if path.is_dir():
         if (path / CONFIG_NAME).is_file():
             return load_native(path, **bilm_kwargs)
-        pair = _original_pair(path)
-        if pair:
-            return load_original(*pair, **bilm_kwargs)
-        raise FileNotFoundError(
-            f"{path} holds neither {CONFIG_NAME} + {WEIGHTS_NAME} nor one *options*.json + one *.hdf5"
-        )
+        return load_original(*_original_pair(path), **bilm_kwargs)
     key = str(name_or_path).lower()
     if key not in RELEASED:
         raise ValueError(f"unknown model {name_or_path!r}: not a directory, and not one of {sorted(RELEASED)}")

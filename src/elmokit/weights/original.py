@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..config import ElmoConfig
-from ..errors import WeightsError
+from ..errors import ConfigError, WeightsError
 from ..io import atomic_path
 from ..modules.bilm import BiLM
 from . import load_state_checked
@@ -175,10 +175,18 @@ def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLik
 def export_original(model: BiLM, out_dir: str | os.PathLike, *, options_name: str = "options.json",
                     weights_name: str = "weights.hdf5") -> tuple[Path, Path]:
     """Write ``model`` as an original ``options.json`` + HDF5 pair (atomically), readable by bilm-tf, AllenNLP and
-    :func:`load_original`. Returns the two paths."""
+    :func:`load_original`. Returns the two paths.
+
+    Raises:
+        ConfigError: a character-vocabulary model (the original format only knows UTF-8 byte ids).
+    """
+    config = model.config
+    if config.char_cnn.char_vocab_size is not None:
+        raise ConfigError("this model reads a character vocabulary (char_vocab_size="
+                          f"{config.char_cnn.char_vocab_size}), which the original options.json + HDF5 format cannot "
+                          "express: share the native folder (config.json + model.safetensors + chars.txt) instead")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = model.config
     state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
     pieces: dict[tuple[str, int | None], np.ndarray] = {}
     for name, array in state.items():
