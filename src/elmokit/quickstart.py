@@ -86,7 +86,7 @@ def run_quickstart(out_dir: Path, minutes: float = 5.0, seed: int = 0, steps: in
     Args:
         out_dir: where the corpus split, checkpoints, metrics and ``train/model`` go.
         minutes: training time budget; the first 5 steps are timed and the budget becomes a fixed step count.
-        steps: train exactly this many steps instead (reproducible across machines).
+        steps: train exactly this many steps instead (the same training on any machine, up to float rounding).
         seed: data order, initialisation, dropout.
         device: ``"cpu"`` (default), ``"cuda"`` or ``"auto"``.
 
