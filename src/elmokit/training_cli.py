@@ -139,6 +139,14 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_lm_file_args(p: argparse.ArgumentParser) -> None:
+    """The arguments shared by ``perplexity`` and ``score``: a trained LM folder and a text file."""
+    p.add_argument("model", help="a trained model folder (out_dir/model)")
+    p.add_argument("file", help="tokenised text, one sentence per line")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--decode-errors", choices=["strict", "replace", "ignore", "skip"], default="strict")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="pretrain (or --resume) a biLM on tokenised text, one sentence per line")
     p.add_argument("train_files", nargs="*", help="glob pattern(s) of training shards")
@@ -175,20 +183,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Perplexity of each sentence read from a zero state, per direction over its words "
                                    "plus one boundary (</S> forward, <S> backward); unknown words count as <UNK>; "
                                    "blank lines are skipped.")
-    p.add_argument("model", help="a trained model folder (out_dir/model)")
-    p.add_argument("file", help="tokenised text, one sentence per line")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--decode-errors", choices=["strict", "replace", "ignore", "skip"], default="strict")
+    _add_lm_file_args(p)
     p.set_defaults(func=cmd_perplexity)
 
     p = sub.add_parser("score", help="per-sentence log-probability (nats) under each direction, one JSON line each",
                        description="One JSON line per input line (blank lines included, as empty sentences): line, "
                                    "sentence, words, logprob_forward = log p(w1 … wn </S>), logprob_backward = "
                                    "log p(<S> w1 … wn) read right to left, in nats, full softmax.")
-    p.add_argument("model", help="a trained model folder (out_dir/model)")
-    p.add_argument("file", help="tokenised text, one sentence per line")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--decode-errors", choices=["strict", "replace", "ignore", "skip"], default="strict")
+    _add_lm_file_args(p)
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("quickstart", help="train a small biLM on English text shipped with gensim, evaluate, embed")
