@@ -28,11 +28,11 @@ Output folder layout::
 from __future__ import annotations
 
 import json
-import sys
 import logging
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
