@@ -183,3 +183,52 @@ def test_sigterm_during_embed_leaves_no_partial_file(tmp_path):
     assert proc.wait(timeout=60) == 130
     assert "interrupted" in proc.stderr.read().decode()
     assert not list(tmp_path.glob(".out.hdf5.*")) and not (tmp_path / "out.hdf5").exists()
+
+
+def test_resume_follows_a_moved_folder_and_refuses_changed_defaults(tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the river bank .\nthe money bank .\na boat on the river .\n" * 4)
+    assert cli_main(_tiny_train_args(corpus, tmp_path / "runA", "--max-steps", "3", "--seed", "5")) == 0
+    (tmp_path / "runA").rename(tmp_path / "runB")
+    capsys.readouterr()
+    # going back to a default value is a change too
+    assert cli_main(["train", "--out-dir", str(tmp_path / "runB"), "--resume", "--seed", "0"]) == 2
+    assert "--seed" in _err(capsys)
+    assert cli_main(["train", "--out-dir", str(tmp_path / "runB"), "--resume", "--max-steps", "5"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 5 and Path(summary["model_dir"]) == tmp_path / "runB" / "model"
+    assert not (tmp_path / "runA").exists()
+    assert [json.loads(x)["step"] for x in (tmp_path / "runB" / "metrics.jsonl").read_text().splitlines()] == [
+        1, 2, 3, 4, 5]
+
+
+def test_bad_training_settings_are_refused(tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a b c\n" * 3)
+    for flag, value, name in (("--clip-norm", "0", "clip_norm"), ("--dropout", "-0.5", "dropout"),
+                              ("--max-steps", "0", "max_steps"), ("--lr", "-1", "lr")):
+        assert cli_main(_tiny_train_args(corpus, tmp_path / "r", flag, value)) == 2
+        assert name in _err(capsys)
+    # a corpus too small for one window batch trains nothing: an error, not an untrained model
+    assert cli_main(_tiny_train_args(corpus, tmp_path / "w", "--batching", "windows", "--batch-size", "128",
+                                     "--epochs", "1")) == 2
+    assert "no training step could be made" in _err(capsys)
+    assert not (tmp_path / "w" / "model").exists()
+
+
+def test_convert_and_embed_do_not_overwrite_models(tmp_path, capsys):
+    fx = shared_path("fixtures", "allennlp-elmo")
+    out = tmp_path / "native"
+    assert cli_main(["convert", str(fx / "options.json"), str(fx / "lm_weights.hdf5"), str(out)]) == 0
+    assert cli_main(["convert", str(fx / "options.json"), str(fx / "lm_weights.hdf5"), str(out)]) == 2
+    assert "already holds a model" in _err(capsys)
+    (tmp_path / "s.txt").write_text("\ufeffa b\n")
+    assert cli_main(["embed", str(out), str(tmp_path / "s.txt"), str(out / "model.safetensors")]) == 2
+    assert "inside the model folder" in _err(capsys)
+    assert cli_main(["embed", str(out), str(tmp_path / "s.txt"), str(tmp_path)]) == 2
+    assert "is a folder" in _err(capsys)
+    assert cli_main(["embed", str(out), str(tmp_path / "s.txt"), str(tmp_path / "v.h5"), "--device", "banana"]) == 2
+    assert "unknown device" in _err(capsys)
+    assert cli_main(["embed", str(out), str(tmp_path / "s.txt"), str(tmp_path / "v.h5")]) == 0
+    with h5py.File(tmp_path / "v.h5", "r") as h5:  # the byte-order mark is not part of the first token
+        assert json.loads(h5["sentence_to_index"][0]) == {"a b": "0"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -20,11 +21,18 @@ def _load_bilm(path: str):
 def cmd_embed(args: argparse.Namespace) -> int:
     from .embedding import Embedder
 
+    from .training.trainer import resolve_device
+
     if not args.input.is_file():
         raise FileNotFoundError(f"{args.input}: no such file")
     if args.output.resolve() == args.input.resolve():
         raise ValueError(f"the output {args.output} is the input file: choose another output path")
-    embedder = Embedder(_load_bilm(args.model), batch_size=args.batch_size, device=args.device)
+    if args.output.is_dir():
+        raise ValueError(f"the output {args.output} is a folder: give a file path, e.g. {args.output / 'vectors.hdf5'}")
+    if Path(args.model).is_dir() and args.output.resolve().parent == Path(args.model).resolve():
+        raise ValueError(f"the output {args.output} is inside the model folder {args.model}: write it elsewhere")
+    device = resolve_device(args.device) if args.device else None
+    embedder = Embedder(_load_bilm(args.model), batch_size=args.batch_size, device=device)
     n = embedder.embed_file(args.input, args.output, layers=args.layers)
     print(f"embedded {n} sentences → {args.output}")
     return 0
@@ -34,8 +42,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from .weights.native import save_pretrained
     from .weights.original import load_original
 
+    out = Path(args.output)
+    taken = [n for n in ("config.json", "model.safetensors") if (out / n).exists()]
+    if taken and not args.overwrite:
+        raise ValueError(f"{out} already holds a model ({', '.join(taken)}): choose another folder or pass --overwrite")
     model = load_original(args.options, args.weights)
-    save_pretrained(model, args.output)
+    save_pretrained(model, out)
     print(f"wrote {args.output}/config.json and model.safetensors")
     return 0
 
@@ -69,13 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", type=Path)
     p.add_argument("--layers", choices=["all", "top", "average"], default="all")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cpu)")
+    p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N (default: cpu)")
     p.set_defaults(func=cmd_embed)
 
     p = sub.add_parser("convert", help="original options.json + HDF5 → native directory (config.json + safetensors)")
     p.add_argument("options", type=Path)
     p.add_argument("weights", type=Path)
     p.add_argument("output", type=Path)
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in the output folder")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("export", help="model directory → original options.json + weights.hdf5")
@@ -108,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         previous = None
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # e.g. `elmokit score ... | head`: the reader left; nothing to report
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the final flush at exit does not fail again
+        return 0
     except (ElmoError, ValueError, TypeError, FileNotFoundError, OSError) as exc:
         print(f"elmokit {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -35,16 +35,13 @@ def _model_options(args: argparse.Namespace) -> dict:
             print(f"elmokit train: note: {path}: only the architecture ('lstm', 'char_cnn') is read; training "
                   f"settings {ignored} there are not used — pass them as options (--batch-size, --epochs, ...)",
                   file=sys.stderr)
-        return options
+        return {k: v for k, v in options.items() if k in _ARCHITECTURE_KEYS}
     from .config import PRESETS
 
-    if args.preset not in PRESETS:
-        raise ValueError(f"unknown preset {args.preset!r}; choose from {sorted(PRESETS)}")
-    return PRESETS[args.preset]().to_options()
-
-
-def _or(value, default):
-    return default if value is None else value
+    preset = args.preset or "small"
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    return PRESETS[preset]().to_options()
 
 
 def _same_files(given: list[str], saved: list[str]) -> bool:
@@ -59,7 +56,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         saved = out / "train_config.json"
         if not saved.is_file():
             raise FileNotFoundError(f"nothing to resume in {out}: no train_config.json (drop --resume to start a run)")
-        config = TrainConfig(**json.loads(saved.read_text()))
+        try:
+            config = TrainConfig(**json.loads(saved.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"{saved} is not a readable training configuration ({exc})") from None
+        config.out_dir = str(out)  # the folder may have been moved since the run started
         parser = args._parser
         given = {a for a in vars(args) if getattr(args, a) != parser.get_default(a)}
         if not args.train_files:
@@ -89,16 +90,19 @@ def cmd_train(args: argparse.Namespace) -> int:
             config.deterministic = False
         config.progress = not args.no_progress
     else:
-        config = TrainConfig(
-            train_files=args.train_files, out_dir=str(out), model=_model_options(args), vocab_file=args.vocab,
-            min_count=args.min_count, max_vocab=args.max_vocab, char_vocab=args.char_vocab, batching=args.batching,
-            batch_size=args.batch_size, unroll_steps=args.unroll_steps, n_epochs=_or(args.epochs, 10),
-            max_steps=args.max_steps,
-            optimizer=args.optimizer, lr=args.lr, clip_norm=args.clip_norm, dropout=args.dropout,
-            n_negative_samples=args.negatives, seed=args.seed, checkpoint_every=_or(args.checkpoint_every, 500),
-            log_every=_or(args.log_every, 10), progress=not args.no_progress, decode_errors=args.decode_errors,
-            device=args.device or "auto", deterministic=not args.nondeterministic,
+        chosen = dict(
+            vocab_file=args.vocab, min_count=args.min_count, max_vocab=args.max_vocab, char_vocab=args.char_vocab,
+            batching=args.batching, batch_size=args.batch_size, unroll_steps=args.unroll_steps, n_epochs=args.epochs,
+            max_steps=args.max_steps, optimizer=args.optimizer, lr=args.lr, clip_norm=args.clip_norm,
+            dropout=args.dropout, n_negative_samples=args.negatives, seed=args.seed,
+            checkpoint_every=args.checkpoint_every, log_every=args.log_every, decode_errors=args.decode_errors,
+            device=args.device,
         )
+        # options left out take TrainConfig's defaults (the CLI's defaults are None so that --resume can tell
+        # an option repeated from one left out)
+        config = TrainConfig(train_files=args.train_files, out_dir=str(out), model=_model_options(args),
+                             progress=not args.no_progress, deterministic=not args.nondeterministic,
+                             **{k: v for k, v in chosen.items() if v is not None})
     summary = Trainer(config).train(resume=args.resume)
     print(json.dumps(summary, indent=2))
     return 0
@@ -153,25 +157,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="pretrain (or --resume) a biLM on tokenised text, one sentence per line")
     p.add_argument("train_files", nargs="*", help="glob pattern(s) of training shards")
     p.add_argument("--out-dir", required=True)
-    p.add_argument("--preset", default="small", help="architecture preset (small, medium, original, tiny)")
+    p.add_argument("--preset", default=None, help="architecture preset (small, medium, original, tiny; default small)")
     p.add_argument("--options", help="options.json with the architecture (overrides --preset)")
     p.add_argument("--vocab", help="bilm-tf vocabulary file (default: built from the training files)")
-    p.add_argument("--min-count", type=int, default=1)
+    p.add_argument("--min-count", type=int, default=None, help="default 1")
     p.add_argument("--max-vocab", type=int)
     p.add_argument("--char-vocab", action="store_true", help="character-vocabulary input (CJK) instead of UTF-8 bytes")
-    p.add_argument("--batching", choices=["sentences", "windows"], default="sentences",
+    p.add_argument("--batching", choices=["sentences", "windows"], default=None,
                    help="whole sentences from a zero state (default, as elmokit embeds) or bilm-tf's stream windows "
-                        "with carried state")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--unroll-steps", type=int, default=20)
+                        "with carried state (default sentences)")
+    p.add_argument("--batch-size", type=int, default=None, help="default 128")
+    p.add_argument("--unroll-steps", type=int, default=None, help="default 20")
     p.add_argument("--epochs", type=int, default=None, help="passes over the data (default 10)")
     p.add_argument("--max-steps", type=int)
-    p.add_argument("--optimizer", choices=["adagrad", "adam"], default="adagrad")
+    p.add_argument("--optimizer", choices=["adagrad", "adam"], default=None, help="default adagrad")
     p.add_argument("--lr", type=float)
-    p.add_argument("--clip-norm", type=float, default=10.0)
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--negatives", type=int, default=8192, help="sampled-softmax negatives (0 = full softmax)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clip-norm", type=float, default=None, help="default 10")
+    p.add_argument("--dropout", type=float, default=None, help="default 0.1")
+    p.add_argument("--negatives", type=int, default=None, help="sampled-softmax negatives (0 = full softmax; default 8192)")
+    p.add_argument("--seed", type=int, default=None, help="default 0")
     p.add_argument("--checkpoint-every", type=int, default=None, help="steps (default 500)")
     p.add_argument("--log-every", type=int, default=None, help="steps (default 10)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out-dir")
@@ -179,8 +183,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="auto (CUDA when available), cpu, cuda, cuda:1, ...")
     p.add_argument("--nondeterministic", action="store_true",
                    help="allow non-deterministic kernels (about 6%% faster on CPU; runs no longer repeat bit-exactly)")
-    p.add_argument("--decode-errors", choices=["strict", "replace", "ignore", "skip"], default="strict",
-                   help="invalid UTF-8 in the corpus: stop with file and line (strict), or replace/ignore/skip")
+    p.add_argument("--decode-errors", choices=["strict", "replace", "ignore", "skip"], default=None,
+                   help="invalid UTF-8 in the corpus: stop with file and line (strict, default), or replace/ignore/skip")
     p.set_defaults(func=cmd_train, _parser=p)
 
     p = sub.add_parser("perplexity", help="held-out perplexity (full softmax): forward, backward, average",

@@ -81,10 +81,14 @@ def read_lines(path: str | os.PathLike, errors: str = "strict") -> list[tuple[in
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 if errors == "strict":
-                    raise CorpusDecodeError(path, number, exc.reason) from None
+                    raise CorpusDecodeError(
+                        path, number, f"byte 0x{raw[exc.start]:02x} at column {exc.start + 1}: {exc.reason}"
+                    ) from None
                 if errors == "skip":
                     continue
                 text = raw.decode("utf-8", errors=errors)
+            if number == 1 and text.startswith("\ufeff"):  # a byte-order mark is not part of the first token
+                text = text[1:]
             out.append((number, text.rstrip("\r\n")))
     return out
 

@@ -123,6 +123,14 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.n_negative_samples < 0:
             raise ValueError("n_negative_samples must be >= 0 (0 = full softmax)")
+        if self.max_steps is not None and int(self.max_steps) < 1:
+            raise ValueError(f"max_steps must be >= 1 (or None), got {self.max_steps}")
+        if not self.clip_norm > 0:
+            raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
         ElmoConfig.from_options(self.model)
         return self
 
@@ -282,6 +290,14 @@ class Trainer:
         logger.info("resumed from step %d", step)
         return True
 
+    def _recovery_hint(self) -> str:
+        manifest = self.out_dir / "checkpoint.json"
+        if manifest.is_file():
+            step = json.loads(manifest.read_text())["step"]
+            return (f"The last good checkpoint (step {step}) in {self.out_dir} is intact: check the data and --resume, "
+                    "or start a new run with a lower learning rate")
+        return "No checkpoint was written yet: start a new run with a lower learning rate, or check the data"
+
     def _truncate_metrics(self, step: int) -> None:
         path = self.out_dir / "metrics.jsonl"
         if not path.is_file():
@@ -314,7 +330,9 @@ class Trainer:
         c = self.config
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if resume:
-            self.load_checkpoint()
+            if not self.load_checkpoint():
+                logger.warning("no checkpoint in %s yet: starting from step 0", self.out_dir)
+                (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
         else:
             for stale in ("metrics.jsonl", "checkpoint.json"):
                 (self.out_dir / stale).unlink(missing_ok=True)
@@ -341,17 +359,14 @@ class Trainer:
                 nll = self._step_nll(batch)
                 loss = nll.loss()
                 if not torch.isfinite(loss):
-                    raise TrainingError(
-                        f"non-finite loss ({float(loss.detach())}) at step {self.step}; stopping. The last good checkpoint "
-                        f"in {self.out_dir} is intact: lower the learning rate or check the data, then --resume")
+                    raise TrainingError(f"non-finite loss ({float(loss.detach())}) at step {self.step}; stopping. "
+                                        + self._recovery_hint())
                 self.optimizer.zero_grad(set_to_none=True)
                 (loss * c.unroll_steps).backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.lm.parameters(), c.clip_norm)
                 if not torch.isfinite(grad_norm):
-                    raise TrainingError(
-                        f"non-finite gradient norm at step {self.step} (loss {float(loss.detach()):.4f}); stopping "
-                        f"before the update. The last good checkpoint in {self.out_dir} is intact: lower the "
-                        "learning rate or check the data, then --resume")
+                    raise TrainingError(f"non-finite gradient norm at step {self.step} (loss {float(loss.detach()):.4f}); "
+                                        "stopping before the update. " + self._recovery_hint())
                 self.optimizer.step()
                 n_tok = int(nll.forward.numel())
                 tokens_seen += n_tok
@@ -361,8 +376,8 @@ class Trainer:
                 if self.step % c.log_every == 0:
                     f = sum(a * n for a, _, n in window) / max(1, sum(n for *_, n in window))
                     b = sum(bb * n for _, bb, n in window) / max(1, sum(n for *_, n in window))
-                    record = {"step": self.step, "loss": round(last_loss, 6), "train_ppl_fwd": math.exp(f),
-                              "train_ppl_bwd": math.exp(b), "train_ppl": math.exp(0.5 * (f + b)),
+                    record = {"step": self.step, "loss": round(last_loss, 6), "train_ppl_fwd": _exp(f),
+                              "train_ppl_bwd": _exp(b), "train_ppl": _exp(0.5 * (f + b)),
                               "tokens_per_s": tokens_seen / max(elapsed, 1e-9), "lr": c.learning_rate}
                     metrics.write(json.dumps(record) + "\n")
                     metrics.flush()
@@ -378,14 +393,24 @@ class Trainer:
             metrics.close()
             torch.use_deterministic_algorithms(previous_determinism[0], warn_only=previous_determinism[1])
         loop_seconds = time.perf_counter() - start
+        if self.step == 0:
+            raise TrainingError(
+                f"no training step could be made: the data yields no batch (batching={c.batching!r}, batch size "
+                f"{c.batch_size}{', unroll steps ' + str(c.unroll_steps) if c.batching == 'windows' else ''}, "
+                f"{c.n_epochs} epoch(s), max_steps={c.max_steps}); use a smaller batch size, more epochs or more data")
         self.save_checkpoint()
         model_dir = save_lm(self.lm, self.out_dir / "model")
         curve = plot_learning_curve(self.out_dir / "metrics.jsonl", self.out_dir / "learning_curve.png")
         seconds = time.perf_counter() - start
         return {"steps": self.step, "tokens": tokens_seen, "seconds": seconds, "loop_seconds": loop_seconds,
-                "final_loss": last_loss,
+                "final_loss": last_loss if math.isfinite(last_loss) else None,
                 "tokens_per_s": tokens_seen / max(seconds, 1e-9), "model_dir": str(model_dir),
                 "learning_curve": str(curve) if curve else None}
+
+
+def _exp(x: float) -> float:
+    """``math.exp`` that gives ``inf`` instead of raising for a huge loss (metrics must not stop training)."""
+    return math.exp(x) if x < 700 else float("inf")
 
 
 def plot_learning_curve(metrics_path: Path, out_png: Path) -> Path | None:
