@@ -33,3 +33,23 @@ def expected_top(name: str, k: int, i: int) -> np.ndarray:
     with h5py.File(fixture_dir(name) / f"lm_embeddings_{k}.hdf5", "r") as fh:
         e = fh[str(i)][...]
     return np.concatenate([e[0], e[1]], axis=-1)
+
+
+def tiny_random_bilm(seed: int = 0, *, stateful: bool = False):
+    """A very small random-weight BiLM (byte scheme, C = 50) for fast property tests: filters (1,4) (2,4) (3,8),
+    char dim 4, 1 highway layer, 2 LSTM layers of 16 cells, projection 8 (output 16). Eval mode."""
+    import torch
+
+    from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig
+
+    config = ElmoConfig(
+        char_cnn=CharCNNConfig(filters=[(1, 4), (2, 4), (3, 8)], n_highway=1, embedding_dim=4),
+        lstm=LSTMConfig(dim=16, projection_dim=8, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True),
+    )
+    torch.manual_seed(seed)
+    model = BiLM(config, stateful=stateful).eval()
+    with torch.no_grad():  # non-zero biases so that padding mistakes would show
+        for p in model.parameters():
+            if p.dim() == 1 or (p.dim() == 2 and p.shape[0] == 2):
+                p.uniform_(-0.5, 0.5)
+    return model

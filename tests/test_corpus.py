@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 from conftest import shared_path
 
+from elmokit.errors import DataError, MissingFileError, UsageError
 from elmokit.data import (
     CorpusDecodeError,
     SentenceBatcher,
@@ -63,7 +64,7 @@ def test_sorted_shards_and_blank_lines(shards, tmp_path):
 
 def test_no_files_names_pattern(tmp_path):
     pattern = str(tmp_path / "missing-*.txt")
-    with pytest.raises(FileNotFoundError, match="missing-"):
+    with pytest.raises(MissingFileError, match="missing-"):
         TextCorpus(pattern)
 
 
@@ -72,11 +73,11 @@ def test_empty_corpus_raises_when_iterated(tmp_path):
     _write(tmp_path / "blank.txt", "\n  \n\t\n")
     for name in ("empty.txt", "blank.txt", "*.txt"):
         corpus = TextCorpus(str(tmp_path / name))
-        with pytest.raises(ValueError, match="no sentences in"):
+        with pytest.raises(DataError, match="no sentences in"):
             list(corpus)
-        with pytest.raises(ValueError, match="no sentences in"):
+        with pytest.raises(DataError, match="no sentences in"):
             next(iter(StreamWindows(corpus, 2, 5, num_epochs=None)))  # infinite epochs must not hang
-        with pytest.raises(ValueError, match="no sentences in"):
+        with pytest.raises(DataError, match="no sentences in"):
             list(SentenceBatcher(corpus, 4))
 
 
@@ -90,13 +91,13 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
     path = _write(tmp_path / "bad.txt", b"good line\nstill good\nbad \xff byte here\nlast\n")
     with pytest.raises(CorpusDecodeError, match=r"bad\.txt:3: invalid UTF-8") as e:
         list(TextCorpus(path))
-    assert isinstance(e.value, ValueError) and e.value.lineno == 3
-    with pytest.raises(ValueError, match=r"bad\.txt:3"):  # also when shuffling (shard read whole)
+    assert isinstance(e.value, DataError) and isinstance(e.value, ValueError) and e.value.lineno == 3
+    with pytest.raises(DataError, match=r"bad\.txt:3"):  # also when shuffling (shard read whole)
         list(TextCorpus(path, shuffle=True))
     assert list(TextCorpus(path, errors="replace"))[2] == ["bad", "\ufffd", "byte", "here"]
     assert list(TextCorpus(path, errors="ignore"))[2] == ["bad", "byte", "here"]
     assert list(TextCorpus(path, errors="skip")) == [["good", "line"], ["still", "good"], ["last"]]
-    with pytest.raises(ValueError, match="errors must be one of"):
+    with pytest.raises(UsageError, match="errors must be one of"):
         TextCorpus(path, errors="bogus")
 
 
@@ -115,7 +116,7 @@ def test_huge_line_split_by_default(tmp_path, caplog):
     warnings = [r for r in caplog.records if "split into chunks" in r.getMessage()]
     assert len(warnings) == 1 and "huge.txt:2" in warnings[0].getMessage()
 
-    with pytest.raises(ValueError, match=r"huge\.txt:2: sentence of 100000 tokens exceeds"):
+    with pytest.raises(DataError, match=r"huge\.txt:2: sentence of 100000 tokens exceeds"):
         list(TextCorpus(path, long_sentences="error"))
     assert [len(s) for s in TextCorpus(path, max_tokens_per_sentence=None)] == [2, 100_000, 1]
     assert len(list(TextCorpus(path, max_tokens_per_sentence=30_000))) == 1 + 4 + 1
@@ -181,9 +182,9 @@ def test_resume_rejects_other_options(shards):
     b = SentenceBatcher(TextCorpus(shards, shuffle=True, seed=3), 4)
     next(b)
     other = SentenceBatcher(TextCorpus(shards, shuffle=True, seed=4), 4)
-    with pytest.raises(ValueError, match="seed=3"):
+    with pytest.raises(UsageError, match="seed=3"):
         other.load_state_dict(b.state_dict())
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(UsageError, match="batch_size"):
         SentenceBatcher(TextCorpus(shards, shuffle=True, seed=3), 5).load_state_dict(b.state_dict())
 
 
@@ -306,10 +307,10 @@ def test_stream_windows_resume_with_long_line_split(tmp_path):
 
 
 def test_stream_windows_options_validated(shards):
-    with pytest.raises(ValueError, match="unroll_steps"):
+    with pytest.raises(UsageError, match="unroll_steps"):
         StreamWindows(TextCorpus(shards), 2, 0)
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(UsageError, match="batch_size"):
         SentenceBatcher(TextCorpus(shards), 0)
     w = StreamWindows(TextCorpus(shards), 2, 3)
-    with pytest.raises(ValueError, match="unroll_steps"):
+    with pytest.raises(UsageError, match="unroll_steps"):
         StreamWindows(TextCorpus(shards), 2, 4).load_state_dict(w.state_dict())

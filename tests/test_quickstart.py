@@ -1,12 +1,16 @@
-"""The main job end to end on its real corpus, kept short (a few steps): every stage runs and reports what it says."""
+"""The main job end to end on its real corpus, kept short (a few steps): every stage runs and reports what it says,
+its verdict on "bank" follows from the printed figures, and running it twice into one folder works."""
 import json
 import math
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from elmokit.cli import main as cli_main
-from elmokit.quickstart import BANK_SENTENCES, load_lee_corpus, tokenize
+from elmokit.errors import UsageError
+from elmokit.quickstart import (BANK_SENTENCES, SEPARATION_MARGIN, _print_bank, bank_similarities, load_lee_corpus,
+                                prepare_out_dir, tokenize)
 from elmokit.training.trainer import load_lm
 
 
@@ -22,13 +26,94 @@ def test_lee_corpus_split_is_disjoint_articles():
     assert all(s for s in train + held)
 
 
+def test_probe_sentences_have_three_of_each_sense():
+    assert [t[i] for _, t, i in BANK_SENTENCES] == ["bank"] * 6
+    assert Counter(sense for sense, _, _ in BANK_SENTENCES) == {"river": 3, "money": 3}
+
+
+class _FakeEmbedder:
+    """Gives "bank" a chosen (L+1=2, 2P=2) vector per sentence: layer 0 the same everywhere, layer 1 as given."""
+
+    def __init__(self, top: dict[str, np.ndarray], noise: float = 0.0):
+        self.top, self.noise = top, noise
+
+    def embed_sentence(self, tokens):
+        sense = next(s for s, t, _ in BANK_SENTENCES if t == tokens)
+        i = next(i for _, t, i in BANK_SENTENCES if t == tokens)
+        out = np.zeros((2, len(tokens), 2), dtype=np.float32)
+        out[0, i] = [1.0, 1.0]
+        out[1, i] = self.top[sense] + self.noise * len(tokens)  # a little difference between sentences
+        return out
+
+
+def test_identical_vectors_are_not_separated_and_say_so(capsys):
+    # the reported bug: 20 steps gave six cosines of 1.000 and the verdict still said "closer"
+    nearly_equal = {"river": np.array([1.0, 0.0]), "money": np.array([1.0, 0.001])}
+    bank = bank_similarities(_FakeEmbedder(nearly_equal, noise=1e-3))
+    top = bank["layers"][-1]
+    assert top["within"] == pytest.approx(1.0, abs=1e-5) and top["across"] == pytest.approx(1.0, abs=1e-5)
+    assert abs(top["gap"]) < SEPARATION_MARGIN and bank["separated"] is False
+    _print_bank(bank)
+    printed = capsys.readouterr().out
+    assert "does NOT separate" in printed and f"margin {SEPARATION_MARGIN:g}" in printed
+    assert "1.0000" in printed  # four digits
+
+
+def test_separated_senses_by_hand():
+    # river along x, money at 60 degrees: within-sense cosines ~1, across-sense cos 60° = 0.5
+    money = np.array([0.5, math.sqrt(3) / 2])
+    bank = bank_similarities(_FakeEmbedder({"river": np.array([1.0, 0.0]), "money": money}))
+    assert [r["layer"] for r in bank["layers"]] == [0, 1]
+    layer0, top = bank["layers"]
+    assert layer0["within"] == pytest.approx(1.0) and layer0["across"] == pytest.approx(1.0)
+    assert layer0["gap"] == pytest.approx(0.0, abs=1e-6)
+    assert top["within_river"] == pytest.approx(1.0, abs=1e-6) and top["within_money"] == pytest.approx(1.0, abs=1e-6)
+    assert top["across"] == pytest.approx(0.5, abs=1e-6)
+    assert top["gap"] == pytest.approx(0.5, abs=1e-6) and bank["separated"] is True
+    # the verdict is the printed rule: gap >= margin
+    assert bank_similarities(_FakeEmbedder({"river": np.array([1.0, 0.0]), "money": money}), margin=0.6)[
+        "separated"] is False
+    cos = np.array(bank["top_layer_cosines"])
+    assert cos.shape == (6, 6) and np.allclose(np.diag(cos), 1.0, atol=1e-6)
+
+
+def test_out_dir_replaces_only_an_earlier_quickstart_run(tmp_path, capsys):
+    fresh = tmp_path / "new" / "qs"
+    assert prepare_out_dir(fresh) is False and fresh.is_dir()
+    run = tmp_path / "qs"
+    (run / "train" / "model").mkdir(parents=True)
+    for name in ("train.txt", "heldout.txt", "quickstart.json", "train/metrics.jsonl", ".train.txt.abc.tmp"):
+        (run / name).write_text("x")
+    assert prepare_out_dir(run) is True
+    assert list(run.iterdir()) == []
+    assert "held an earlier quickstart run; it is replaced" in capsys.readouterr().out
+    # a folder holding anything else is refused, and nothing in it is touched
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "train.txt").write_text("keep")
+    (other / "thesis.tex").write_text("keep")
+    with pytest.raises(UsageError, match="thesis.tex.*choose another --out-dir"):
+        prepare_out_dir(other)
+    assert sorted(p.name for p in other.iterdir()) == ["thesis.tex", "train.txt"]
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UsageError, match="is a file"):
+        prepare_out_dir(tmp_path / "afile")
+
+
+def test_quickstart_into_a_foreign_folder_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert cli_main(["quickstart", "--out-dir", str(tmp_path), "--steps", "1"]) == 2
+    assert "not a quickstart run" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.slow
-def test_quickstart_runs_every_stage(tmp_path, capsys):
-    assert cli_main(["quickstart", "--out-dir", str(tmp_path), "--steps", "8"]) == 0
+def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
+    assert cli_main(["quickstart", "--out-dir", str(tmp_path), "--steps", "8", "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
     result = json.loads((tmp_path / "quickstart.json").read_text())
     assert result["steps"] == 8
-    assert f"unigram baseline (add-one, same vocabulary of" in printed and "top layer" in printed
+    assert "unigram baseline (add-one, same vocabulary of" in printed and "(top)" in printed
     # the unigram figure is the add-one model over the saved vocabulary, recomputed here independently
     lm = load_lm(result["model_dir"])
     train, held = load_lee_corpus()
@@ -40,6 +125,21 @@ def test_quickstart_runs_every_stage(tmp_path, capsys):
     assert result["unigram_perplexity"] == pytest.approx(expected, rel=1e-9)
     # rare words are <UNK> (min count 2): the vocabulary is smaller than the set of training words
     assert len(lm.vocab) < len({w for s in train for w in s})
-    assert set(result["bank_cosine"]) == {"river 1 ~ river 2", "river 1 ~ money", "river 2 ~ money"}
-    assert all(-1 <= v <= 1 for v in result["bank_cosine"].values())
-    assert [t[i] for _, t, i in BANK_SENTENCES] == ["bank"] * 3
+    # the verdict follows from the printed top-layer gap and the stated margin
+    bank = result["bank"]
+    top = bank["layers"][-1]
+    assert bank["margin"] == SEPARATION_MARGIN
+    assert bank["separated"] == (top["gap"] >= SEPARATION_MARGIN)
+    assert f"{top['gap']:+.4f}" in printed
+    assert ("are separated" in printed) == bank["separated"] and ("does NOT separate" in printed) != bank["separated"]
+    assert all(-1 <= r[k] <= 1 for r in bank["layers"] for k in ("within", "across"))
+    # 8 steps do not separate the senses (the bug: such a run said they were)
+    assert bank["separated"] is False
+    # the README's first command run twice: the second replaces the first run, and says so
+    first_model = (tmp_path / "train" / "model" / "model.safetensors").read_bytes()
+    assert cli_main(["quickstart", "--out-dir", str(tmp_path), "--steps", "2", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "held an earlier quickstart run; it is replaced" in printed
+    assert json.loads((tmp_path / "quickstart.json").read_text())["steps"] == 2
+    assert (tmp_path / "train" / "model" / "model.safetensors").read_bytes() != first_model
+    assert [json.loads(x)["step"] for x in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()] == []

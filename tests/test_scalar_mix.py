@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import Elmo, ScalarMix, batch_to_ids
+from elmokit import Elmo, InputError, ScalarMix, UsageError, batch_to_ids
 from helpers import fixture_model
 
 BATCH = [["The", "first", "sentence", "."], ["The", "second"], ["Third"]]
@@ -83,19 +83,56 @@ def test_scalar_mix_trainable_and_penalty():
     assert float(mix.l2_penalty(0.5).detach()) == pytest.approx(0.5 * 14.0)
     x = torch.randn(2, 3, 4, 5)
     mix(x).sum().backward()
-    assert mix.scalar_parameters.grad is not None and mix.gamma.grad is not None
+    assert all(p.grad is not None for p in mix.scalar_parameters) and mix.gamma.grad is not None
     fixed = ScalarMix(3, initial_scalar_parameters=[0.0, 0.0, 0.0], trainable=False)
-    assert not fixed.scalar_parameters.requires_grad
+    assert not any(p.requires_grad for p in fixed.scalar_parameters)
     np.testing.assert_allclose(fixed(x).numpy(), x.mean(1).numpy(), atol=1e-6)
 
 
 def test_scalar_mix_errors():
-    with pytest.raises(ValueError, match="3 layers"):
+    with pytest.raises(InputError, match="3 layers"):
         ScalarMix(2)(torch.zeros(1, 3, 2, 4))
-    with pytest.raises(ValueError, match="mask"):
+    with pytest.raises(InputError, match="mask"):
         ScalarMix(3, do_layer_norm=True)(torch.zeros(1, 3, 2, 4))
-    with pytest.raises(ValueError, match="initial_scalar_parameters"):
+    with pytest.raises(InputError, match=r"\(B, K, T, D\)"):
+        ScalarMix(3)(torch.zeros(3, 2, 4))
+    with pytest.raises(UsageError, match="initial_scalar_parameters"):
         ScalarMix(3, initial_scalar_parameters=[0.1])
+    with pytest.raises(UsageError, match="mixture_size"):
+        ScalarMix(0)
+
+
+def test_scalar_parameters_layout_is_allennlps():
+    # K one-element parameters: mix.scalar_parameters[k] is layer k's w; state-dict keys scalar_parameters.k
+    mix = ScalarMix(3, initial_scalar_parameters=[0.0, 1.0, 2.0], initial_gamma=2.0)
+    assert len(mix.scalar_parameters) == 3 and all(p.shape == (1,) for p in mix.scalar_parameters)
+    assert sorted(mix.state_dict()) == ["gamma", "scalar_parameters.0", "scalar_parameters.1", "scalar_parameters.2"]
+    mix.scalar_parameters[1].data[0] = 0.0
+    layers = [torch.full((1, 1, 1), v) for v in (1.0, 2.0, 6.0)]
+    # w = (0, 0, 2): softmax = (1, 1, e²) / (2 + e²); out = 2 · (1 + 2 + 6e²) / (2 + e²)
+    e2 = float(np.exp(2.0))
+    assert mix(layers).item() == pytest.approx(2.0 * (3.0 + 6.0 * e2) / (2.0 + e2), rel=1e-6)
+
+
+def test_old_single_tensor_state_dict_still_loads(tmp_path):
+    # a state dict saved by earlier elmokit, whose ScalarMix held w as one (K,) tensor
+    old = {"scalar_parameters": torch.tensor([0.5, -1.0, 2.0]), "gamma": torch.tensor([1.5])}
+    torch.save(old, tmp_path / "mix.pt")
+    mix = ScalarMix(3)
+    mix.load_state_dict(torch.load(tmp_path / "mix.pt", weights_only=True))
+    assert [p.item() for p in mix.scalar_parameters] == [0.5, -1.0, 2.0] and mix.gamma.item() == 1.5
+    w = np.exp([0.5, -1.0, 2.0])
+    np.testing.assert_allclose(mix.weights().detach().numpy(), w / w.sum(), rtol=1e-6)
+    # inside an Elmo (the usual case: a downstream model's saved state)
+    elmo = Elmo(bilm=fixture_model("allennlp-elmo"), num_output_representations=2, dropout=0.0)
+    state = {k: v for k, v in elmo.state_dict().items() if "scalar_parameters" not in k}
+    state["scalar_mixes.1.scalar_parameters"] = torch.tensor([3.0, 0.0, -3.0])
+    state["scalar_mixes.0.scalar_parameters"] = torch.tensor([0.0, 0.0, 0.0])
+    torch.save(state, tmp_path / "elmo.pt")
+    elmo.load_state_dict(torch.load(tmp_path / "elmo.pt", weights_only=True))
+    assert [p.item() for p in elmo.scalar_mixes[1].scalar_parameters] == [3.0, 0.0, -3.0]
+    with pytest.raises(RuntimeError, match="size mismatch|scalar_parameters"):  # a wrong K is not papered over
+        ScalarMix(2).load_state_dict(old)
 
 
 def test_multiple_mixes_one_pass_and_requires_grad():
@@ -103,7 +140,8 @@ def test_multiple_mixes_one_pass_and_requires_grad():
     elmo = Elmo(bilm=model, num_output_representations=2, dropout=0.0)
     assert all(not p.requires_grad for p in elmo.bilm.parameters())
     with torch.no_grad():
-        elmo.scalar_mixes[1].scalar_parameters.copy_(torch.tensor([5.0, 0.0, -5.0]))
+        for p, v in zip(elmo.scalar_mixes[1].scalar_parameters, [5.0, 0.0, -5.0]):
+            p.fill_(v)
     out = elmo(batch_to_ids(BATCH))
     r0, r1 = out["elmo_representations"]
     assert r0.shape == r1.shape == (3, 4, 32)

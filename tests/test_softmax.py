@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from elmokit.errors import ConfigError, InputError, UsageError
 from elmokit.modules.softmax import (
     SoftmaxLM,
     log_uniform_candidates,
@@ -59,21 +60,21 @@ def test_losses_float32_under_autocast():
 def test_validation_errors():
     m = _tiny_head()
     h = torch.zeros(2, 2)
-    with pytest.raises(ValueError, match="target id 3 out of range"):
+    with pytest.raises(InputError, match="target id 3 out of range"):
         m.full_nll(h, torch.tensor([0, 3]))
-    with pytest.raises(ValueError, match="target id -1 out of range"):
+    with pytest.raises(InputError, match="target id -1 out of range"):
         m.sampled_nll(h, torch.tensor([-1, 0]), 1)
-    with pytest.raises(ValueError, match=r"targets must have shape \(N=2,\)"):
+    with pytest.raises(InputError, match=r"targets must have shape \(N=2,\)"):
         m.full_nll(h, torch.tensor([0]))
-    with pytest.raises(ValueError, match=r"shape \(N, D=2\)"):
+    with pytest.raises(InputError, match=r"shape \(N, D=2\)"):
         m.full_nll(torch.zeros(1, 2, 2), torch.tensor([0]))
-    with pytest.raises(ValueError, match="last dim must be D=2"):
+    with pytest.raises(InputError, match="last dim must be D=2"):
         m.full_nll(torch.zeros(2, 3), torch.tensor([0, 1]))
-    with pytest.raises(TypeError, match="integer tensor"):
+    with pytest.raises(InputError, match="integer tensor"):
         m.full_nll(h, torch.tensor([0.0, 1.0]))
-    with pytest.raises(ValueError, match="num_samples"):
+    with pytest.raises(UsageError, match="num_samples"):
         m.sampled_nll(h, torch.tensor([0, 1]), 0)
-    with pytest.raises(ValueError, match="vocab_size"):
+    with pytest.raises(ConfigError, match="vocab_size"):
         SoftmaxLM(4, 0)
 
 
@@ -110,7 +111,7 @@ def test_candidates_unique_and_deterministic():
     # all ids: the rejection loop has to find every one
     ids, tries = log_uniform_candidates(20, 20, torch.Generator().manual_seed(0))
     assert sorted(ids.tolist()) == list(range(20))
-    with pytest.raises(ValueError, match="num_samples"):
+    with pytest.raises(UsageError, match="num_samples"):
         log_uniform_candidates(20, 21)
 
 

@@ -5,7 +5,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elmokit import Elmo, batch_to_ids
+from elmokit import Elmo, Embedder, batch_to_ids
 from helpers import fixture_model
 
 MODEL = None
@@ -28,10 +28,10 @@ def test_sentence_alone_equals_sentence_in_any_padded_batch(batch, seed):
     model = _model()
     order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(seed)).tolist()
     shuffled = [batch[i] for i in order]
-    with torch.no_grad():
-        together = model(batch_to_ids(shuffled))
+    with torch.no_grad():  # arbitrary tokens, blank ones too ("keep": the original's encoding)
+        together = model(batch_to_ids(shuffled, empty_tokens="keep"))
         for pos, i in enumerate(order):
-            alone = model(batch_to_ids([batch[i]]))
+            alone = model(batch_to_ids([batch[i]], empty_tokens="keep"))
             n = len(batch[i])
             assert together.mask[pos].sum().item() == n
             diff = (together.layers[pos, :, :n] - alone.layers[0, :, :n]).abs()
@@ -76,3 +76,19 @@ def test_elmo_batch_invariance_with_layer_norm_off():
         both = elmo(batch_to_ids([["a", "b", "c"], ["river", "bank"]]))["elmo_representations"][0]
         alone = elmo(batch_to_ids([["river", "bank"]]))["elmo_representations"][0]
     assert (both[1, :2] - alone[0]).abs().max() <= 1e-5
+
+
+def test_embedder_runs_a_stateful_model_statelessly_without_changing_it():
+    # Embedder used to switch the model's `stateful` flag off for good; now it runs stateless per call only
+    model = fixture_model("allennlp-elmo", stateful=True)
+    ids = batch_to_ids([["The", "bank"]])
+    with torch.no_grad():
+        first = model(ids).layers
+    carried = model._state[1].clone()
+    embedder = Embedder(model)
+    a = embedder.embed_sentence(["The", "bank"])
+    b = embedder.embed_sentence(["The", "bank"])
+    assert model.stateful is True and torch.equal(model._state[1], carried)
+    assert (a == b).all()
+    model.reset_states()
+    assert abs(a - first[0].numpy()).max() <= 1e-6  # the stateless result = a fresh state's

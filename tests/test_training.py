@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -17,8 +18,9 @@ import torch
 from conftest import REPO_ROOT, shared_path
 from elmokit import batch_to_ids, load_original
 from elmokit.data.corpus import TextCorpus
+from elmokit.errors import DataError, UsageError
 from elmokit.training.lm import BidirectionalLM
-from elmokit.training.perplexity import evaluate_perplexity, unigram_perplexity
+from elmokit.training.perplexity import evaluate_perplexity, score_sentences, unigram_perplexity
 from elmokit.training.trainer import TrainConfig, Trainer, TrainingError, load_lm
 from elmokit.vocabulary import Vocabulary
 from elmokit.weights.original import export_original
@@ -30,6 +32,15 @@ TINY_CHAR = {
     "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]], "n_highway": 1,
                  "n_characters": 261, "max_characters_per_token": 10, "activation": "tanh"},
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # tiny models: one thread is several times faster than two on a busy 2-core machine (and the same for every run)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 def _train_fixture():
@@ -197,8 +208,15 @@ def test_non_finite_gradient_stops_before_the_update(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where CUDA is missing")
 def test_cuda_device_without_cuda_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="CUDA is not available"):
+    with pytest.raises(UsageError, match="CUDA is not available"):
         Trainer(_tiny_config(tmp_path, device="cuda"))
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="checks the error where MPS is missing")
+def test_device_this_build_cannot_use_is_a_usage_error(tmp_path):
+    # resolve_device accepts "mps"; moving the model there raised a raw RuntimeError ("not linked with support")
+    with pytest.raises(UsageError, match="'mps'"):  # here, or in resolve_device once it checks MPS itself
+        Trainer(_tiny_config(tmp_path, device="mps"))
 
 
 def _write(path: Path, data: bytes | str) -> Path:
@@ -207,19 +225,19 @@ def _write(path: Path, data: bytes | str) -> Path:
 
 
 @pytest.mark.parametrize("content,match", [
-    (b"", "no sentences"),
-    (b"\n\n   \n\n", "no sentences"),
-    (b"good line\nbad \xff\xfe bytes\n", r"bad\.txt.*line 2|bad\.txt:2"),
+    (b"", r"no sentences in '.*bad\.txt'"),
+    (b"\n\n   \n\n", r"no sentences in '.*bad\.txt'"),
+    (b"good line\nbad \xff\xfe bytes\n", r"bad\.txt:2: invalid UTF-8"),
 ])
 def test_bad_corpora_clear_errors(tmp_path, content, match):
     data = _write(tmp_path / "bad.txt", content)
     _, vocab = _train_fixture()
     cfg = _tiny_config(tmp_path / "out", train_files=[str(data)], max_steps=3)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(DataError, match=match):
         Trainer(cfg).train()
 
 
-def test_huge_line_and_vocab_smaller_than_negatives(tmp_path):
+def test_huge_line_and_vocab_smaller_than_negatives(tmp_path, caplog):
     words = ["neural", "networks", "language", "models"]
     long_line = " ".join(words[i % 4] for i in range(100_000))
     data = _write(tmp_path / "long.txt", "neural networks .\n" + long_line + "\n")
@@ -227,14 +245,48 @@ def test_huge_line_and_vocab_smaller_than_negatives(tmp_path):
                        max_steps=4, unroll_steps=5)
     trainer = Trainer(cfg)
     assert len(trainer.vocab) == 8  # 3 specials + 5 words: far fewer than 8192 negatives → full softmax
-    summary = trainer.train()
+    with caplog.at_level(logging.WARNING):
+        summary = trainer.train()
     assert summary["steps"] == 4 and math.isfinite(summary["final_loss"])
+    # before: told only at INFO, so the switch went unseen; now one warning at the start naming both numbers
+    told = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "full softmax" in r.getMessage()]
+    assert len(told) == 1 and "8 tokens" in told[0] and "n_negative_samples=8192" in told[0]
+    assert "uses the full softmax" in told[0]
 
 
 def test_vocabulary_missing_bos(tmp_path):
     vocab = _write(tmp_path / "vocab.txt", "</S>\n<UNK>\nthe\n")
-    with pytest.raises(ValueError, match="<S>"):
+    with pytest.raises(DataError, match=r"vocab\.txt is missing the special token\(s\) <S>"):
         Trainer(_tiny_config(tmp_path / "out", vocab_file=str(vocab)))
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.5, True])
+def test_perplexity_and_scoring_refuse_batch_size_below_one(batch_size):
+    # before: 0 or -1 were accepted and every sentence went into one unbounded batch
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>", "a", "b"])
+    from elmokit.config import ElmoConfig
+
+    lm = BidirectionalLM(ElmoConfig.from_options(TINY_CHAR), vocab, dropout=0.0)
+    sentences = [["a", "b"], ["b"]]
+    with pytest.raises(UsageError, match="batch_size must be an int >= 1"):
+        evaluate_perplexity(lm, sentences, batch_size=batch_size)
+    with pytest.raises(UsageError, match="batch_size must be an int >= 1"):
+        score_sentences(lm, sentences, batch_size=batch_size)
+    # the batch size changes nothing else: one sentence per batch gives the figures of one batch
+    assert evaluate_perplexity(lm, sentences, batch_size=1) == pytest.approx(evaluate_perplexity(lm, sentences, 64))
+    one, all_ = score_sentences(lm, sentences, batch_size=1), score_sentences(lm, sentences, batch_size=64)
+    assert [x for pair in one for x in pair] == pytest.approx([x for pair in all_ for x in pair], abs=1e-5)
+
+
+def test_no_sentences_to_evaluate_is_a_data_error():
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>", "a"])
+    from elmokit.config import ElmoConfig
+
+    lm = BidirectionalLM(ElmoConfig.from_options(TINY_CHAR), vocab, dropout=0.0)
+    with pytest.raises(DataError, match="no sentences to evaluate"):
+        evaluate_perplexity(lm, [])
+    with pytest.raises(DataError, match="no test tokens"):
+        unigram_perplexity([["a"]], [], vocab)
 
 
 def test_unigram_baseline_hand_computed():

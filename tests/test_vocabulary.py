@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 from conftest import shared_path
 
+from elmokit.errors import DataError, InputError, MissingFileError, UsageError
 from elmokit.vocabulary import Vocabulary
 
 
@@ -74,27 +75,27 @@ def test_build_literal_specials_counted_not_duplicated():
 
 
 def test_build_errors():
-    with pytest.raises(TypeError, match="sentence 0 is a str"):
+    with pytest.raises(InputError, match="sentence 0 is a str"):
         Vocabulary.build(["a b c"])
-    with pytest.raises(ValueError, match="min_count"):
+    with pytest.raises(UsageError, match="min_count"):
         Vocabulary.build([["a"]], min_count=0)
-    with pytest.raises(ValueError, match="max_size"):
+    with pytest.raises(UsageError, match="max_size"):
         Vocabulary.build([["a"]], max_size=2)
 
 
 def test_missing_special_names_file_and_token(tmp_path):
     path = _write(tmp_path, "v.txt", "<S>\n<UNK>\nthe\n")
-    with pytest.raises(ValueError, match=r"v\.txt.*</S>"):
+    with pytest.raises(DataError, match=r"v\.txt.*</S>"):
         Vocabulary.from_file(path)
     path = _write(tmp_path, "w.txt", "the\n")
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(DataError) as e:
         Vocabulary.from_file(path)
     assert "w.txt" in str(e.value) and "<S>" in str(e.value) and "<UNK>" in str(e.value)
 
 
 def test_duplicate_names_line(tmp_path):
     path = _write(tmp_path, "v.txt", "<S>\n</S>\n<UNK>\nthe\nthe\n")
-    with pytest.raises(ValueError, match=r"v\.txt:5: duplicate token 'the' \(first seen on line 4\)"):
+    with pytest.raises(DataError, match=r"v\.txt:5: duplicate token 'the' \(first seen on line 4\)"):
         Vocabulary.from_file(path)
 
 
@@ -104,9 +105,9 @@ def test_blank_lines_and_whitespace(tmp_path):
     assert len(v) == 4
     v = Vocabulary.from_file(_write(tmp_path, "b.txt", "<S>\r\n</S>\r\n<UNK>\r\n the \r\nof"))
     assert v.tokens == ["<S>", "</S>", "<UNK>", "the", "of"]
-    with pytest.raises(ValueError, match=r"c\.txt:4: blank line"):
+    with pytest.raises(DataError, match=r"c\.txt:4: blank line"):
         Vocabulary.from_file(_write(tmp_path, "c.txt", "<S>\n</S>\n<UNK>\n\nthe\n"))
-    with pytest.raises(ValueError, match=r"d\.txt:4: expected one token per line"):
+    with pytest.raises(DataError, match=r"d\.txt:4: expected one token per line"):
         Vocabulary.from_file(_write(tmp_path, "d.txt", "<S>\n</S>\n<UNK>\nthe 12\n"))
 
 
@@ -117,12 +118,12 @@ def test_maxtermid_skipped_and_bom(tmp_path):
 
 def test_invalid_utf8_names_line(tmp_path):
     path = _write(tmp_path, "v.txt", b"<S>\n</S>\n<UNK>\nca\xfft\n")
-    with pytest.raises(ValueError, match=r"v\.txt:4: invalid UTF-8"):
+    with pytest.raises(DataError, match=r"v\.txt:4: invalid UTF-8"):
         Vocabulary.from_file(path)
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope.txt"):
+    with pytest.raises(MissingFileError, match="nope.txt"):
         Vocabulary.from_file(tmp_path / "nope.txt")
 
 
@@ -148,17 +149,17 @@ def test_save_roundtrip_and_atomic(tmp_path, monkeypatch):
 def test_lookup_errors():
     v = Vocabulary(["<S>", "</S>", "<UNK>", "a"])
     assert v.decode([3, 0]) == ["a", "<S>"]
-    with pytest.raises(ValueError, match=r"token id 4 out of range \[0, 4\)"):
+    with pytest.raises(InputError, match=r"token id 4 out of range \[0, 4\)"):
         v.id_to_token(4)
-    with pytest.raises(ValueError, match="token id -1"):
+    with pytest.raises(InputError, match="token id -1"):
         v.id_to_token(-1)
-    with pytest.raises(TypeError, match="token id must be an int"):
+    with pytest.raises(InputError, match="token id must be an int"):
         v.id_to_token("a")
-    with pytest.raises(TypeError, match="got a str"):
+    with pytest.raises(InputError, match="got a str"):
         v.encode("a b")
-    with pytest.raises(ValueError, match="duplicate token 'a' at ids 3 and 4"):
+    with pytest.raises(DataError, match="duplicate token 'a' at ids 3 and 4"):
         Vocabulary(["<S>", "</S>", "<UNK>", "a", "a"])
-    with pytest.raises(ValueError, match="missing the special token"):
+    with pytest.raises(DataError, match="missing the special token"):
         Vocabulary(["<S>", "</S>", "a"])
-    with pytest.raises(ValueError, match="contains whitespace"):
+    with pytest.raises(DataError, match="contains whitespace"):
         Vocabulary(["<S>", "</S>", "<UNK>", "a b"])

@@ -12,7 +12,7 @@ import torch
 
 from conftest import shared_path
 from elmokit import BiLM, Elmo, ElmoConfig, WeightsError, batch_to_ids, export_original, load_native, load_original
-from elmokit import PRESETS, save_pretrained
+from elmokit import PRESETS, ConfigError, MissingFileError, UsageError, load_pretrained_bilm, save_pretrained
 from elmokit.weights import native
 from helpers import fixture_model
 
@@ -96,11 +96,132 @@ def test_missing_and_extra_datasets(tmp_path):
 
 def test_not_hdf5_and_missing_file(tmp_path):
     options, weights = _copy_fixture(tmp_path)
+    data = weights.read_bytes()
     weights.write_bytes(b"not an hdf5 file")
-    with pytest.raises(WeightsError, match="HDF5"):
+    with pytest.raises(WeightsError, match=r"w.hdf5 is not a readable HDF5"):
         load_original(options, weights)
-    with pytest.raises(FileNotFoundError):
+    weights.write_bytes(data[: len(data) // 2])  # truncated download
+    with pytest.raises(WeightsError, match=r"w.hdf5 is not a readable HDF5"):
+        load_original(options, weights)
+    with pytest.raises(WeightsError, match=r"options.json is a JSON file, not an HDF5"):
+        load_original(options, options)  # the two swapped: options.json as the weights ...
+    with pytest.raises(ConfigError, match=r"w.hdf5 is an HDF5 file, not a JSON options file"):
+        load_original(weights, options)  # ... or the HDF5 as the options
+    with pytest.raises(MissingFileError, match="nope.hdf5"):
         load_original(options, tmp_path / "nope.hdf5")
+    with pytest.raises(MissingFileError, match="is a folder"):
+        load_original(options, tmp_path)
+    with pytest.raises(MissingFileError, match="options file not found"):
+        load_original(tmp_path / "nope.json", weights)
+
+
+def _options_with(tmp_path, fn, name="opts.json"):
+    o = json.loads((shared_path("fixtures", "allennlp-elmo") / "options.json").read_text())
+    fn(o)
+    path = tmp_path / name
+    path.write_text(json.dumps(o))
+    return path
+
+
+def _set(section, key, value):
+    def fn(o):
+        target = o[section] if section else o
+        if isinstance(key, tuple):
+            target = target[key[0]]
+            target[key[1]] = value
+        else:
+            target[key] = value
+    return fn
+
+
+@pytest.mark.parametrize("section,key,value,match", [
+    # reproduction: "false" (a string) was read as true
+    ("lstm", "use_skip_connections", "false", r'lstm.use_skip_connections="false"; expected a JSON boolean'),
+    ("lstm", "use_skip_connections", 0, r"lstm.use_skip_connections=0; expected a JSON boolean"),
+    # reproduction: malformed filters gave "not enough values to unpack"
+    ("char_cnn", "filters", [[1, 4], [2]],
+     r"char_cnn.filters entry 1 is \[2\]; expected \[width, n_filters\].*\[\[width, n_filters\], \.\.\.\]"),
+    ("char_cnn", "filters", [1, 4], r"char_cnn.filters entry 0 is 1; expected \[width, n_filters\]"),
+    ("char_cnn", "filters", "[[1, 4]]", r"char_cnn.filters=.*expected a non-empty list \[\[width, n_filters\]"),
+    ("char_cnn", "filters", [], r"char_cnn.filters=\[\]"),
+    ("char_cnn", "filters", [[1, 4.5]], r"char_cnn.filters entry 0 is \[1, 4.5\]"),
+    ("char_cnn", "filters", [[0, 4]], r"char_cnn.filters entry 0 is \[0, 4\]"),
+    ("lstm", "dim", "64", r'lstm.dim="64"; expected a JSON integer >= 1'),
+    ("lstm", "n_layers", 2.5, r"lstm.n_layers=2.5; expected a JSON integer"),
+    ("lstm", "n_layers", True, r"lstm.n_layers=true; expected a JSON integer"),
+    ("lstm", "projection_dim", 0, r"lstm.projection_dim=0; expected an integer >= 1"),
+    ("lstm", "cell_clip", "3", r'lstm.cell_clip="3"; expected null \(no clipping\) or a finite number >= 0'),
+    ("lstm", "proj_clip", -1, r"lstm.proj_clip=-1; expected null"),
+    ("char_cnn", "n_highway", -1, r"char_cnn.n_highway=-1; expected an integer >= 0"),
+    ("char_cnn", ("embedding", "dim"), "4", r'char_cnn.embedding.dim="4"'),
+    ("char_cnn", "embedding", 4, r"char_cnn.embedding is 4; expected an object"),
+    ("char_cnn", "activation", "gelu", r"char_cnn.activation='gelu'"),
+    ("char_cnn", "max_characters_per_token", 4, r"max_characters_per_token=4 is smaller than the widest filter \(5\)"),
+    ("char_cnn", "n_characters", 300, r"char_cnn.n_characters=300"),
+    (None, "lstm", [], r"'lstm' is \[\]; expected a JSON object"),
+])
+def test_invalid_options_name_file_key_and_value(tmp_path, section, key, value, match):
+    path = _options_with(tmp_path, _set(section, key, value))
+    with pytest.raises(ConfigError, match=match) as err:
+        ElmoConfig.from_json_file(path)
+    assert str(path) in str(err.value)
+
+
+def test_options_boolean_skip_connections_read_exactly(tmp_path):
+    assert ElmoConfig.from_json_file(_options_with(tmp_path, _set("lstm", "use_skip_connections", False))) \
+        .lstm.use_skip_connections is False
+    config = ElmoConfig.from_json_file(_options_with(tmp_path, _set("lstm", "use_skip_connections", True)))
+    assert config.lstm.use_skip_connections is True
+    assert config.char_cnn.filters == [(1, 4), (2, 8), (3, 16), (4, 32), (5, 64)]
+    assert config.lstm.cell_clip == 3.0 and isinstance(config.lstm.cell_clip, float)
+    with pytest.raises(ConfigError, match=r"missing required key lstm.dim"):
+        ElmoConfig.from_json_file(_options_with(tmp_path, lambda o: o["lstm"].pop("dim")))
+
+
+def test_options_file_not_utf8_json(tmp_path):
+    (tmp_path / "o.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ConfigError, match=r"o.json is not a UTF-8 JSON options file"):
+        ElmoConfig.from_json_file(tmp_path / "o.json")
+    (tmp_path / "o.json").write_text("{lstm: 1}")
+    with pytest.raises(ConfigError, match=r"o.json is not valid JSON"):
+        ElmoConfig.from_json_file(tmp_path / "o.json")
+    (tmp_path / "o.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=r"o.json: options must be a JSON object"):
+        ElmoConfig.from_json_file(tmp_path / "o.json")
+    with pytest.raises(MissingFileError, match="is a folder"):
+        ElmoConfig.from_json_file(tmp_path)
+
+
+def test_load_pretrained_bilm_paths(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(MissingFileError) as err:
+        load_pretrained_bilm(tmp_path)
+    msg = str(err.value)
+    assert str(tmp_path) in msg and "config.json + model.safetensors" in msg and "*options*.json" in msg
+    assert "notes.txt, sub/" in msg
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MissingFileError, match="nothing"):
+        load_pretrained_bilm(tmp_path / "empty")
+    d = shared_path("fixtures", "allennlp-elmo")
+    with pytest.raises(UsageError, match="is a file.*its options.json too"):
+        load_pretrained_bilm(d / "lm_weights.hdf5")
+    with pytest.raises(UsageError, match="is a file.*its HDF5 weight file too"):
+        load_pretrained_bilm(d / "options.json")
+    with pytest.raises(UsageError, match="is a file"):
+        load_pretrained_bilm(tmp_path / "notes.txt")
+    with pytest.raises(MissingFileError, match="no such folder"):
+        load_pretrained_bilm(tmp_path / "missing")
+    with pytest.raises(UsageError, match="unknown model 'smal'.*original, original-5.5b, small"):
+        load_pretrained_bilm("smal")
+    with pytest.raises(UsageError, match="released model name"):
+        load_pretrained_bilm(42)
+    save_pretrained(fixture_model("allennlp-elmo"), tmp_path / "native")
+    (tmp_path / "native" / "model.safetensors").unlink()
+    with pytest.raises(MissingFileError, match="model.safetensors not found"):
+        load_pretrained_bilm(tmp_path / "native")
+    with pytest.raises(UsageError, match="is a file"):
+        load_pretrained_bilm(tmp_path / "native" / "config.json")
 
 
 def test_n_characters_261_and_262_both_accepted(tmp_path):

@@ -16,9 +16,10 @@ from .config import (
     elmo_small,
     elmo_tiny,
 )
-from .elmo import Elmo
+from .elmo import Elmo, TokenVectorCache
 from .embedding import Embedder
-from .errors import ConfigError, ElmoError, InputError, WeightsError
+from .errors import (CheckpointError, ConfigError, DataError, ElmoError, InputError, MissingFileError, UsageError,
+                     WeightsError)
 from .modules.bilm import BiLM, BiLMOutput
 from .modules.scalar_mix import ScalarMix
 from .weights.native import load_native, load_pretrained_bilm, save_pretrained
@@ -31,5 +32,7 @@ __all__ = [
     "ElmoConfig", "CharCNNConfig", "LSTMConfig", "PRESETS",
     "elmo_small", "elmo_medium", "elmo_original", "elmo_original_5b", "elmo_tiny",
     "load_original", "export_original", "save_pretrained", "load_native", "load_pretrained_bilm",
-    "ElmoError", "ConfigError", "WeightsError", "InputError",
+    "TokenVectorCache",
+    "ElmoError", "UsageError", "ConfigError", "InputError", "MissingFileError", "WeightsError", "CheckpointError",
+    "DataError",
 ]

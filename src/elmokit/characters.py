@@ -12,7 +12,15 @@ parameter) and every other id has a learned embedding row:
   (a Chinese character is 3 UTF-8 bytes, so the byte scheme keeps only 16 of them): one id per character from a
   vocabulary built on a corpus, with the same specials.
 
-Sentence boundaries ``<S>``/``</S>`` are added by the model (:class:`elmokit.modules.bilm.BiLM`), not here.
+Sentence boundaries ``<S>``/``</S>`` are added by the model (:class:`elmokit.modules.bilm.BiLM`), not here. A literal
+``"<S>"`` or ``"</S>"`` token in the input maps to the same boundary row, as in the original (bilm-tf, AllenNLP): it is
+read as a sentence boundary, not as the three characters.
+
+**Blank tokens.** A token that is empty or whitespace only (``""``, ``" "``, ``"\t"``, ``"\u3000"``; precisely: nothing
+is left once lone surrogates are dropped, or :meth:`str.isspace` holds) is almost always a tokeniser artefact (padding,
+a double space split on ``" "``). The original embeds it anyway (begin-of-word, end-of-word) and it then changes its
+neighbours' vectors. Here :func:`batch_to_ids` refuses it by default (:class:`~elmokit.errors.InputError` naming the
+sentence and position); ``empty_tokens="keep"`` keeps the original's encoding.
 """
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import InputError
+from .errors import DataError, InputError, UsageError
 
 __all__ = [
     "ByteCharacterMapper",
@@ -32,6 +40,7 @@ __all__ = [
     "batch_to_ids",
     "validate_sentences",
     "boundary_char_ids",
+    "is_blank_token",
     "BOS_TOKEN",
     "EOS_TOKEN",
 ]
@@ -48,6 +57,40 @@ _RAW_BOW = 258
 _RAW_EOW = 259
 _RAW_PAD = 260
 
+_EMPTY_TOKEN_MODES = ("error", "keep")
+_LONG_TOKEN_MODES = ("truncate", "error")
+_CACHE_MAX_TOKEN_LEN = 64  # tokens longer than this are not memoised (a huge token must not stay in memory)
+
+
+def _check_mode(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise UsageError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+
+
+def _check_width(max_characters_per_token: object) -> int:
+    if isinstance(max_characters_per_token, bool) or not isinstance(max_characters_per_token, int):
+        raise UsageError(f"max_characters_per_token must be an int >= 3, got {max_characters_per_token!r}")
+    if max_characters_per_token < 3:
+        raise UsageError(f"max_characters_per_token must be >= 3 (begin-of-word, one character, end-of-word), "
+                         f"got {max_characters_per_token}")
+    return max_characters_per_token
+
+
+def is_blank_token(token: str) -> bool:
+    """Whether ``token`` is empty or whitespace only, after dropping lone surrogates (which no scheme can encode).
+
+    ``""``, ``" "``, ``"\t\n"``, ``"\u3000"`` (ideographic space), ``"\ud800"`` are blank; ``"\u200b"`` (zero-width
+    space, not whitespace in Unicode) and ``"\x00"`` are not. Whitespace is :meth:`str.isspace`.
+    """
+    if not token or token.isspace():
+        return True
+    try:
+        token.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: look at what the encoders keep
+        visible = token.encode("utf-8", "ignore").decode("utf-8")
+        return not visible or visible.isspace()
+    return False
+
 
 class ByteCharacterMapper:
     """The original UTF-8 byte scheme, ids shifted by +1 (0 = padding).
@@ -56,6 +99,14 @@ class ByteCharacterMapper:
         max_characters_per_token: C, positions per token (50 in every released model). Tokens longer than
             ``C - 2`` UTF-8 bytes are truncated, as in the original.
         on_long_token: ``"truncate"`` (original behaviour) or ``"error"`` (raise :class:`InputError`).
+        tokens_to_add: ``{token: raw id}`` extra special tokens, as AllenNLP's ``ELMoCharacterMapper(tokens_to_add)``:
+            such a token becomes ``[begin-of-word, raw id, end-of-word, pad, …]`` (then shifted by +1, so
+            ``{"<first>": 1}`` gives ``[259, 2, 260, 261, …]``); it is looked up before ``<S>``/``</S>``. A raw id
+            is an int in 0…260 (a byte value, or one of the specials 256–260), so that it has a row in the character
+            table.
+
+    Raises :class:`UsageError` for a bad argument. This class maps every string, blank ones included, as the original
+    does; :func:`batch_to_ids` is where blank tokens are refused.
 
     Source: bilm-tf ``UnicodeCharsVocabulary._convert_word_to_char_ids``; AllenNLP ``ELMoCharacterMapper``.
     """
@@ -69,18 +120,27 @@ class ByteCharacterMapper:
     eow_char = _RAW_EOW + 1
     pad_char = _RAW_PAD + 1
 
-    def __init__(self, max_characters_per_token: int = 50, on_long_token: str = "truncate") -> None:
-        if max_characters_per_token < 3:
-            raise ValueError(f"max_characters_per_token must be >= 3, got {max_characters_per_token}")
-        if on_long_token not in ("truncate", "error"):
-            raise ValueError(f"on_long_token must be 'truncate' or 'error', got {on_long_token!r}")
+    def __init__(self, max_characters_per_token: int = 50, on_long_token: str = "truncate",
+                 tokens_to_add: dict[str, int] | None = None) -> None:
+        _check_width(max_characters_per_token)
+        _check_mode("on_long_token", on_long_token, _LONG_TOKEN_MODES)
         self.max_characters_per_token = max_characters_per_token
         self.on_long_token = on_long_token
         self._cache: dict[str, list[int]] = {}
-        c = max_characters_per_token
         self._bos_row = self._boundary_row(self.bos_char)
         self._eos_row = self._boundary_row(self.eos_char)
-        assert len(self._bos_row) == c
+        self.tokens_to_add: dict[str, int] = {}
+        if tokens_to_add is not None:
+            if not isinstance(tokens_to_add, dict):
+                raise UsageError(f"tokens_to_add must be a dict {{token: raw id}}, got {type(tokens_to_add).__name__}")
+            for token, raw in tokens_to_add.items():
+                if not isinstance(token, str):
+                    raise UsageError(f"tokens_to_add key {token!r} is a {type(token).__name__}; tokens are str")
+                if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= _RAW_PAD:
+                    raise UsageError(f"tokens_to_add[{token!r}] = {raw!r}: expected a raw character id, an int in "
+                                     f"0…{_RAW_PAD} (shifted by +1 like every id)")
+                self.tokens_to_add[token] = raw
+        self._added_rows = {tok: self._boundary_row(raw + 1) for tok, raw in self.tokens_to_add.items()}
 
     def _boundary_row(self, char: int) -> list[int]:
         c = self.max_characters_per_token
@@ -91,7 +151,8 @@ class ByteCharacterMapper:
         return list(self._bos_row), list(self._eos_row)
 
     def token_to_ids(self, token: str) -> list[int]:
-        """One token → C shifted ids. ``"<S>"``/``"</S>"`` map to the boundary rows, as in the original.
+        """One token → C shifted ids. ``"<S>"``/``"</S>"`` map to the boundary rows, as in the original; a
+        ``tokens_to_add`` token to its own row (checked first, as AllenNLP).
 
         Undecodable characters (lone surrogates) are dropped, as the original's ``encode('utf-8', 'ignore')``.
         Raises :class:`InputError` for an over-long token when ``on_long_token="error"``.
@@ -99,7 +160,9 @@ class ByteCharacterMapper:
         ids = self._cache.get(token)
         if ids is not None:
             return ids
-        if token == BOS_TOKEN:
+        if token in self._added_rows:
+            ids = self._added_rows[token]
+        elif token == BOS_TOKEN:
             ids = self._bos_row
         elif token == EOS_TOKEN:
             ids = self._eos_row
@@ -115,7 +178,7 @@ class ByteCharacterMapper:
                 data = data[: c - 2]
             ids = [self.bow_char] + [b + 1 for b in data] + [self.eow_char]
             ids += [self.pad_char] * (c - len(ids))
-        if len(self._cache) < 200_000:
+        if len(token) <= _CACHE_MAX_TOKEN_LEN and len(self._cache) < 200_000:
             self._cache[token] = ids
         return ids
 
@@ -130,6 +193,11 @@ class CharVocabulary:
 
     The file format is one character per line (UTF-8), the specials implicit. ``vocab_size`` (rows including the
     padding row) is what ``CharCNNConfig.char_vocab_size`` must hold.
+
+    Raises:
+        DataError: an entry that is not exactly one character, or a duplicate (names the entry; file and line when
+            read by :meth:`from_file`).
+        UsageError: a bad ``max_characters_per_token`` / ``on_long_token``.
     """
 
     padding_id = 0
@@ -142,18 +210,19 @@ class CharVocabulary:
     n_specials = 7
 
     def __init__(self, characters: Sequence[str], max_characters_per_token: int = 50,
-                 on_long_token: str = "truncate") -> None:
+                 on_long_token: str = "truncate", *, _source: str | None = None) -> None:
+        if isinstance(characters, str):
+            characters = list(characters)
+        where = (lambda i: f"{_source}:{i + 1}") if _source else (lambda i: f"character vocabulary entry {i}")
         seen: dict[str, int] = {}
         for i, ch in enumerate(characters):
-            if len(ch) != 1:
-                raise ValueError(f"character vocabulary entry {i} is {ch!r}: expected exactly one character")
+            if not isinstance(ch, str) or len(ch) != 1:
+                raise DataError(f"{where(i)} is {ch!r}: expected exactly one character")
             if ch in seen:
-                raise ValueError(f"character vocabulary entry {i} {ch!r} duplicates entry {seen[ch]}")
+                raise DataError(f"{where(i)} {ch!r} duplicates {where(seen[ch])}")
             seen[ch] = i
-        if max_characters_per_token < 3:
-            raise ValueError(f"max_characters_per_token must be >= 3, got {max_characters_per_token}")
-        if on_long_token not in ("truncate", "error"):
-            raise ValueError(f"on_long_token must be 'truncate' or 'error', got {on_long_token!r}")
+        _check_width(max_characters_per_token)
+        _check_mode("on_long_token", on_long_token, _LONG_TOKEN_MODES)
         self.characters = list(characters)
         self._index = {ch: i + self.n_specials for i, ch in enumerate(self.characters)}
         self.max_characters_per_token = max_characters_per_token
@@ -183,11 +252,26 @@ class CharVocabulary:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, max_characters_per_token: int = 50) -> "CharVocabulary":
-        """Read one character per line (UTF-8). Raises FileNotFoundError / ValueError naming the line."""
-        lines = Path(path).read_text(encoding="utf-8").split("\n")
+        """Read one character per line (UTF-8).
+
+        Raises:
+            MissingFileError: no such file (or a folder).
+            DataError: not UTF-8, or a bad line (names file and line).
+        """
+        from .errors import MissingFileError
+
+        path = Path(path)
+        if not path.is_file():
+            raise MissingFileError(f"character vocabulary {path}: " + ("is a folder, expected a file of one character "
+                                   "per line" if path.is_dir() else "no such file"))
+        try:
+            lines = path.read_text(encoding="utf-8").split("\n")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); a character vocabulary is "
+                            "one character per line, UTF-8") from None
         if lines and lines[-1] == "":
             lines.pop()
-        return cls(lines, max_characters_per_token=max_characters_per_token)
+        return cls(lines, max_characters_per_token=max_characters_per_token, _source=str(path))
 
     def save(self, path: str | os.PathLike) -> None:
         """Write one character per line, atomically."""
@@ -214,36 +298,54 @@ class CharVocabulary:
         return ids + [self.pad_char] * (c - len(ids))
 
 
-def validate_sentences(sentences: object) -> list[Sequence[str]]:
+def validate_sentences(sentences: object, *, empty_tokens: str = "error", start: int = 0) -> list[Sequence[str]]:
     """Check that ``sentences`` is a list of sentences, each a list of ``str`` tokens.
 
-    Returns the sentences as a list. Empty sentences and an empty batch are allowed (they give zero-length rows).
+    Returns the sentences as a list (an iterable of sentences is read into one). Empty sentences and an empty batch are
+    allowed (they give zero-length rows).
+
+    Args:
+        empty_tokens: ``"error"`` (default): a blank token (empty or whitespace only, see :func:`is_blank_token`) is
+            refused; ``"keep"``: it is kept and encoded as the original does (begin-of-word, its bytes, end-of-word).
 
     Raises:
-        TypeError: a string, a flat list of strings, or a non-string token (the message says where).
+        InputError: a string, a flat list of strings, a sentence that is not a list, a non-string token, or (with
+            ``empty_tokens="error"``) a blank token — the message names the sentence and token position
+            (sentences numbered from ``start``, 0-based).
+        UsageError: an unknown ``empty_tokens``.
     """
+    _check_mode("empty_tokens", empty_tokens, _EMPTY_TOKEN_MODES)
     if isinstance(sentences, (str, bytes)):
-        raise TypeError(
+        raise InputError(
             "expected a list of sentences (each a list of token strings), got a single string; "
             "tokenise it and wrap it: [text.split()]"
         )
     if not isinstance(sentences, Sequence):
-        if isinstance(sentences, Iterable):
+        if isinstance(sentences, Iterable) and not isinstance(sentences, dict):
             sentences = list(sentences)
         else:
-            raise TypeError(f"expected a list of sentences (list of lists of str), got {type(sentences).__name__}")
+            raise InputError(f"expected a list of sentences (list of lists of str), got {type(sentences).__name__}")
+    check_blank = empty_tokens == "error"
     out = []
-    for i, sentence in enumerate(sentences):
+    for i, sentence in enumerate(sentences, start):
         if isinstance(sentence, str):
-            raise TypeError(
-                f"expected a list of sentences (list of lists of str), but element {i} is the string {sentence[:30]!r}: "
-                "a flat list of tokens is one sentence — wrap it: [tokens]"
+            raise InputError(
+                f"expected a list of sentences (list of lists of str), but element {i} is the string "
+                f"{sentence[:30]!r}: a flat list of tokens is one sentence — wrap it: [tokens]"
             )
-        if not isinstance(sentence, Sequence):
-            raise TypeError(f"sentence {i} is a {type(sentence).__name__}; expected a list of str tokens")
+        if isinstance(sentence, bytes) or not isinstance(sentence, Sequence):
+            raise InputError(f"sentence {i} is a {type(sentence).__name__}; expected a list of str tokens")
         for j, token in enumerate(sentence):
             if not isinstance(token, str):
-                raise TypeError(f"sentence {i}, token {j} is a {type(token).__name__} ({token!r}); tokens must be str")
+                shown = repr(token)
+                shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                raise InputError(f"sentence {i}, token {j} is a {type(token).__name__} ({shown}); tokens must be str")
+            if check_blank and is_blank_token(token):
+                raise InputError(
+                    f"sentence {i}, token {j} is {token[:10]!r}: empty or whitespace-only tokens are refused (they are "
+                    "usually tokeniser padding, and would change their neighbours' vectors); drop them, or pass "
+                    "empty_tokens='keep' to embed them as the original does"
+                )
         out.append(sentence)
     return out
 
@@ -254,6 +356,8 @@ def batch_to_ids(
     *,
     char_vocab: CharVocabulary | None = None,
     on_long_token: str = "truncate",
+    empty_tokens: str = "error",
+    tokens_to_add: dict[str, int] | None = None,
 ) -> torch.Tensor:
     """Convert tokenised sentences to character ids, as AllenNLP's ``batch_to_ids``.
 
@@ -262,20 +366,35 @@ def batch_to_ids(
         max_characters_per_token: C (50 for every released model); ignored when ``char_vocab`` is given (its own).
         char_vocab: use the character-vocabulary scheme instead of UTF-8 bytes.
         on_long_token: ``"truncate"`` (original) or ``"error"``.
+        empty_tokens: ``"error"`` (default) refuses empty / whitespace-only tokens; ``"keep"`` encodes them as the
+            original does (see the module docstring).
+        tokens_to_add: extra special tokens ``{token: raw id}`` of the byte scheme (AllenNLP's ``tokens_to_add``, see
+            :class:`ByteCharacterMapper`).
+
+    A literal ``"<S>"`` / ``"</S>"`` token gets the boundary row the model adds itself (as the original does).
 
     Returns:
         LongTensor (B, T, C), T = longest sentence; ids shifted so that 0 = padding (rows past a sentence's end are
         all zero). Boundary tokens are **not** added (the model adds them). An empty batch gives shape (0, 0, C).
 
     Raises:
-        TypeError: malformed input (a string, a flat list of strings, non-string tokens).
-        InputError: an over-long token with ``on_long_token="error"``.
+        InputError: malformed input (a string, a flat list of strings, non-string tokens), a blank token (default), an
+            over-long token with ``on_long_token="error"``; the message names sentence and token.
+        UsageError: a bad option value.
     """
-    sentences = validate_sentences(sentences)
+    sentences = validate_sentences(sentences, empty_tokens=empty_tokens)
     if char_vocab is not None:
+        if not isinstance(char_vocab, CharVocabulary):
+            raise UsageError(f"char_vocab must be a CharVocabulary, got {type(char_vocab).__name__}")
+        if tokens_to_add:
+            raise UsageError("tokens_to_add belongs to the UTF-8 byte scheme; it cannot be combined with char_vocab")
         mapper: ByteCharacterMapper | CharVocabulary = char_vocab
         max_characters_per_token = char_vocab.max_characters_per_token
+    elif tokens_to_add:
+        mapper = ByteCharacterMapper(max_characters_per_token, on_long_token, tokens_to_add=tokens_to_add)
     else:
+        _check_width(max_characters_per_token)
+        _check_mode("on_long_token", on_long_token, _LONG_TOKEN_MODES)
         mapper = _byte_mapper(max_characters_per_token, on_long_token)
     b = len(sentences)
     t = max((len(s) for s in sentences), default=0)
@@ -283,8 +402,12 @@ def batch_to_ids(
     if b == 0 or t == 0:
         return out
     rows = []
-    for sentence in sentences:
-        rows.extend(mapper.token_to_ids(tok) for tok in sentence)
+    for i, sentence in enumerate(sentences):
+        for j, tok in enumerate(sentence):
+            try:
+                rows.append(mapper.token_to_ids(tok))
+            except InputError as exc:
+                raise InputError(f"sentence {i}, token {j}: {exc}") from None
     flat = torch.tensor(rows, dtype=torch.long)
     mask = torch.zeros((b, t), dtype=torch.bool)
     for i, sentence in enumerate(sentences):

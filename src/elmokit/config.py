@@ -6,12 +6,13 @@ so that a file written by :meth:`ElmoConfig.to_options` is read by the original 
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, MissingFileError
 
 __all__ = [
     "CharCNNConfig",
@@ -67,28 +68,38 @@ class CharCNNConfig:
             return self.char_vocab_size - 1
         return 261
 
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the first inconsistent field."""
-        if not self.filters:
-            raise ConfigError("char_cnn.filters is empty: at least one (width, count) filter is needed")
-        for f in self.filters:
-            if len(f) != 2 or int(f[0]) < 1 or int(f[1]) < 1:
-                raise ConfigError(f"char_cnn.filters entry {list(f)!r} must be [width >= 1, count >= 1]")
-        widest = max(int(w) for w, _ in self.filters)
-        if self.max_characters_per_token < max(widest, 3):
+    def validate(self, source: str = "config") -> None:
+        """Raise :class:`ConfigError` naming ``source``, the first inconsistent field, its value and what is
+        expected."""
+        filters = self.filters
+        if not isinstance(filters, (list, tuple)) or not filters:
+            raise ConfigError(f"{source}: char_cnn.filters={filters!r}; expected a non-empty list "
+                              "[[width, n_filters], ...]")
+        for i, f in enumerate(filters):
+            if (not isinstance(f, (list, tuple)) or len(f) != 2 or not all(_is_int(v) and v >= 1 for v in f)):
+                raise ConfigError(f"{source}: char_cnn.filters entry {i} is {_show(f)}; expected [width, n_filters] "
+                                  "with two integers >= 1, the whole list being [[width, n_filters], ...]")
+        _check_int(source, "char_cnn.n_highway", self.n_highway, 0)
+        _check_int(source, "char_cnn.embedding.dim", self.embedding_dim, 1)
+        _check_int(source, "char_cnn.n_characters", self.n_characters, 1)
+        _check_int(source, "char_cnn.max_characters_per_token", self.max_characters_per_token, 3)
+        widest = max(int(w) for w, _ in filters)
+        if self.max_characters_per_token < widest:
             raise ConfigError(
-                f"char_cnn.max_characters_per_token={self.max_characters_per_token} is smaller than the widest "
-                f"filter ({widest}) or 3 (begin-of-word, one character, end-of-word)"
+                f"{source}: char_cnn.max_characters_per_token={self.max_characters_per_token} is smaller than the "
+                f"widest filter ({widest}): every filter must fit in a token's character positions"
             )
         if self.activation not in _ACTIVATIONS:
-            raise ConfigError(f"char_cnn.activation={self.activation!r}; expected one of {_ACTIVATIONS}")
-        if self.char_vocab_size is None and self.n_characters not in (261, 262):
-            raise ConfigError(
-                f"char_cnn.n_characters={self.n_characters}; the UTF-8 byte scheme has 261 stored rows "
-                "(262 with the padding row): expected 261 or 262"
-            )
-        if self.n_highway < 0 or self.embedding_dim < 1:
-            raise ConfigError("char_cnn.n_highway must be >= 0 and char_cnn.embedding.dim >= 1")
+            raise ConfigError(f"{source}: char_cnn.activation={self.activation!r}; expected one of {_ACTIVATIONS}")
+        if self.char_vocab_size is None:
+            if self.n_characters not in (261, 262):
+                raise ConfigError(
+                    f"{source}: char_cnn.n_characters={self.n_characters}; the UTF-8 byte scheme has 261 stored rows "
+                    "(262 with the padding row): expected 261 or 262"
+                )
+        else:
+            # 7 specials (padding, <S>, </S>, begin/end of word, in-word pad, unknown) + at least one character
+            _check_int(source, "char_cnn.char_vocab_size", self.char_vocab_size, 8)
 
 
 @dataclass
@@ -111,11 +122,19 @@ class LSTMConfig:
     proj_clip: float | None = 3.0
     use_skip_connections: bool = True
 
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the first inconsistent field."""
+    def validate(self, source: str = "config") -> None:
+        """Raise :class:`ConfigError` naming ``source``, the first inconsistent field, its value and what is
+        expected."""
         for name in ("dim", "projection_dim", "n_layers"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"lstm.{name}={getattr(self, name)} must be >= 1")
+            _check_int(source, f"lstm.{name}", getattr(self, name), 1)
+        for name in ("cell_clip", "proj_clip"):
+            value = getattr(self, name)
+            if value is not None and (not _is_number(value) or not value >= 0 or value == float("inf")):
+                raise ConfigError(f"{source}: lstm.{name}={_show(value)}; expected null (no clipping) or a finite "
+                                  "number >= 0")
+        if not isinstance(self.use_skip_connections, bool):
+            raise ConfigError(f"{source}: lstm.use_skip_connections={_show(self.use_skip_connections)}; expected a "
+                              "JSON boolean, true or false (a string such as \"false\" would read as true)")
 
 
 @dataclass
@@ -140,51 +159,72 @@ class ElmoConfig:
         """Number of layer representations: L + 1 (layer 0 = token vector duplicated)."""
         return self.lstm.n_layers + 1
 
-    def validate(self) -> "ElmoConfig":
-        """Check every field; return ``self``. Raises :class:`ConfigError`."""
-        self.char_cnn.validate()
-        self.lstm.validate()
+    def validate(self, source: str = "config") -> "ElmoConfig":
+        """Check every field; return ``self``. Raises :class:`ConfigError` naming ``source`` (a file name, or
+        ``"config"``), the field and the value."""
+        self.char_cnn.validate(source)
+        self.lstm.validate(source)
         return self
 
     # ------------------------------------------------------------------ options.json
     @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "ElmoConfig":
+    def from_options(cls, options: dict[str, Any], source: str = "options") -> "ElmoConfig":
         """Build from a parsed original ``options.json`` dict.
 
+        Types are checked as JSON gives them, before anything is converted: counts must be JSON integers, clips
+        numbers or null, ``use_skip_connections`` a JSON boolean (the string ``"false"`` is refused rather than read
+        as true), ``filters`` a list ``[[width, n_filters], ...]``.
+
         Raises:
-            ConfigError: a required key is missing or a value is invalid (the message names the key).
+            ConfigError: a required key is missing or a value has the wrong type or range (the message names
+                ``source`` — the file —, the key, the value and the expected form).
         """
         if not isinstance(options, dict):
-            raise ConfigError(f"options must be a JSON object, got {type(options).__name__}")
-        try:
-            cc = options["char_cnn"]
-            ls = options["lstm"]
-        except KeyError as exc:
-            raise ConfigError(
-                f"options has no {exc.args[0]!r} section: only character-input models (char_cnn + lstm) are supported"
-            ) from None
-        try:
-            char_cnn = CharCNNConfig(
-                filters=[(int(w), int(n)) for w, n in cc["filters"]],
-                n_highway=int(cc["n_highway"]),
-                embedding_dim=int(cc["embedding"]["dim"]),
-                n_characters=int(cc.get("n_characters", 262)),
-                max_characters_per_token=int(cc.get("max_characters_per_token", 50)),
-                activation=str(cc.get("activation", "relu")),
-                char_vocab_size=cc.get("char_vocab_size"),
-            )
-            lstm = LSTMConfig(
-                dim=int(ls["dim"]),
-                projection_dim=int(ls.get("projection_dim", ls["dim"])),
-                n_layers=int(ls["n_layers"]),
-                cell_clip=_opt_float(ls.get("cell_clip")),
-                proj_clip=_opt_float(ls.get("proj_clip")),
-                use_skip_connections=bool(ls.get("use_skip_connections", False)),
-            )
-        except KeyError as exc:
-            raise ConfigError(f"options is missing required key {exc.args[0]!r}") from None
-        extra = {k: v for k, v in options.items() if k not in ("char_cnn", "lstm")}
-        return cls(char_cnn=char_cnn, lstm=lstm, extra=extra).validate()
+            raise ConfigError(f"{source}: options must be a JSON object with 'char_cnn' and 'lstm' sections, got "
+                              f"{type(options).__name__}")
+        for section in ("char_cnn", "lstm"):
+            if section not in options:
+                raise ConfigError(f"{source}: no {section!r} section: only character-input models (char_cnn + lstm) "
+                                  "are supported")
+            if not isinstance(options[section], dict):
+                raise ConfigError(f"{source}: {section!r} is {_show(options[section])}; expected a JSON object")
+        cc, ls = options["char_cnn"], options["lstm"]
+
+        def req(section: dict, prefix: str, key: str) -> Any:
+            if key not in section:
+                raise ConfigError(f"{source}: missing required key {prefix}.{key}")
+            return section[key]
+
+        embedding = req(cc, "char_cnn", "embedding")
+        if not isinstance(embedding, dict) or "dim" not in embedding:
+            raise ConfigError(f"{source}: char_cnn.embedding is {_show(embedding)}; expected an object {{\"dim\": N}}")
+        filters = req(cc, "char_cnn", "filters")
+        char_cnn = CharCNNConfig(
+            filters=filters,
+            n_highway=req(cc, "char_cnn", "n_highway"),
+            embedding_dim=embedding["dim"],
+            n_characters=cc.get("n_characters", 262),
+            max_characters_per_token=cc.get("max_characters_per_token", 50),
+            activation=cc.get("activation", "relu"),
+            char_vocab_size=cc.get("char_vocab_size"),
+        )
+        lstm = LSTMConfig(
+            dim=req(ls, "lstm", "dim"),
+            projection_dim=ls.get("projection_dim", ls.get("dim")),
+            n_layers=req(ls, "lstm", "n_layers"),
+            cell_clip=ls.get("cell_clip"),
+            proj_clip=ls.get("proj_clip"),
+            use_skip_connections=ls.get("use_skip_connections", False),
+        )
+        config = cls(char_cnn=char_cnn, lstm=lstm,
+                     extra={k: v for k, v in options.items() if k not in ("char_cnn", "lstm")})
+        config.validate(source)
+        # normalise the checked JSON values to the dataclasses' types
+        char_cnn.filters = [(int(w), int(n)) for w, n in filters]
+        for name in ("cell_clip", "proj_clip"):
+            value = getattr(lstm, name)
+            setattr(lstm, name, None if value is None else float(value))
+        return config
 
     def to_options(self) -> dict[str, Any]:
         """The original ``options.json`` dict (readable by bilm-tf and AllenNLP)."""
@@ -212,15 +252,32 @@ class ElmoConfig:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "ElmoConfig":
-        """Read an ``options.json`` (or elmokit ``config.json``, same schema). Raises ConfigError / FileNotFoundError."""
+        """Read an ``options.json`` (or elmokit ``config.json``, same schema).
+
+        Raises:
+            MissingFileError: no such file, or a folder.
+            ConfigError: not UTF-8 JSON (e.g. an HDF5 weight file passed as the options), or an invalid value (the
+                message names the file and key, see :meth:`from_options`).
+        """
         path = Path(path)
+        if path.is_dir():
+            raise MissingFileError(f"options file {path} is a folder; expected an options.json file (a model folder "
+                                   "is read by load_pretrained_bilm / Elmo.from_pretrained)")
         if not path.is_file():
-            raise FileNotFoundError(f"options file not found: {path}")
+            raise MissingFileError(f"options file not found: {path}")
+        data = path.read_bytes()
+        if data.startswith(b"\x89HDF"):
+            raise ConfigError(f"{path} is an HDF5 file, not a JSON options file: pass it as the weight file, and "
+                              "the options.json as the options file")
         try:
-            options = json.loads(path.read_text(encoding="utf-8"))
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path} is not a UTF-8 JSON options file (byte {exc.start}: {exc.reason})") from None
+        try:
+            options = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path} is not valid JSON: {exc}") from None
-        return cls.from_options(options)
+        return cls.from_options(options, source=str(path))
 
     def to_json_file(self, path: str | os.PathLike) -> None:
         """Write ``to_options()`` as JSON atomically."""
@@ -233,10 +290,24 @@ class ElmoConfig:
         return asdict(self)
 
 
-def _opt_float(value: Any) -> float | None:
-    if value is None:
-        return None
-    return float(value)
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (str, bool, type(None), list, dict, int, float)) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_int(source: str, key: str, value: Any, minimum: int) -> None:
+    if not _is_int(value):
+        raise ConfigError(f"{source}: {key}={_show(value)}; expected a JSON integer >= {minimum}")
+    if value < minimum:
+        raise ConfigError(f"{source}: {key}={value}; expected an integer >= {minimum}")
 
 
 def _released(dim: int, projection_dim: int, n_highway: int) -> ElmoConfig:

@@ -1,40 +1,155 @@
-"""``Elmo``: a frozen biLM + K ScalarMixes, with AllenNLP's ``Elmo`` signature."""
+"""``Elmo``: a frozen biLM + K ScalarMixes, with AllenNLP's ``Elmo`` signature; :class:`TokenVectorCache` for
+AllenNLP's ``vocab_to_cache`` (word-id input)."""
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
+from .characters import batch_to_ids
 from .config import ElmoConfig
-from .modules.bilm import BiLM, remove_sentence_boundaries
+from .errors import InputError, UsageError
+from .modules.bilm import BiLM, BiLMOutput, remove_sentence_boundaries
 from .modules.scalar_mix import ScalarMix
 
-__all__ = ["Elmo"]
+__all__ = ["Elmo", "TokenVectorCache"]
+
+logger = logging.getLogger(__name__)
+
+
+class _OutsideCache(InputError):
+    """A word id outside the cached word list (the caller may fall back to character ids)."""
+
+
+class TokenVectorCache(nn.Module):
+    """The layer-0 token vectors of a fixed word list, computed once (AllenNLP's ``vocab_to_cache``).
+
+    Args:
+        bilm: the model whose token encoder (char CNN → highway → projection) makes the vectors.
+        words: V words; word id i means ``words[i]``. **Id 0 is padding** (masked out), as in AllenNLP, whose
+            vocabularies put ``@@PADDING@@`` first, so ``words[0]`` should be a padding entry. Any string is
+            allowed (blank ones too: they are encoded as the original does).
+        trainable: store the vectors as a trainable parameter (AllenNLP does so when fine-tuning,
+            ``requires_grad=True``); otherwise a non-persistent buffer (recomputed from the weights, not saved).
+
+    ``lookup(word_ids (…, T) long)`` → token vectors (…, T, P) and mask (…, T) bool (``word_ids > 0``).
+    :meth:`run` runs a biLM on them, falling back to character ids for words outside the cache, as AllenNLP does.
+    Since elmokit's token encoder is context-free and its inference stateless, cached and character input give the
+    same layers (to float rounding).
+
+    Raises:
+        UsageError: ``words`` is not a list of str.
+
+    Source: AllenNLP ``_ElmoBiLm.create_cached_cnn_embeddings`` and its ``forward(inputs, word_inputs)``.
+    """
+
+    def __init__(self, bilm: BiLM, words: Sequence[str], *, trainable: bool = False, batch_size: int = 4096) -> None:
+        super().__init__()
+        if not isinstance(bilm, BiLM):
+            raise UsageError(f"TokenVectorCache needs a BiLM, got {type(bilm).__name__}")
+        if isinstance(words, str) or not isinstance(words, Sequence):
+            raise UsageError(f"vocab_to_cache must be a list of words (str), got {type(words).__name__}")
+        for i, w in enumerate(words):
+            if not isinstance(w, str):
+                raise UsageError(f"vocab_to_cache entry {i} is a {type(w).__name__} ({w!r}); words must be str")
+        self.words = list(words)
+        c = bilm.config.char_cnn.max_characters_per_token
+        device = bilm.token_encoder.projection.weight.device
+        chunks = []
+        with torch.no_grad():
+            for start in range(0, len(self.words), batch_size):
+                part = [[w] for w in self.words[start : start + batch_size]]
+                ids = batch_to_ids(part, c, char_vocab=bilm.char_vocab, empty_tokens="keep")[:, 0].to(device)
+                chunks.append(bilm.token_encoder.encode_unique(ids))
+        p = bilm.config.lstm.projection_dim
+        vectors = torch.cat(chunks) if chunks else torch.zeros(0, p, device=device)
+        if trainable:
+            self.vectors = nn.Parameter(vectors)
+        else:
+            self.register_buffer("vectors", vectors, persistent=False)
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def lookup(self, word_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(…, T) word ids → ((…, T, P) token vectors, (…, T) mask = ``word_ids > 0``).
+
+        Raises:
+            InputError: not an integer tensor, or an id outside ``[0, V)`` (the message gives it and V).
+        """
+        if not isinstance(word_ids, torch.Tensor) or word_ids.is_floating_point() or word_ids.is_complex() \
+                or word_ids.dtype == torch.bool:
+            what = word_ids.dtype if isinstance(word_ids, torch.Tensor) else type(word_ids).__name__
+            raise InputError(f"word_inputs must be an integer tensor (B, T) of ids into vocab_to_cache, got {what}")
+        if word_ids.numel():
+            lo, hi = int(word_ids.min()), int(word_ids.max())
+            if lo < 0 or hi >= len(self.words):
+                raise _OutsideCache(f"word_inputs contain {lo if lo < 0 else hi}, outside the cached vocabulary of "
+                                    f"{len(self.words)} words (ids 0…{len(self.words) - 1}, 0 = padding)")
+        return F.embedding(word_ids.long(), self.vectors), word_ids > 0
+
+    def run(self, bilm: BiLM, char_ids: torch.Tensor | None, word_ids: torch.Tensor, *,
+            keep_sentence_boundaries: bool = False, use_state: bool | None = None) -> BiLMOutput:
+        """Run ``bilm`` on the cached vectors of (B, T) ``word_ids``. When an id is outside the cache and ``char_ids``
+        (B, T, C) are given, they are used instead (AllenNLP's fallback); without them the :class:`InputError`
+        stands."""
+        try:
+            vectors, mask = self.lookup(word_ids)
+        except _OutsideCache as exc:
+            if char_ids is None:
+                raise
+            logger.info("%s: using the character ids instead", exc)
+            return bilm(char_ids, keep_sentence_boundaries=keep_sentence_boundaries, use_state=use_state)
+        if vectors.dim() != 3:
+            raise InputError(f"word_inputs must have shape (B, T), got {tuple(word_ids.shape)}")
+        return bilm.forward_token_vectors(vectors, mask, keep_sentence_boundaries=keep_sentence_boundaries,
+                                          use_state=use_state)
 
 
 class Elmo(nn.Module):
     """ELMo representations for downstream models: one biLM pass, K independent learned mixes of its L+1 layers.
 
-    Args (as AllenNLP's ``allennlp.modules.elmo.Elmo``):
-        options_file, weight_file: the original ``options.json`` + HDF5 (or pass ``bilm=``, or use
+    Args (as AllenNLP's ``allennlp.modules.elmo.Elmo``, same order):
+        options_file, weight_file: the original ``options.json`` + HDF5 (or pass ``module=``/``bilm=``, or use
             :meth:`from_pretrained`).
         num_output_representations: K, the number of independent ScalarMixes (e.g. one for a tagger's input and one
             for its output layer).
-        requires_grad: fine-tune the biLM too (default ``False``: the biLM is frozen, only the mixes learn).
+        requires_grad: fine-tune the biLM too (default ``False``: the biLM is frozen, only the mixes learn). Applied
+            to a ``module`` too (AllenNLP leaves a given module's parameters as they are).
         do_layer_norm: layer-normalise each layer inside the mixes (one global masked mean/variance per layer).
-        dropout: dropout on each mixed representation (training only).
+        dropout: dropout on each mixed representation (training only), in [0, 1].
+        vocab_to_cache: a word list whose token vectors are computed once (:class:`TokenVectorCache`); ``forward``
+            then also takes ``word_inputs`` (ids into this list, 0 = padding). Needs a :class:`BiLM`.
         keep_sentence_boundaries: keep ``<S>``/``</S>`` positions in the outputs and mask.
         scalar_mix_parameters: fixed (non-trainable) mix weights w (before softmax) — AllenNLP's option.
+        module: a prebuilt biLM (AllenNLP's name; ``bilm=`` is the same): a :class:`BiLM`, or any module following
+            AllenNLP's contract (a ``num_layers`` attribute, ``get_output_dim()``, and ``forward(inputs,
+            word_inputs=None)`` returning ``{"activations": [L+1 × (B, T+2, D)], "mask": (B, T+2)}`` with boundaries).
+            Give ``options_file=None, weight_file=None`` with it.
         stateful: carry LSTM state between calls like the original (default ``False``; see :class:`BiLM`).
         layer_norm_mask: which positions the layer-norm statistics use: ``"with_boundaries"`` (AllenNLP, default) or
             ``"tokens"`` (bilm-tf, boundaries excluded).
-        bilm: an already-built :class:`BiLM` instead of the two files.
 
-    ``forward(char_ids (B, T, C))`` returns ``{"elmo_representations": [K × (B, T, 2P)], "mask": (B, T) bool}``
-    (T without the boundaries unless kept). Raises :class:`elmokit.errors.InputError` on malformed ids.
-    Source: Peters et al. (2018) eq. (1); AllenNLP ``Elmo.forward``.
+    ``forward(inputs, word_inputs=None)``:
+
+    * ``inputs``: character ids (B, T, C), or (B, N, …, T, C) — any leading dims are flattened for the biLM and
+      restored in the outputs (AllenNLP's higher-dimensional ``ElmoTokenEmbedder`` input).
+    * ``word_inputs``: with ``vocab_to_cache``, ids (B, T) (or (B, N, …, T)) into that list; ``inputs`` may then be
+      ``None``, or character ids used for words outside the cache. Without ``vocab_to_cache`` they are ignored
+      with a warning (AllenNLP's behaviour).
+
+    Returns ``{"elmo_representations": [K × (…, T, 2P)], "mask": (…, T) bool}`` (T without the boundaries unless
+    kept; … the leading dims of the input).
+
+    Raises:
+        UsageError: a bad argument (which, and what is expected).
+        InputError: malformed ids (see :meth:`BiLM.check_char_ids`, :meth:`TokenVectorCache.lookup`).
+
+    Source: Peters et al. (2018) eq. (1); AllenNLP ``Elmo.__init__`` / ``Elmo.forward``.
     """
 
     def __init__(
@@ -48,60 +163,102 @@ class Elmo(nn.Module):
         vocab_to_cache: Sequence[str] | None = None,
         keep_sentence_boundaries: bool = False,
         scalar_mix_parameters: Sequence[float] | None = None,
+        module: nn.Module | None = None,
         *,
         stateful: bool = False,
         layer_norm_mask: str = "with_boundaries",
         bilm: BiLM | None = None,
     ) -> None:
         super().__init__()
-        if vocab_to_cache is not None:
-            raise NotImplementedError(
-                "vocab_to_cache (word-id input) is not supported: pass character ids; elmokit's token encoder "
-                "already encodes each distinct token of a batch only once"
-            )
-        if bilm is None:
+        if module is not None and bilm is not None and module is not bilm:
+            raise UsageError("pass the prebuilt biLM once: module= (AllenNLP's name) or bilm=, not both")
+        given = module if module is not None else bilm
+        if isinstance(num_output_representations, bool) or not isinstance(num_output_representations, int) \
+                or num_output_representations < 1:
+            raise UsageError(f"num_output_representations must be an int >= 1, got {num_output_representations!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout <= 1.0:
+            raise UsageError(f"dropout must be a number in [0, 1], got {dropout!r}")
+        if layer_norm_mask not in ("with_boundaries", "tokens"):
+            raise UsageError(f"layer_norm_mask must be 'with_boundaries' or 'tokens', got {layer_norm_mask!r}")
+        if given is None:
             if options_file is None or weight_file is None:
-                raise ValueError("Elmo needs options_file and weight_file (or bilm=..., or Elmo.from_pretrained)")
+                raise UsageError("Elmo needs options_file and weight_file (the original options.json and HDF5), or "
+                                 "a prebuilt biLM as module=..., or Elmo.from_pretrained(name_or_folder)")
             from .weights.original import load_original
 
-            bilm = load_original(options_file, weight_file, stateful=stateful)
+            given = load_original(options_file, weight_file, stateful=stateful)
         else:
-            bilm.stateful = stateful or bilm.stateful
-        if num_output_representations < 1:
-            raise ValueError(f"num_output_representations must be >= 1, got {num_output_representations}")
-        if layer_norm_mask not in ("with_boundaries", "tokens"):
-            raise ValueError(f"layer_norm_mask must be 'with_boundaries' or 'tokens', got {layer_norm_mask!r}")
-        self._elmo_lstm = bilm
-        for p in bilm.parameters():
+            if options_file is not None or weight_file is not None:
+                raise UsageError("give options_file=None and weight_file=None with a prebuilt module= / bilm= "
+                                 "(its weights are already loaded)")
+            if isinstance(given, BiLM):
+                given.stateful = stateful or given.stateful
+            elif isinstance(given, nn.Module) and hasattr(given, "num_layers"):
+                if stateful:
+                    raise UsageError("stateful=True applies to an elmokit BiLM; a custom module keeps its own state")
+                if vocab_to_cache is not None:
+                    raise UsageError("vocab_to_cache needs an elmokit BiLM (it calls its token encoder); "
+                                     f"got a {type(given).__name__}")
+            else:
+                raise UsageError(f"module must be an elmokit BiLM or an nn.Module with AllenNLP's biLM contract "
+                                 f"(num_layers, forward -> {{'activations', 'mask'}}), got {type(given).__name__}")
+        self._elmo_lstm = given
+        for p in given.parameters():
             p.requires_grad_(requires_grad)
         self.requires_grad = requires_grad
         self._keep_sentence_boundaries = keep_sentence_boundaries
         self._layer_norm_mask = layer_norm_mask
-        self._dropout = nn.Dropout(p=dropout)
-        k = bilm.num_layers
+        self._dropout = nn.Dropout(p=float(dropout))
+        self._warned_word_inputs = False
+        self._word_cache: TokenVectorCache | None = None
+        if vocab_to_cache is not None:
+            if requires_grad:
+                logger.warning("fine-tuning ELMo (requires_grad=True) with vocab_to_cache: the cached word vectors "
+                               "are trained as their own table, apart from the character CNN (as in AllenNLP)")
+            self._word_cache = TokenVectorCache(given, vocab_to_cache, trainable=requires_grad)
+        k = int(given.num_layers)
         self.scalar_mixes = nn.ModuleList(
             ScalarMix(k, do_layer_norm=do_layer_norm, initial_scalar_parameters=scalar_mix_parameters,
                       trainable=scalar_mix_parameters is None)
             for _ in range(num_output_representations)
         )
 
+    def __getattr__(self, name: str):
+        # AllenNLP names its mixes scalar_mix_0, scalar_mix_1, ...
+        if name.startswith("scalar_mix_") and name[len("scalar_mix_"):].isdigit():
+            mixes = self._modules.get("scalar_mixes")
+            i = int(name[len("scalar_mix_"):])
+            if mixes is not None and i < len(mixes):
+                return mixes[i]
+        return super().__getattr__(name)
+
     @property
     def bilm(self) -> BiLM:
-        """The underlying :class:`BiLM`."""
+        """The underlying :class:`BiLM`. Raises :class:`UsageError` when a custom (AllenNLP-style) module was given."""
+        if not isinstance(self._elmo_lstm, BiLM):
+            raise UsageError(f"this Elmo wraps a {type(self._elmo_lstm).__name__}, not an elmokit BiLM")
         return self._elmo_lstm
 
     @property
     def config(self) -> ElmoConfig:
         """The biLM's configuration."""
-        return self._elmo_lstm.config
+        return self.bilm.config
+
+    @property
+    def word_cache(self) -> TokenVectorCache | None:
+        """The :class:`TokenVectorCache` of ``vocab_to_cache`` (``None`` without it)."""
+        return self._word_cache
 
     def get_output_dim(self) -> int:
         """2P, the width of each representation."""
-        return self._elmo_lstm.output_dim
+        if isinstance(self._elmo_lstm, BiLM):
+            return self._elmo_lstm.output_dim
+        return int(self._elmo_lstm.get_output_dim())
 
     def reset_states(self) -> None:
         """Forget carried LSTM state (stateful mode only)."""
-        self._elmo_lstm.reset_states()
+        if hasattr(self._elmo_lstm, "reset_states"):
+            self._elmo_lstm.reset_states()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, num_output_representations: int = 1,
@@ -114,12 +271,49 @@ class Elmo(nn.Module):
         bilm = load_pretrained_bilm(name_or_path, stateful=stateful)
         return cls(num_output_representations=num_output_representations, bilm=bilm, stateful=stateful, **kwargs)
 
-    def forward(self, inputs: torch.Tensor, word_inputs: torch.Tensor | None = None) -> dict:
+    def _run_bilm(self, inputs: torch.Tensor | None, word_inputs: torch.Tensor | None,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """→ layers (B, L+1, T+2, D) and mask (B, T+2), boundaries included."""
+        module = self._elmo_lstm
+        if not isinstance(module, BiLM):
+            out = module(inputs, word_inputs) if word_inputs is not None else module(inputs)
+            try:
+                layers, mask = torch.stack(list(out["activations"]), dim=1), out["mask"].bool()
+            except (KeyError, TypeError, RuntimeError) as exc:
+                raise UsageError(f"module {type(module).__name__} did not return AllenNLP's "
+                                 f"{{'activations': [tensors], 'mask': tensor}} ({exc})") from None
+            return layers, mask
         if word_inputs is not None:
-            raise NotImplementedError("word_inputs (vocab_to_cache) is not supported; pass character ids only")
+            out = self._word_cache.run(module, inputs, word_inputs, keep_sentence_boundaries=True)
+        else:
+            out = module(inputs, keep_sentence_boundaries=True)
+        return out.layers, out.mask
+
+    def forward(self, inputs: torch.Tensor | None, word_inputs: torch.Tensor | None = None) -> dict:
+        """See the class docstring. Raises :class:`InputError` for malformed ids or shapes."""
+        lead: tuple[int, ...] | None = None  # leading dims to restore
+        if inputs is not None and not isinstance(inputs, torch.Tensor):
+            raise InputError(f"inputs must be a LongTensor (B, T, C) from batch_to_ids, got {type(inputs).__name__}")
+        if word_inputs is not None:
+            if self._word_cache is None and isinstance(self._elmo_lstm, BiLM):
+                if not self._warned_word_inputs:
+                    logger.warning("word_inputs were passed to Elmo, which has no vocab_to_cache: they are ignored")
+                    self._warned_word_inputs = True
+                word_inputs = None
+            elif isinstance(word_inputs, torch.Tensor):
+                if inputs is not None and tuple(inputs.shape[:-1]) != tuple(word_inputs.shape):
+                    raise InputError(f"word_inputs {tuple(word_inputs.shape)} and inputs {tuple(inputs.shape)} do not "
+                                     "match: word_inputs must be inputs' shape without the last (character) dim")
+                if word_inputs.dim() > 2:
+                    lead = tuple(word_inputs.shape[:-1])
+                    word_inputs = word_inputs.reshape(-1, word_inputs.shape[-1])
+        if inputs is not None and inputs.dim() > 3:
+            lead = tuple(inputs.shape[:-2])
+            inputs = inputs.reshape(-1, *inputs.shape[-2:])
+        if inputs is None and word_inputs is None:
+            raise InputError("Elmo needs character ids (inputs), or word_inputs with vocab_to_cache")
         with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()):
-            out = self._elmo_lstm(inputs, keep_sentence_boundaries=True)
-        layers, mask_bounded = out.layers, out.mask
+            layers, mask_bounded = self._run_bilm(inputs, word_inputs)
         if self._layer_norm_mask == "tokens":
             norm_mask = mask_bounded.clone()
             lengths = mask_bounded.sum(1)
@@ -136,4 +330,7 @@ class Elmo(nn.Module):
                 rep, mask = remove_sentence_boundaries(mixed.unsqueeze(1), mask_bounded)
                 rep = rep.squeeze(1)
             representations.append(self._dropout(rep))
+        if lead is not None:
+            mask = mask.reshape(*lead, mask.shape[-1])
+            representations = [r.reshape(*lead, *r.shape[-2:]) for r in representations]
         return {"elmo_representations": representations, "mask": mask}

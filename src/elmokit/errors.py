@@ -1,20 +1,75 @@
-"""The elmokit error family. Each subclasses a builtin so ``except ValueError`` keeps working."""
+"""The elmokit error family. Each subclasses a builtin so ``except ValueError`` (etc.) keeps working.
+
+Every error that elmokit raises on purpose is an :class:`ElmoError`; the CLI turns them into one line
+``elmokit <command>: error: <message>`` and an exit status:
+
+* **2 — usage**: the call or command line is wrong and the user can fix it by changing it
+  (:class:`UsageError`, :class:`ConfigError`, :class:`InputError`, :class:`MissingFileError`; argparse's own errors).
+* **1 — failure**: the call was right but could not be completed: a damaged or mismatched file
+  (:class:`WeightsError`, :class:`CheckpointError`, :class:`DataError`), a training run that cannot go on
+  (``TrainingError``), or an operating-system error (disk full, permission denied).
+
+Anything else reaching the CLI is a bug: it exits 1 with ``internal error … rerun with -v`` (traceback under ``-v``).
+"""
 from __future__ import annotations
 
-__all__ = ["ElmoError", "ConfigError", "WeightsError", "InputError"]
+__all__ = [
+    "ElmoError",
+    "UsageError",
+    "ConfigError",
+    "InputError",
+    "MissingFileError",
+    "WeightsError",
+    "CheckpointError",
+    "DataError",
+    "exit_status",
+]
 
 
 class ElmoError(Exception):
     """Base class of every elmokit-specific error."""
 
+    #: CLI exit status for this kind of error (see the module docstring).
+    exit_status = 1
+
+
+class UsageError(ElmoError, ValueError):
+    """The call is wrong: an option value out of range, conflicting options, an output that already exists, a path of
+    the wrong kind (folder for file). The message names the option or path and what is expected."""
+
+    exit_status = 2
+
 
 class ConfigError(ElmoError, ValueError):
-    """An options/config file or value is invalid (the message names the key)."""
+    """An options/config file or value is invalid (the message names the file and key, and what is expected)."""
 
-
-class WeightsError(ElmoError, ValueError):
-    """A weight file does not match its options (the message names the dataset and both shapes)."""
+    exit_status = 2
 
 
 class InputError(ElmoError, ValueError):
-    """Model input is malformed: wrong type, wrong shape, or an unusable sentence (the message says which)."""
+    """Model input is malformed: wrong type, wrong shape, or an unusable sentence/token (the message says which)."""
+
+    exit_status = 2
+
+
+class MissingFileError(ElmoError, FileNotFoundError):
+    """A file or folder the call names does not exist, or is not what it should be (the message names it)."""
+
+    exit_status = 2
+
+
+class WeightsError(ElmoError, ValueError):
+    """A weight file does not match its options, or cannot be read (the message names the file/dataset and shapes)."""
+
+
+class CheckpointError(ElmoError, RuntimeError):
+    """A training checkpoint is damaged, missing or does not match the run (the message names the file)."""
+
+
+class DataError(ElmoError, ValueError):
+    """A corpus, vocabulary or text file's contents are unusable (invalid UTF-8, no sentences, ...; names file:line)."""
+
+
+def exit_status(exc: BaseException) -> int:
+    """The CLI exit status for an expected error: ``exc.exit_status`` for an :class:`ElmoError`, 1 for an OSError."""
+    return int(getattr(exc, "exit_status", 1))

@@ -12,6 +12,7 @@ the sampled softmax (:mod:`elmokit.modules.softmax`) assumes that id ``k`` is th
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import operator
 import os
@@ -19,6 +20,8 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+
+from .errors import DataError, InputError, MissingFileError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -45,36 +48,36 @@ class Vocabulary:
         counts: optional corpus counts aligned with ``tokens`` (see :meth:`build` for what the specials' counts mean).
 
     Raises:
-        ValueError: a special token is missing, a token is duplicated, empty or contains whitespace, or ``counts`` has
+        DataError: a special token is missing, a token is duplicated, empty or contains whitespace, or ``counts`` has
             the wrong length or negative entries.
-        TypeError: a token is not a ``str``.
+        InputError: ``tokens`` is a single ``str``, or a token is not a ``str``.
     """
 
     def __init__(self, tokens: Sequence[str], counts: Sequence[int] | None = None) -> None:
         if isinstance(tokens, str):
-            raise TypeError("Vocabulary(tokens): expected a sequence of token strings, got a single str")
+            raise InputError("Vocabulary(tokens): expected a sequence of token strings, got a single str")
         id_to_token: list[str] = []
         token_to_id: dict[str, int] = {}
         for i, tok in enumerate(tokens):
             if not isinstance(tok, str):
-                raise TypeError(f"Vocabulary token at id {i} is {type(tok).__name__}, expected str: {tok!r}")
+                raise InputError(f"Vocabulary token at id {i} is {type(tok).__name__}, expected str: {tok!r}")
             _check_token(tok, where=f"id {i}")
             if tok in token_to_id:
-                raise ValueError(f"duplicate token {tok!r} at ids {token_to_id[tok]} and {i}")
+                raise DataError(f"duplicate token {tok!r} at ids {token_to_id[tok]} and {i}")
             token_to_id[tok] = i
             id_to_token.append(tok)
         missing = [s for s in SPECIAL_TOKENS if s not in token_to_id]
         if missing:
-            raise ValueError(f"vocabulary is missing the special token(s) {', '.join(missing)}")
+            raise DataError(f"vocabulary is missing the special token(s) {', '.join(missing)}")
         self._id_to_token = id_to_token
         self._token_to_id = token_to_id
         self._counts: list[int] | None = None
         if counts is not None:
             counts = [int(c) for c in counts]
             if len(counts) != len(id_to_token):
-                raise ValueError(f"counts has {len(counts)} entries but the vocabulary has {len(id_to_token)} tokens")
+                raise DataError(f"counts has {len(counts)} entries but the vocabulary has {len(id_to_token)} tokens")
             if any(c < 0 for c in counts):
-                raise ValueError("counts must be non-negative")
+                raise DataError("counts must be non-negative")
             self._counts = counts
 
     # ------------------------------------------------------------------ construction
@@ -88,14 +91,15 @@ class Vocabulary:
         first line is removed. The specials may be anywhere; the file's order is kept.
 
         Raises:
-            FileNotFoundError: ``path`` does not exist.
-            ValueError: naming the file: a special token is missing, a token is duplicated (naming both lines), a
-                blank line precedes a non-blank one, a line holds more than one whitespace-separated field, or a line
-                is not valid UTF-8.
+            MissingFileError: ``path`` does not exist or is not a file.
+            DataError: naming the file (and line): a special token is missing, a token is duplicated (naming both
+                lines), a blank line precedes a non-blank one, a line holds more than one whitespace-separated field,
+                or a line is not valid UTF-8.
         """
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"vocabulary file not found: {path}")
+            raise MissingFileError(f"vocabulary file not found: {path}"
+                                   + (" (it is a folder: give the vocabulary file)" if path.is_dir() else ""))
         tokens: list[str] = []
         first_line_of: dict[str, int] = {}
         pending_blank: int | None = None  # line number of the first blank line not yet followed by a token
@@ -104,7 +108,7 @@ class Vocabulary:
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: invalid UTF-8 in vocabulary file ({e.reason})") from None
+                    raise DataError(f"{path}:{lineno}: invalid UTF-8 in vocabulary file ({e.reason})") from None
                 if lineno == 1:
                     text = text.lstrip("\ufeff")
                 tok = text.strip()
@@ -113,26 +117,26 @@ class Vocabulary:
                         pending_blank = lineno
                     continue
                 if pending_blank is not None:
-                    raise ValueError(
+                    raise DataError(
                         f"{path}:{pending_blank}: blank line in vocabulary file (ids are line numbers; remove it)"
                     )
                 if tok == _MAXTERMID:
                     logger.debug("%s:%d: skipping %s line (as bilm-tf does)", path, lineno, _MAXTERMID)
                     continue
                 if len(tok.split()) != 1:
-                    raise ValueError(
+                    raise DataError(
                         f"{path}:{lineno}: expected one token per line, got {tok!r} "
                         "(bilm-tf vocabulary files hold no counts or other columns)"
                     )
                 if tok in first_line_of:
-                    raise ValueError(
+                    raise DataError(
                         f"{path}:{lineno}: duplicate token {tok!r} (first seen on line {first_line_of[tok]})"
                     )
                 first_line_of[tok] = lineno
                 tokens.append(tok)
         missing = [s for s in SPECIAL_TOKENS if s not in first_line_of]
         if missing:
-            raise ValueError(
+            raise DataError(
                 f"vocabulary file {path} is missing the special token(s) {', '.join(missing)} "
                 f"(required: {', '.join(SPECIAL_TOKENS)})"
             )
@@ -163,31 +167,34 @@ class Vocabulary:
         ``<UNK>`` tokens). So ``counts`` are the unigram counts of the ids a whole-sentence LM sees.
 
         Raises:
-            TypeError: a sentence is a ``str`` (pass token lists: ``line.split()``) or a token is not a ``str``.
-            ValueError: ``min_count < 1`` or ``max_size < 3``.
+            InputError: a sentence is a ``str`` (pass token lists: ``line.split()``) or a token is not a ``str``.
+            UsageError: ``min_count < 1`` or ``max_size < 3``.
+            DataError: a token is empty or contains whitespace.
         """
-        if not isinstance(min_count, int) or min_count < 1:
-            raise ValueError(f"min_count must be an int >= 1, got {min_count!r}")
-        if max_size is not None and (not isinstance(max_size, int) or max_size < len(SPECIAL_TOKENS)):
-            raise ValueError(
+        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+            raise UsageError(f"min_count must be an int >= 1, got {min_count!r}")
+        if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int)
+                                     or max_size < len(SPECIAL_TOKENS)):
+            raise UsageError(
                 f"max_size must be None or an int >= {len(SPECIAL_TOKENS)} (the specials), got {max_size!r}"
             )
         counter: Counter[str] = Counter()
         n_sentences = 0
         for i, sent in enumerate(sentences):
             if isinstance(sent, str):
-                raise TypeError(
+                raise InputError(
                     f"Vocabulary.build: sentence {i} is a str; pass lists of tokens (e.g. line.split())"
                 )
             n_sentences += 1
             for tok in sent:
                 if not isinstance(tok, str):
-                    raise TypeError(f"Vocabulary.build: sentence {i} holds a {type(tok).__name__}, expected str tokens")
+                    raise InputError(
+                        f"Vocabulary.build: sentence {i} holds a {type(tok).__name__}, expected str tokens")
                 counter[tok] += 1
         special_counts = {s: counter.pop(s, 0) for s in SPECIAL_TOKENS}
         for tok in list(counter):
             if not tok or len(tok.split()) != 1:
-                raise ValueError(f"Vocabulary.build: token {tok!r} is empty or contains whitespace")
+                raise DataError(f"Vocabulary.build: token {tok!r} is empty or contains whitespace")
         words = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
         kept = [(w, c) for w, c in words if c >= min_count]
         if max_size is not None:
@@ -264,6 +271,16 @@ class Vocabulary:
         """Id of ``<UNK>`` (returned for every unknown token)."""
         return self._token_to_id[UNK]
 
+    def fingerprint(self) -> dict[str, int | str]:
+        """``{"size": V, "sha256": hex}``: the sha256 of the tokens in id order, one per line (UTF-8, ``\\n`` ends),
+        i.e. of the file :meth:`save` writes. The trainer stores it with its checkpoints to notice, on resume, a
+        vocabulary edited since the run started."""
+        h = hashlib.sha256()
+        for tok in self._id_to_token:
+            h.update(tok.encode("utf-8"))
+            h.update(b"\n")
+        return {"size": len(self._id_to_token), "sha256": h.hexdigest()}
+
     @property
     def counts(self) -> list[int] | None:
         """Corpus counts aligned with the ids when built by :meth:`build` (or given), else ``None`` (a copy)."""
@@ -277,26 +294,25 @@ class Vocabulary:
         """Token with id ``token_id``.
 
         Raises:
-            TypeError: ``token_id`` is not an int.
-            ValueError: ``token_id`` is outside ``[0, len(self))``.
+            InputError: ``token_id`` is not an int, or is outside ``[0, len(self))``.
         """
         if isinstance(token_id, bool) or not isinstance(token_id, int):
             try:
                 token_id = operator.index(token_id)  # accepts numpy / 0-d torch integers
             except TypeError:
-                raise TypeError(f"token id must be an int, got {type(token_id).__name__}") from None
+                raise InputError(f"token id must be an int, got {type(token_id).__name__}") from None
         if not 0 <= token_id < len(self._id_to_token):
-            raise ValueError(f"token id {token_id} out of range [0, {len(self._id_to_token)})")
+            raise InputError(f"token id {token_id} out of range [0, {len(self._id_to_token)})")
         return self._id_to_token[token_id]
 
     def encode(self, tokens: Sequence[str], add_boundaries: bool = False) -> list[int]:
         """Ids of ``tokens`` (unknown → :attr:`unk_id`); with ``add_boundaries`` wrapped as ``<S> … </S>``.
 
         Raises:
-            TypeError: ``tokens`` is a ``str`` (pass a list of tokens).
+            InputError: ``tokens`` is a ``str`` (pass a list of tokens).
         """
         if isinstance(tokens, str):
-            raise TypeError("encode(tokens): expected a list of tokens, got a str (use str.split())")
+            raise InputError("encode(tokens): expected a list of tokens, got a str (use str.split())")
         unk = self._token_to_id[UNK]
         ids = [self._token_to_id.get(t, unk) for t in tokens]
         if add_boundaries:
@@ -310,6 +326,6 @@ class Vocabulary:
 
 def _check_token(tok: str, where: str) -> None:
     if not tok:
-        raise ValueError(f"empty token at {where}")
+        raise DataError(f"empty token at {where}")
     if len(tok.split()) != 1 or tok != tok.strip():
-        raise ValueError(f"token {tok!r} at {where} contains whitespace")
+        raise DataError(f"token {tok!r} at {where} contains whitespace")

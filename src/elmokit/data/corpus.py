@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..errors import DataError, MissingFileError, UsageError
+
 logger = logging.getLogger(__name__)
 
 BOS = "<S>"
@@ -46,8 +48,10 @@ _DECODE_ERRORS = ("strict", "replace", "ignore", "skip")
 _LONG_POLICIES = ("split", "error")
 
 
-class CorpusDecodeError(ValueError):
-    """A corpus line is not valid UTF-8 (with ``errors="strict"``). ``path`` and ``lineno`` (1-based) name it."""
+class CorpusDecodeError(DataError):
+    """A corpus line is not valid UTF-8 (with ``errors="strict"``). ``path`` and ``lineno`` (1-based) name it.
+
+    A :class:`~elmokit.errors.DataError` (so also a ``ValueError``)."""
 
     def __init__(self, path: Path, lineno: int, detail: str) -> None:
         super().__init__(
@@ -65,15 +69,16 @@ def read_lines(path: str | os.PathLike, errors: str = "strict") -> list[tuple[in
     :class:`TextCorpus` instead (streamed, shuffled, blank lines dropped).
 
     Raises:
-        FileNotFoundError: no such file.
+        UsageError: an unknown ``errors`` mode.
+        MissingFileError: no such file (or a folder).
         CorpusDecodeError: invalid UTF-8 with ``errors="strict"`` (names file and line); ``"skip"`` drops such lines,
             ``"replace"``/``"ignore"`` decode them as Python does.
     """
     if errors not in _DECODE_ERRORS:
-        raise ValueError(f"errors must be one of {_DECODE_ERRORS}, got {errors!r}")
+        raise UsageError(f"errors must be one of {_DECODE_ERRORS}, got {errors!r}")
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise MissingFileError(f"{path}: " + ("is a folder, not a text file" if path.is_dir() else "no such file"))
     out: list[tuple[int, str]] = []
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, 1):
@@ -96,7 +101,7 @@ def read_lines(path: str | os.PathLike, errors: str = "strict") -> list[tuple[in
 def _expand_pattern(pattern: PatternLike) -> list[Path]:
     patterns = [pattern] if isinstance(pattern, (str, os.PathLike)) else list(pattern)
     if not patterns:
-        raise FileNotFoundError("no corpus files: empty list of patterns")
+        raise MissingFileError("no corpus files: empty list of patterns")
     found: set[str] = set()
     for p in patterns:
         s = os.path.expanduser(os.fspath(p))
@@ -105,7 +110,7 @@ def _expand_pattern(pattern: PatternLike) -> list[Path]:
             continue
         matches = [m for m in glob.glob(s, recursive=True) if os.path.isfile(m)]
         if not matches:
-            raise FileNotFoundError(f"no corpus files match the pattern {os.fspath(p)!r}")
+            raise MissingFileError(f"no corpus files match the pattern {os.fspath(p)!r}")
         found.update(matches)
     return [Path(s) for s in sorted(found)]
 
@@ -133,14 +138,15 @@ class TextCorpus:
         long_sentences: what to do with a longer line: ``"split"`` (default) cuts it into consecutive chunks of at most
             ``max_tokens_per_sentence`` tokens, each then treated as a sentence of its own (so each gets its own
             ``<S>``/``</S>`` in :class:`StreamWindows`), with one warning per :class:`TextCorpus`; ``"error"`` raises
-            ``ValueError`` naming file and line.
+            :class:`~elmokit.errors.DataError` naming file and line.
 
     Raises:
-        FileNotFoundError: a pattern matches no file (the message names the pattern).
-        ValueError: a bad option value.
+        MissingFileError: a pattern matches no file (the message names the pattern).
+        UsageError: a bad option value.
 
-    Iterating (``sentences(epoch)``, ``iter(corpus)``) raises ``ValueError("no sentences in …")`` when a whole epoch
-    produced no sentence (empty files, only blank lines or only skipped lines).
+    Iterating (``sentences(epoch)``, ``iter(corpus)``) raises :class:`~elmokit.errors.DataError` ``("no sentences in
+    …")`` when a whole epoch produced no sentence (empty files, only blank lines or only skipped lines), and
+    :class:`CorpusDecodeError` (a ``DataError``) for invalid UTF-8 with ``errors="strict"``, naming file:line.
     """
 
     def __init__(
@@ -154,17 +160,17 @@ class TextCorpus:
         long_sentences: LongSentencePolicy = "split",
     ) -> None:
         if errors not in _DECODE_ERRORS:
-            raise ValueError(f"errors must be one of {_DECODE_ERRORS}, got {errors!r}")
+            raise UsageError(f"errors must be one of {_DECODE_ERRORS}, got {errors!r}")
         if long_sentences not in _LONG_POLICIES:
-            raise ValueError(f"long_sentences must be one of {_LONG_POLICIES}, got {long_sentences!r}")
+            raise UsageError(f"long_sentences must be one of {_LONG_POLICIES}, got {long_sentences!r}")
         if max_tokens_per_sentence is not None and (
             isinstance(max_tokens_per_sentence, bool)
             or not isinstance(max_tokens_per_sentence, int)
             or max_tokens_per_sentence < 1
         ):
-            raise ValueError(f"max_tokens_per_sentence must be None or an int >= 1, got {max_tokens_per_sentence!r}")
+            raise UsageError(f"max_tokens_per_sentence must be None or an int >= 1, got {max_tokens_per_sentence!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+            raise UsageError(f"seed must be an int, got {type(seed).__name__}")
         self.pattern = pattern
         self.files: list[Path] = _expand_pattern(pattern)
         self.shuffle = bool(shuffle)
@@ -221,7 +227,7 @@ class TextCorpus:
             yield tokens
             return
         if self.long_sentences == "error":
-            raise ValueError(
+            raise DataError(
                 f"{path}:{lineno}: sentence of {len(tokens)} tokens exceeds max_tokens_per_sentence={limit} "
                 "(use long_sentences='split' or a larger limit)"
             )
@@ -254,7 +260,8 @@ class TextCorpus:
         """All sentences of one epoch, shard by shard.
 
         Raises:
-            ValueError: ``no sentences in …`` when the epoch produced nothing.
+            DataError: ``no sentences in …`` when the epoch produced nothing; invalid UTF-8 (``errors="strict"``) or a
+                too long line (``long_sentences="error"``), naming file:line.
         """
         n = 0
         for shard in self.shard_order(epoch):
@@ -267,10 +274,10 @@ class TextCorpus:
     def __iter__(self) -> Iterator[list[str]]:
         return self.sentences(0)
 
-    def empty_error(self) -> ValueError:
-        """The error raised when an epoch yields no sentence."""
+    def empty_error(self) -> DataError:
+        """The error raised when an epoch yields no sentence (names the pattern and the files)."""
         names = ", ".join(str(p) for p in self.files[:5]) + (", …" if len(self.files) > 5 else "")
-        return ValueError(
+        return DataError(
             f"no sentences in {_describe(self.pattern)!r} ({len(self.files)} file(s): {names}): "
             "the files are empty or hold only blank/skipped lines"
         )
@@ -297,12 +304,12 @@ def _as_corpus(corpus: TextCorpus | PatternLike) -> TextCorpus:
         return corpus
     if isinstance(corpus, (str, os.PathLike, list, tuple)):
         return TextCorpus(corpus)
-    raise TypeError(f"expected a TextCorpus or a file pattern, got {type(corpus).__name__}")
+    raise UsageError(f"expected a TextCorpus or a file pattern, got {type(corpus).__name__}")
 
 
 def _check_positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        raise UsageError(f"{name} must be an int >= 1, got {value!r}")
 
 
 def _check_epochs(num_epochs: object) -> None:
@@ -313,7 +320,7 @@ def _check_epochs(num_epochs: object) -> None:
 def _check_fingerprint(kind: str, saved: dict[str, Any], current: dict[str, Any]) -> None:
     for key, value in current.items():
         if saved.get(key) != value:
-            raise ValueError(
+            raise UsageError(
                 f"{kind}.load_state_dict: the state was saved with {key}={saved.get(key)!r}, this object has "
                 f"{key}={value!r}; build it with the same corpus and options"
             )
@@ -326,8 +333,9 @@ class CorpusCursor:
     The position is (``epoch``, ``shard_pos`` = index into that epoch's shard order, ``offset`` = sentences already
     taken from that shard). Restoring re-opens the shard and skips ``offset`` sentences (re-reading at most one shard).
 
-    Raises (from :meth:`next`): ``ValueError("no sentences in …")`` when an epoch ends without any sentence, decoding
-    and long-line errors from :class:`TextCorpus`.
+    Raises (from :meth:`next`): :class:`~elmokit.errors.DataError` ``("no sentences in …")`` when an epoch ends
+    without any sentence, or when a resumed shard holds fewer sentences than the saved position (the file changed);
+    decoding and long-line errors from :class:`TextCorpus`.
     """
 
     def __init__(self, corpus: TextCorpus, num_epochs: int | None = 1) -> None:
@@ -366,7 +374,7 @@ class CorpusCursor:
                 if self.offset:
                     skipped = sum(1 for _ in itertools.islice(self._it, self.offset))
                     if skipped != self.offset:
-                        raise ValueError(
+                        raise DataError(
                             f"cannot resume: shard {self.corpus.files[order[self.shard_pos]]} has {skipped} "
                             f"sentences, the saved position is at {self.offset} (the file changed?)"
                         )
@@ -397,7 +405,7 @@ class CorpusCursor:
         """Restore a position saved by :meth:`state_dict`.
 
         Raises:
-            ValueError: the state was saved for other files / seed / shuffle / options or another ``num_epochs``.
+            UsageError: the state was saved for other files / seed / shuffle / options or another ``num_epochs``.
         """
         _check_fingerprint("CorpusCursor", state["corpus"], self.corpus.fingerprint())
         _check_fingerprint("CorpusCursor", state, {"num_epochs": self.num_epochs})
@@ -503,7 +511,7 @@ class SentenceBatcher:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s position. Raises ``ValueError`` when the options or corpus differ."""
+        """Restore :meth:`state_dict`'s position. Raises ``UsageError`` when the options or corpus differ."""
         _check_fingerprint(
             "SentenceBatcher",
             state,
@@ -654,7 +662,7 @@ class StreamWindows:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s position. Raises ``ValueError`` when the options or corpus differ."""
+        """Restore :meth:`state_dict`'s position. Raises ``UsageError`` when the options or corpus differ."""
         _check_fingerprint(
             "StreamWindows",
             state,

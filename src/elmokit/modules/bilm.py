@@ -12,7 +12,8 @@ from ..errors import InputError
 from .lstm import BiLSTM, LSTMState
 from .token_encoder import TokenEncoder
 
-__all__ = ["BiLM", "BiLMOutput", "add_sentence_boundaries", "remove_sentence_boundaries", "reverse_padded"]
+__all__ = ["BiLM", "BiLMOutput", "add_sentence_boundaries", "remove_sentence_boundaries", "reverse_padded",
+           "token_mask"]
 
 
 @dataclass
@@ -38,6 +39,12 @@ class BiLMOutput:
     mask_with_boundaries: torch.Tensor
 
 
+def token_mask(char_ids: torch.Tensor) -> torch.Tensor:
+    """(…, T, C) character ids → (…, T) bool: a position is a real token when any of its ids is non-zero (padding
+    positions are all zero). The same rule as AllenNLP's ``_ElmoCharacterEncoder`` (``(inputs > 0).sum(-1) > 0``)."""
+    return (char_ids != 0).any(dim=-1)
+
+
 def add_sentence_boundaries(char_ids: torch.Tensor, bos: list[int], eos: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Wrap every row in ``<S> … </S>``.
 
@@ -49,7 +56,7 @@ def add_sentence_boundaries(char_ids: torch.Tensor, bos: list[int], eos: list[in
     Source: AllenNLP ``add_sentence_boundary_token_ids``.
     """
     b, t, c = char_ids.shape
-    mask = char_ids[:, :, 0] > 0
+    mask = token_mask(char_ids)
     lengths = mask.sum(1)
     out = char_ids.new_zeros((b, t + 2, c))
     out[:, 1 : t + 1] = char_ids
@@ -75,6 +82,20 @@ def remove_sentence_boundaries(tensor: torch.Tensor, mask: torch.Tensor) -> tupl
     shape = [mask.shape[0]] + [1] * (tensor.dim() - 3) + [t - 2, 1]
     out = out * new_mask.view(shape).to(out.dtype)
     return out, new_mask
+
+
+def _check_left_aligned(mask: torch.Tensor, name: str) -> None:
+    """Raise :class:`InputError` when a row of the (B, T) mask has padding before a real position."""
+    if mask.numel() == 0:
+        return
+    lengths = mask.sum(1, keepdim=True)
+    expected = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0) < lengths
+    bad = (mask != expected).any(1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        gap = int((~mask[row]).nonzero()[0, 0])
+        raise InputError(f"{name} row {row} has padding (an all-zero token) at position {gap} before a real token: "
+                         "each row's real tokens must come first, then padding (as batch_to_ids makes them)")
 
 
 def reverse_padded(x: torch.Tensor, lengths: torch.Tensor, time_dim: int = 1) -> torch.Tensor:
@@ -103,7 +124,9 @@ class BiLM(nn.Module):
         dropout: dropout on each LSTM layer's input while training (bilm-tf's DropoutWrapper), 0 at inference.
 
     ``forward(char_ids (B, T, C))`` → :class:`BiLMOutput`. Raises :class:`InputError` for a wrong shape, a C that is
-    not ``max_characters_per_token``, or ids outside the character table.
+    not ``max_characters_per_token``, ids outside the character table, padding before a row's real tokens, or ids that
+    are all of the other character scheme. A position is a real token when any of its C ids is non-zero (AllenNLP's
+    rule), so hand-made id rows work as long as real tokens come first in each row.
 
     In the character-vocabulary mode, make the ids with ``batch_to_ids(..., char_vocab=bilm.char_vocab)``.
     """
@@ -136,9 +159,14 @@ class BiLM(nn.Module):
         """Forget the carried LSTM state (stateful mode): the next batch starts from zeros."""
         self._state = None
 
-    def check_char_ids(self, char_ids: torch.Tensor) -> None:
-        """Validate a (B, T, C) id tensor; raise :class:`InputError` naming the problem (type, shape, dtype, ids out of
-        the character table, or ids of the other character scheme: bytes vs. a character vocabulary)."""
+    def check_char_ids(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """Validate a (B, T, C) id tensor and return its (B, T) token mask (see :func:`token_mask`).
+
+        Raises:
+            InputError: naming the problem — not a tensor, wrong shape or dtype, ids outside the character table,
+                padding (an all-zero position) before a row's last real token, or ids that are all of the other
+                character scheme (UTF-8 bytes given to a character-vocabulary model, or the reverse).
+        """
         if not isinstance(char_ids, torch.Tensor):
             raise InputError(f"char_ids must be a LongTensor (B, T, C) from batch_to_ids, got {type(char_ids).__name__}")
         c = self.config.char_cnn.max_characters_per_token
@@ -146,24 +174,32 @@ class BiLM(nn.Module):
             raise InputError(f"char_ids must have shape (B, T, {c}), got {tuple(char_ids.shape)}")
         if char_ids.dtype not in (torch.long, torch.int32, torch.int64, torch.int16, torch.uint8):
             raise InputError(f"char_ids must be integer ids, got dtype {char_ids.dtype}")
+        mask = token_mask(char_ids)
         if char_ids.numel():
-            scheme = ("batch_to_ids(sentences, char_vocab=model.char_vocab)" if self.config.char_cnn.char_vocab_size
-                      else "batch_to_ids(sentences) (UTF-8 bytes, no char_vocab)")
+            byte_scheme = self.config.char_cnn.char_vocab_size is None
+            scheme = ("batch_to_ids(sentences) (UTF-8 bytes, no char_vocab)" if byte_scheme
+                      else "batch_to_ids(sentences, char_vocab=model.char_vocab)")
             lo, hi = int(char_ids.min()), int(char_ids.max())
             n = self.config.char_cnn.n_char_rows + 1
             if lo < 0 or hi >= n:
                 raise InputError(f"char_ids contain {lo if lo < 0 else hi}, outside the character table [0, {n}); "
                                  f"this model's ids come from {scheme}")
-            # every token's ids start with this model's beginning-of-word id: catches byte ids given to a
-            # character-vocabulary model (and the reverse), which would otherwise run and give wrong vectors
-            first = char_ids[..., 0]
-            bow = self._bos[0]
-            if bool(((first != 0) & (first != bow)).any()):
-                raise InputError(f"char_ids do not start each token with this model's beginning-of-word id {bow}: "
-                                 f"they were made for another character scheme; use {scheme}")
+            _check_left_aligned(mask, "char_ids")
+            # ids made for the other scheme run and give wrong vectors: refuse them when every real token has the
+            # other scheme's begin-of-word first and its end-of-word or in-word pad last (hand-made ids pass)
+            from ..characters import ByteCharacterMapper, CharVocabulary
+
+            other = CharVocabulary if byte_scheme else ByteCharacterMapper
+            real = char_ids[mask]
+            if real.shape[0] and other.bow_char != self._bos[0]:
+                first, last = real[:, 0], real[:, -1]
+                if bool(((first == other.bow_char) & ((last == other.pad_char) | (last == other.eow_char))).all()):
+                    raise InputError(f"char_ids were made for the other character scheme (every token starts with "
+                                     f"its begin-of-word id {other.bow_char}); this model's ids come from {scheme}")
+        return mask
 
     def forward(self, char_ids: torch.Tensor, *, keep_sentence_boundaries: bool = False,
-                add_boundaries: bool = True) -> BiLMOutput:
+                add_boundaries: bool = True, use_state: bool | None = None) -> BiLMOutput:
         """Compute all L+1 layer representations.
 
         Args:
@@ -171,26 +207,75 @@ class BiLM(nn.Module):
             keep_sentence_boundaries: keep the ``<S>``/``</S>`` positions in ``layers`` and ``mask``.
             add_boundaries: wrap rows in ``<S> … </S>`` (default). ``False`` runs on ``char_ids`` as given (it must
                 already contain boundaries if wanted, e.g. in LM training windows).
+            use_state: carry LSTM state for this call (``None`` = :attr:`stateful`); ``False`` runs statelessly
+                without touching the carried state (what :class:`~elmokit.Embedder` does).
         """
-        self.check_char_ids(char_ids)
+        mask = self.check_char_ids(char_ids)
         char_ids = char_ids.long()
-        b = char_ids.shape[0]
         if add_boundaries:
             ids, mask = add_sentence_boundaries(char_ids, self._bos, self._eos)
         else:
-            ids, mask = char_ids, char_ids[:, :, 0] > 0
+            ids = char_ids
         tokens = self.token_encoder(ids)  # (B, T', P)
+        return self._contextualise(tokens, mask, strip=add_boundaries and not keep_sentence_boundaries,
+                                   use_state=use_state)
+
+    def boundary_vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``<S>`` and ``</S>`` token vectors, each (P,) (the token encoder applied to the boundary rows)."""
+        device = self.token_encoder.projection.weight.device
+        rows = torch.tensor([self._bos, self._eos], dtype=torch.long, device=device)
+        vectors = self.token_encoder.encode_unique(rows)
+        return vectors[0], vectors[1]
+
+    def forward_token_vectors(self, token_vectors: torch.Tensor, mask: torch.Tensor, *,
+                              keep_sentence_boundaries: bool = False, use_state: bool | None = None) -> BiLMOutput:
+        """Like :meth:`forward`, from precomputed layer-0 token vectors instead of character ids (AllenNLP's cached
+        char-CNN path, ``vocab_to_cache``): the ``<S>``/``</S>`` vectors are added here, then both LSTM stacks run.
+
+        Args:
+            token_vectors: (B, T, P) float, as :meth:`TokenEncoder.forward` gives (values at padding are ignored).
+            mask: (B, T) bool, True = real token; real tokens first in each row.
+
+        Raises:
+            InputError: wrong shapes or dtypes, or padding before a row's last real token.
+        """
+        p = self.config.lstm.projection_dim
+        if not isinstance(token_vectors, torch.Tensor) or token_vectors.dim() != 3 or token_vectors.shape[-1] != p:
+            shape = (tuple(token_vectors.shape) if isinstance(token_vectors, torch.Tensor)
+                     else type(token_vectors).__name__)
+            raise InputError(f"token_vectors must be a float tensor (B, T, {p}), got {shape}")
+        if not token_vectors.is_floating_point():
+            raise InputError(f"token_vectors must be floating point, got dtype {token_vectors.dtype}")
+        if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(token_vectors.shape[:2]):
+            shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise InputError(f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got {shape}")
+        mask = mask.bool()
+        _check_left_aligned(mask, "mask")
+        b, t, _ = token_vectors.shape
+        bos, eos = self.boundary_vectors()
         lengths = mask.sum(1)
-        initial = self._initial_state(b, tokens) if self.stateful else None
+        tokens = token_vectors.new_zeros((b, t + 2, p))
+        tokens[:, 1 : t + 1] = token_vectors * mask.unsqueeze(-1).to(token_vectors.dtype)
+        tokens[:, 0] = bos.to(token_vectors.dtype)
+        tokens[torch.arange(b, device=tokens.device), lengths + 1] = eos.to(token_vectors.dtype)
+        new_mask = torch.arange(t + 2, device=mask.device).unsqueeze(0) < (lengths + 2).unsqueeze(1)
+        return self._contextualise(tokens, new_mask, strip=not keep_sentence_boundaries, use_state=use_state)
+
+    def _contextualise(self, tokens: torch.Tensor, mask: torch.Tensor, *, strip: bool,
+                       use_state: bool | None) -> BiLMOutput:
+        stateful = self.stateful if use_state is None else bool(use_state)
+        b = tokens.shape[0]
+        lengths = mask.sum(1)
+        initial = self._initial_state(b, tokens) if stateful else None
         layer_outputs, final_state = self.run_lstm(tokens, lengths, initial)
-        if self.stateful:
+        if stateful:
             self._store_state(final_state, b)
         m = mask.unsqueeze(-1).to(tokens.dtype)
         layers = [torch.cat([tokens, tokens], dim=-1) * m]
         layers.extend(torch.cat([fwd, bwd], dim=-1) for fwd, bwd in layer_outputs)
         stacked = torch.stack(layers, dim=1)  # (B, L+1, T', 2P)
         fwd_top, bwd_top = layer_outputs[-1]
-        if add_boundaries and not keep_sentence_boundaries:
+        if strip:
             out_layers, out_mask = remove_sentence_boundaries(stacked, mask)
         else:
             out_layers, out_mask = stacked, mask

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..errors import ConfigError
+
 __all__ = ["CharCNN"]
 
 
@@ -34,7 +36,7 @@ class CharCNN(nn.Module):
         self.char_embedding = nn.Parameter(torch.empty(n_char_rows, embedding_dim))
         self.convolutions = nn.ModuleList(nn.Conv1d(embedding_dim, n, kernel_size=w) for w, n in self.filters)
         if activation not in ("relu", "tanh"):
-            raise ValueError(f"activation must be 'relu' or 'tanh', got {activation!r}")
+            raise ConfigError(f"char_cnn.activation must be 'relu' or 'tanh', got {activation!r}")
         self.activation = activation
         self.reset_parameters()
 
@@ -53,10 +55,38 @@ class CharCNN(nn.Module):
         """(n_char_rows + 1, D) lookup table with the zero padding row prepended."""
         return F.pad(self.char_embedding, (0, 0, 1, 0))
 
+    #: tokens per im2col chunk: the (chunk·(C − w + 1), n) GEMM output then stays cache-sized for the max; measured
+    #: on 2 cores (small configuration, 600 tokens): 64–128 per chunk 38–41 ms, one chunk 85 ms, Conv1d 148 ms.
+    chunk_size = 128
+
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """``char_ids`` (N, C) long → (N, F) float."""
+        """``char_ids`` (N, C) long → (N, F) float.
+
+        Each convolution runs as one GEMM over unfolded windows (im2col: (N·(C − w + 1), D·w) × (D·w, n)), in chunks of
+        :attr:`chunk_size` tokens, with the bias added after the max (max(x + b) = max(x) + b). The result equals
+        ``Conv1d`` followed by a max up to float rounding (≤ 1e-6 in the tests).
+        """
         x = F.embedding(char_ids, self.embedding_table())  # (N, C, D)
-        x = x.transpose(1, 2)  # (N, D, C)
-        pooled = [conv(x).amax(dim=-1) for conv in self.convolutions]
-        out = torch.cat(pooled, dim=-1)
+        n = x.shape[0]
+        if n <= self.chunk_size:
+            out = self._pooled(x)
+        else:
+            out = torch.cat([self._pooled(x[i: i + self.chunk_size]) for i in range(0, n, self.chunk_size)], dim=0)
+        return torch.relu(out) if self.activation == "relu" else torch.tanh(out)
+
+    def _pooled(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, C, D) char embeddings → (N, F) max-pooled convolution outputs before the activation."""
+        n, c, d = x.shape
+        pooled = []
+        for (w, count), conv in zip(self.filters, self.convolutions):
+            positions = c - w + 1
+            cols = x.unfold(1, w, 1).reshape(n * positions, d * w)  # (N·L, D·w), window order matches conv.weight
+            y = torch.mm(cols, conv.weight.reshape(count, d * w).t())
+            pooled.append(y.view(n, positions, count).amax(dim=1) + conv.bias)
+        return torch.cat(pooled, dim=-1)
+
+    def forward_conv1d(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """Reference path with ``nn.Conv1d`` (what :meth:`forward` must equal); (N, C) long → (N, F)."""
+        x = F.embedding(char_ids, self.embedding_table()).transpose(1, 2)  # (N, D, C)
+        out = torch.cat([conv(x).amax(dim=-1) for conv in self.convolutions], dim=-1)
         return torch.relu(out) if self.activation == "relu" else torch.tanh(out)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..config import LSTMConfig
+from ..errors import InputError
 
 __all__ = ["BiLSTM", "LSTMState"]
 
@@ -80,11 +81,11 @@ class BiLSTM(nn.Module):
             final_state: (c, h) reached at each row's last real step (its initial state if it has none).
         """
         if inputs.dim() != 4 or inputs.shape[0] != 2:
-            raise ValueError(f"inputs must be (2, B, T, P), got {tuple(inputs.shape)}")
+            raise InputError(f"inputs must be (2, B, T, P), got {tuple(inputs.shape)}")
         _, b, t, _ = inputs.shape
         lengths = lengths.to("cpu")
         if b > 1 and bool((lengths[1:] > lengths[:-1]).any()):
-            raise ValueError("lengths must be sorted in descending order")
+            raise InputError("lengths must be sorted in descending order")
         if initial_state is None:
             initial_state = self.zero_state(b, inputs.device, inputs.dtype)
         c0, h0 = initial_state
@@ -107,6 +108,13 @@ class BiLSTM(nn.Module):
             x = out
         return outputs, (torch.stack(final_c, 1), torch.stack(final_h, 1))
 
+    @staticmethod
+    def _forget_bias(hidden_dim: int, like: torch.Tensor) -> torch.Tensor:
+        """(4H,) vector with 1.0 on the forget-gate slice (TF ``LSTMCell(forget_bias=1.0)``), zeros elsewhere."""
+        vec = torch.zeros(4 * hidden_dim, dtype=like.dtype, device=like.device)
+        vec[2 * hidden_dim: 3 * hidden_dim] = 1.0
+        return vec
+
     def _run_layer(self, k: int, x: torch.Tensor, batch_sizes: list[int], c: torch.Tensor,
                    h: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         _, b, t, p = x.shape
@@ -115,8 +123,12 @@ class BiLSTM(nn.Module):
         proj_clip = self.config.proj_clip
         w_hh = self.weight_hh[k]
         w_proj = self.weight_proj[k]
-        # Input contribution for all steps at once: (2, B*T, 4H)
-        xw = torch.baddbmm(self.bias[k].unsqueeze(1), x.reshape(2, b * t, p), self.weight_ih[k]).view(2, b, t, 4 * hd)
+        # Input contribution for all steps at once, with the forget bias 1.0 folded into the bias: (2, B, T, 4H)
+        bias = self.bias[k] + self._forget_bias(hd, self.bias[k])
+        xw = torch.baddbmm(bias.unsqueeze(1), x.reshape(2, b * t, p), self.weight_ih[k]).view(2, b, t, 4 * hd)
+        # without autograd the gate math runs in place on z (fewer passes over (2, n, 4H) per step)
+        in_place = not (torch.is_grad_enabled() and any(
+            v.requires_grad for v in (xw, c, h, w_hh, w_proj)))
         steps: list[torch.Tensor] = []
         done_c: list[torch.Tensor] = []  # final states of rows that ended, latest-ending first
         done_h: list[torch.Tensor] = []
@@ -130,14 +142,26 @@ class BiLSTM(nn.Module):
                 n_prev = n
             if n == 0:
                 break
-            z = xw[:, :n, s] + torch.bmm(h, w_hh)
-            i, j, f, o = z.chunk(4, dim=-1)
-            c = torch.sigmoid(f + 1.0) * c + torch.sigmoid(i) * torch.tanh(j)
-            if cell_clip:
-                c = c.clamp(-cell_clip, cell_clip)
-            h = torch.bmm(torch.sigmoid(o) * torch.tanh(c), w_proj)
-            if proj_clip:
-                h = h.clamp(-proj_clip, proj_clip)
+            z = torch.baddbmm(xw[:, :n, s], h, w_hh)  # gates i, j, f, o (forget bias included)
+            if in_place:
+                j = z[..., hd: 2 * hd].tanh()
+                z.sigmoid_()
+                j.mul_(z[..., :hd])  # σ(i) · tanh(j)
+                c = torch.addcmul(j, z[..., 2 * hd: 3 * hd], c)
+                if cell_clip:
+                    c.clamp_(-cell_clip, cell_clip)
+                h = torch.bmm(z[..., 3 * hd:].mul_(torch.tanh(c)), w_proj)
+                if proj_clip:
+                    h.clamp_(-proj_clip, proj_clip)
+            else:
+                j = torch.tanh(z[..., hd: 2 * hd])
+                g = torch.sigmoid(z)
+                c = torch.addcmul(g[..., :hd] * j, g[..., 2 * hd: 3 * hd], c)
+                if cell_clip:
+                    c = c.clamp(-cell_clip, cell_clip)
+                h = torch.bmm(g[..., 3 * hd:] * torch.tanh(c), w_proj)
+                if proj_clip:
+                    h = h.clamp(-proj_clip, proj_clip)
             steps.append(h if n == b else nn.functional.pad(h, (0, 0, 0, b - n)))
         if n_prev > 0:
             done_c.append(c)

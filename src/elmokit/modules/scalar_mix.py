@@ -6,6 +6,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..errors import InputError, UsageError
+
 __all__ = ["ScalarMix"]
 
 
@@ -25,53 +27,80 @@ class ScalarMix(nn.Module):
     ``forward(layers, mask=None)``: ``layers`` is a (B, K, T, D) tensor or a sequence of K tensors (B, T, D);
     ``mask`` (B, T) bool is required with layer norm. Returns (B, T, D).
 
+    Parameters: ``scalar_parameters`` is an ``nn.ParameterList`` of K one-element tensors (AllenNLP's layout, so
+    ``mix.scalar_parameters[k]`` is layer k's w and state-dict keys are ``scalar_parameters.0`` …); ``gamma`` is (1,).
+    A state dict saved by earlier elmokit versions, with one (K,) ``scalar_parameters`` tensor, still loads (it is
+    split on the way in).
+
     Raises:
-        ValueError: a wrong number of layers, a missing mask with layer norm, mismatched shapes.
+        UsageError: a bad ``mixture_size`` or ``initial_scalar_parameters`` of the wrong length.
+        InputError: a wrong number of layers, a missing mask with layer norm, a layers tensor of the wrong rank.
     """
 
     def __init__(self, mixture_size: int, do_layer_norm: bool = False,
                  initial_scalar_parameters: Sequence[float] | None = None, trainable: bool = True,
                  initial_gamma: float = 1.0, top_only: bool = False) -> None:
         super().__init__()
-        if mixture_size < 1:
-            raise ValueError(f"mixture_size must be >= 1, got {mixture_size}")
+        if isinstance(mixture_size, bool) or not isinstance(mixture_size, int) or mixture_size < 1:
+            raise UsageError(f"mixture_size must be an int >= 1 (the number of layers mixed), got {mixture_size!r}")
         if initial_scalar_parameters is None:
             initial_scalar_parameters = [0.0] * mixture_size
-        if len(initial_scalar_parameters) != mixture_size:
-            raise ValueError(
-                f"initial_scalar_parameters has {len(initial_scalar_parameters)} values for a mixture of {mixture_size} layers"
+        try:
+            values = [float(v) for v in initial_scalar_parameters]
+        except (TypeError, ValueError):
+            raise UsageError(f"initial_scalar_parameters must be {mixture_size} numbers, got "
+                             f"{initial_scalar_parameters!r}") from None
+        if len(values) != mixture_size:
+            raise UsageError(
+                f"initial_scalar_parameters has {len(values)} values for a mixture of {mixture_size} layers"
             )
         self.mixture_size = mixture_size
         self.do_layer_norm = do_layer_norm
         self.top_only = top_only
-        self.scalar_parameters = nn.Parameter(
-            torch.tensor([float(v) for v in initial_scalar_parameters]), requires_grad=trainable
+        self.scalar_parameters = nn.ParameterList(
+            nn.Parameter(torch.tensor([v]), requires_grad=trainable) for v in values
         )
         self.gamma = nn.Parameter(torch.tensor([float(initial_gamma)]), requires_grad=trainable)
+        self.register_load_state_dict_pre_hook(ScalarMix._split_old_scalar_parameters)
+
+    def _split_old_scalar_parameters(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                                     unexpected_keys, error_msgs) -> None:
+        # earlier elmokit versions stored w as one (K,) tensor under "scalar_parameters"; now K (1,) tensors
+        key = prefix + "scalar_parameters"
+        old = state_dict.get(key)
+        if isinstance(old, torch.Tensor) and old.dim() == 1 and old.shape[0] == self.mixture_size:
+            del state_dict[key]
+            for k in range(self.mixture_size):
+                state_dict.setdefault(f"{key}.{k}", old[k : k + 1].clone())
+
+    @property
+    def scalar_vector(self) -> torch.Tensor:
+        """w as one (K,) tensor (differentiable)."""
+        return torch.cat(list(self.scalar_parameters))
 
     def weights(self) -> torch.Tensor:
         """softmax(w), shape (K,)."""
-        return torch.softmax(self.scalar_parameters, dim=0)
+        return torch.softmax(self.scalar_vector, dim=0)
 
     def l2_penalty(self, coefficient: float = 0.001) -> torch.Tensor:
         """λ · Σ w² (bilm-tf's regulariser on the layer weights; 0.001 is its ``l2_coef`` default)."""
-        return coefficient * (self.scalar_parameters**2).sum()
+        return coefficient * (self.scalar_vector**2).sum()
 
     def forward(self, layers: torch.Tensor | Sequence[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(layers, torch.Tensor):
             if layers.dim() != 4:
-                raise ValueError(f"layers must be (B, K, T, D), got shape {tuple(layers.shape)}")
+                raise InputError(f"layers must be (B, K, T, D), got shape {tuple(layers.shape)}")
             tensors = layers.unbind(1)
         else:
             tensors = list(layers)
         if len(tensors) != self.mixture_size:
-            raise ValueError(f"{len(tensors)} layers were passed to a ScalarMix of {self.mixture_size}")
+            raise InputError(f"{len(tensors)} layers were passed to a ScalarMix of {self.mixture_size}")
         if self.top_only:
             return self.gamma * tensors[-1]
         weights = self.weights().to(tensors[0].dtype)
         if self.do_layer_norm:
             if mask is None:
-                raise ValueError("ScalarMix with do_layer_norm needs the (B, T) mask")
+                raise InputError("ScalarMix with do_layer_norm needs the (B, T) mask")
             m = mask.unsqueeze(-1).to(tensors[0].dtype)
             count = (m.sum() * tensors[0].shape[-1]).clamp(min=1.0)
             tensors = [self._layer_norm(t, m, count) for t in tensors]

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError, InputError, UsageError
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -84,11 +86,11 @@ def log_uniform_candidates(
         completed the set (needed for :func:`log_uniform_expected_count`).
 
     Raises:
-        ValueError: ``num_samples`` not in ``[1, range_max]``.
+        UsageError: ``num_samples`` not in ``[1, range_max]``, or ``range_max`` not an int >= 1.
     """
     _check_range_max(range_max)
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= range_max:
-        raise ValueError(f"num_samples must be an int in [1, {range_max}] (range_max), got {num_samples!r}")
+        raise UsageError(f"num_samples must be an int in [1, {range_max}] (range_max), got {num_samples!r}")
     seen = torch.zeros(range_max, dtype=torch.bool)
     picked: list[torch.Tensor] = []
     n_picked = 0
@@ -136,7 +138,7 @@ def log_uniform_expected_count(
 
 def _check_range_max(range_max: int) -> None:
     if isinstance(range_max, bool) or not isinstance(range_max, int) or range_max < 1:
-        raise ValueError(f"range_max (vocabulary size) must be an int >= 1, got {range_max!r}")
+        raise UsageError(f"range_max (vocabulary size) must be an int >= 1, got {range_max!r}")
 
 
 # ---------------------------------------------------------------------------------------------- the LM head
@@ -153,13 +155,15 @@ class SoftmaxLM(nn.Module):
 
     All losses are per-token negative log-likelihoods in nats, float32 (computed in float32 even under autocast).
     Padding must be removed by the caller (select the real positions of ``h`` and ``targets``).
+
+    Raises (constructor): ConfigError: ``input_dim`` or ``vocab_size`` not an int >= 1.
     """
 
     def __init__(self, input_dim: int, vocab_size: int) -> None:
         super().__init__()
         for name, value in (("input_dim", input_dim), ("vocab_size", vocab_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SoftmaxLM: {name} must be an int >= 1, got {value!r}")
+                raise ConfigError(f"SoftmaxLM: {name} must be an int >= 1, got {value!r}")
         self.input_dim = input_dim
         self.vocab_size = vocab_size
         self.weight = nn.Parameter(torch.empty(vocab_size, input_dim))
@@ -179,26 +183,26 @@ class SoftmaxLM(nn.Module):
     # ------------------------------------------------------------------ validation
     def _check_h(self, h: torch.Tensor, *, two_d: bool) -> None:
         if not isinstance(h, torch.Tensor):
-            raise TypeError(f"h must be a torch.Tensor, got {type(h).__name__}")
+            raise InputError(f"h must be a torch.Tensor, got {type(h).__name__}")
         if not h.is_floating_point():
-            raise TypeError(f"h must be a floating-point tensor, got dtype {h.dtype}")
+            raise InputError(f"h must be a floating-point tensor, got dtype {h.dtype}")
         if two_d and h.dim() != 2:
-            raise ValueError(f"h must have shape (N, D={self.input_dim}), got {tuple(h.shape)}")
+            raise InputError(f"h must have shape (N, D={self.input_dim}), got {tuple(h.shape)}")
         if h.dim() < 1 or h.shape[-1] != self.input_dim:
-            raise ValueError(f"h's last dim must be D={self.input_dim}, got shape {tuple(h.shape)}")
+            raise InputError(f"h's last dim must be D={self.input_dim}, got shape {tuple(h.shape)}")
 
     def _check_targets(self, targets: torch.Tensor, n: int) -> None:
         if not isinstance(targets, torch.Tensor):
-            raise TypeError(f"targets must be a torch.Tensor of ids, got {type(targets).__name__}")
+            raise InputError(f"targets must be a torch.Tensor of ids, got {type(targets).__name__}")
         if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.is_complex():
-            raise TypeError(f"targets must be an integer tensor of ids, got dtype {targets.dtype}")
+            raise InputError(f"targets must be an integer tensor of ids, got dtype {targets.dtype}")
         if targets.dim() != 1 or targets.shape[0] != n:
-            raise ValueError(f"targets must have shape (N={n},), got {tuple(targets.shape)}")
+            raise InputError(f"targets must have shape (N={n},), got {tuple(targets.shape)}")
         if n:
             lo, hi = int(targets.min()), int(targets.max())
             if lo < 0 or hi >= self.vocab_size:
                 bad = lo if lo < 0 else hi
-                raise ValueError(f"target id {bad} out of range [0, {self.vocab_size}) (vocab_size)")
+                raise InputError(f"target id {bad} out of range [0, {self.vocab_size}) (vocab_size)")
 
     # ------------------------------------------------------------------ API
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -216,7 +220,8 @@ class SoftmaxLM(nn.Module):
             (N,) float32, nats. This is what bilm-tf evaluates for perplexity (``exp`` of the mean).
 
         Raises:
-            TypeError: ``h`` not floating / ``targets`` not integer. ValueError: shapes, or an id out of range.
+            InputError: ``h`` not a floating tensor, ``targets`` not an integer tensor, wrong shapes, or an id out of
+                range.
         """
         self._check_h(h, two_d=True)
         self._check_targets(targets, h.shape[0])
@@ -243,7 +248,8 @@ class SoftmaxLM(nn.Module):
         in general), not a perplexity.
 
         When ``num_samples >= V - 1`` the full softmax is used instead (:meth:`full_nll`; exact, and the rejection
-        sampler would need ever more draws to find the last ids); this is logged once per module.
+        sampler would need ever more draws to find the last ids); this is logged (INFO) once per module — the trainer
+        warns about it once when training starts.
 
         Args:
             h: (N, D) float. targets: (N,) integer ids. num_samples: S >= 1 (bilm-tf: 8192).
@@ -254,12 +260,12 @@ class SoftmaxLM(nn.Module):
             (N,) float32, nats.
 
         Raises:
-            TypeError / ValueError: as :meth:`full_nll`, or ``num_samples`` not an int >= 1.
+            InputError: as :meth:`full_nll`. UsageError: ``num_samples`` not an int >= 1.
         """
         self._check_h(h, two_d=True)
         self._check_targets(targets, h.shape[0])
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+            raise UsageError(f"num_samples must be an int >= 1, got {num_samples!r}")
         V = self.vocab_size
         if num_samples >= V - 1:
             if not self._logged_fallback:

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ..config import CharCNNConfig
+from ..errors import InputError
 from .char_cnn import CharCNN
 from .highway import Highway
 
@@ -19,8 +20,9 @@ class TokenEncoder(nn.Module):
         projection_dim: P, the LSTM input size.
 
     ``forward(char_ids: LongTensor (B, T, C)) -> FloatTensor (B, T, P)``. Positions whose ids are all 0 (padding)
-    get a zero vector. The CNN runs once per **distinct** token of the batch (not on every padded slot), which is
-    where most of the original's time went; results are identical to running it on every position.
+    get a zero vector; every other position is encoded (AllenNLP's rule: a token is real when any id is non-zero).
+    The CNN runs once per **distinct** token of the batch (not on every padded slot), which is where most of the
+    original's time went; results are identical to running it on every position.
 
     Source: bilm-tf ``_build_word_char_embeddings`` (conv → max → activation → highway → projection with bias).
     """
@@ -39,10 +41,10 @@ class TokenEncoder(nn.Module):
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
         if char_ids.dim() != 3:
-            raise ValueError(f"char_ids must be (B, T, C), got shape {tuple(char_ids.shape)}")
+            raise InputError(f"char_ids must be (B, T, C), got shape {tuple(char_ids.shape)}")
         b, t, c = char_ids.shape
         flat = char_ids.reshape(b * t, c)
-        real = flat[:, 0] > 0  # a real token starts with begin-of-word; padding rows are all zero
+        real = (flat != 0).any(dim=1)  # padding rows are all zero
         out = flat.new_zeros((b * t, self.output_dim), dtype=self.projection.weight.dtype)
         if not bool(real.any()):
             return out.view(b, t, self.output_dim)

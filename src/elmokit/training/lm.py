@@ -15,6 +15,7 @@ from torch.nn import functional as F
 
 from ..characters import CharVocabulary, batch_to_ids
 from ..config import ElmoConfig
+from ..errors import ConfigError
 from ..modules.bilm import BiLM
 from ..modules.lstm import LSTMState
 from ..modules.softmax import SoftmaxLM
@@ -52,17 +53,20 @@ class BidirectionalLM(nn.Module):
         char_vocab: character-vocabulary input mode (``config.char_cnn.char_vocab_size`` must equal its size).
 
     The token encoder and softmax are shared by the two directions; the LSTM stacks are not.
+
+    Raises:
+        ConfigError: ``config.char_cnn.char_vocab_size`` and ``char_vocab`` disagree (or one is missing).
     """
 
     def __init__(self, config: ElmoConfig, vocab: Vocabulary, *, dropout: float = 0.1,
                  char_vocab: CharVocabulary | None = None) -> None:
         super().__init__()
         if char_vocab is not None and config.char_cnn.char_vocab_size != char_vocab.vocab_size:
-            raise ValueError(f"config.char_cnn.char_vocab_size={config.char_cnn.char_vocab_size} but the character "
-                             f"vocabulary has {char_vocab.vocab_size} ids")
+            raise ConfigError(f"config.char_cnn.char_vocab_size={config.char_cnn.char_vocab_size} but the character "
+                              f"vocabulary has {char_vocab.vocab_size} ids")
         if char_vocab is None and config.char_cnn.char_vocab_size is not None:
-            raise ValueError(f"config.char_cnn.char_vocab_size={config.char_cnn.char_vocab_size}: pass the character "
-                             "vocabulary (char_vocab=) that its ids come from")
+            raise ConfigError(f"config.char_cnn.char_vocab_size={config.char_cnn.char_vocab_size}: pass the character "
+                              "vocabulary (char_vocab=) that its ids come from")
         self.bilm = BiLM(config, dropout=dropout)
         self.bilm.char_vocab = char_vocab
         self.softmax = SoftmaxLM(config.lstm.projection_dim, len(vocab))

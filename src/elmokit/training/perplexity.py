@@ -7,10 +7,16 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from ..errors import DataError, UsageError
 from ..vocabulary import Vocabulary
 from .lm import BidirectionalLM
 
 __all__ = ["evaluate_perplexity", "unigram_perplexity", "score_sentences"]
+
+
+def _check_batch_size(batch_size: object) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"batch_size must be an int >= 1 (sentences per batch), got {batch_size!r}")
 
 
 def _batches(sentences: Iterable[Sequence[str]], batch_size: int):
@@ -32,9 +38,14 @@ def evaluate_perplexity(lm: BidirectionalLM, sentences: Iterable[Sequence[str]],
     ``<S> w1 … wn``; unknown words count as ``<UNK>``). ``average`` = ``exp(0.5 · (NLL_fwd + NLL_bwd))``, bilm-tf's
     "average perplexity". Returns ``{"forward", "backward", "average", "tokens", "sentences"}``.
 
+    Args:
+        batch_size: sentences per forward pass (>= 1); it changes speed and memory, not the result.
+
     Raises:
-        ValueError: no sentences.
+        UsageError: ``batch_size`` is not an int >= 1.
+        DataError: no sentences.
     """
+    _check_batch_size(batch_size)
     lm.eval()
     total_f = total_b = 0.0
     n_tok = n_sent = 0
@@ -46,7 +57,7 @@ def evaluate_perplexity(lm: BidirectionalLM, sentences: Iterable[Sequence[str]],
             n_tok += int(nll.forward.numel())
             n_sent += len(batch)
     if n_tok == 0:
-        raise ValueError("no sentences to evaluate")
+        raise DataError("no sentences to evaluate: the input holds no non-empty sentence")
     f, b = total_f / n_tok, total_b / n_tok
     return {"forward": math.exp(f), "backward": math.exp(b), "average": math.exp(0.5 * (f + b)),
             "tokens": n_tok, "sentences": n_sent}
@@ -55,7 +66,11 @@ def evaluate_perplexity(lm: BidirectionalLM, sentences: Iterable[Sequence[str]],
 def unigram_perplexity(train_sentences: Iterable[Sequence[str]], test_sentences: Iterable[Sequence[str]],
                        vocab: Vocabulary) -> float:
     """Perplexity of an add-one-smoothed unigram model over ``vocab`` (same targets as :func:`evaluate_perplexity`:
-    every word, mapped to ``<UNK>`` when unknown, plus one sentence boundary per sentence)."""
+    every word, mapped to ``<UNK>`` when unknown, plus one sentence boundary per sentence).
+
+    Raises:
+        DataError: no test sentences.
+    """
     counts: Counter[int] = Counter()
     for s in train_sentences:
         counts.update(vocab.encode(s))
@@ -67,13 +82,19 @@ def unigram_perplexity(train_sentences: Iterable[Sequence[str]], test_sentences:
             nll -= math.log((counts[i] + 1) / total)
             n += 1
     if n == 0:
-        raise ValueError("no test tokens for the unigram baseline")
+        raise DataError("no test tokens for the unigram baseline")
     return math.exp(nll / n)
 
 
 def score_sentences(lm: BidirectionalLM, sentences: Sequence[Sequence[str]], batch_size: int = 64,
                     ) -> list[tuple[float, float]]:
-    """Per-sentence (log p_fwd, log p_bwd) in nats, see :meth:`BidirectionalLM.score`."""
+    """Per-sentence (log p_fwd, log p_bwd) in nats, see :meth:`BidirectionalLM.score`; ``batch_size`` sentences per
+    forward pass (each sentence is read independently, so the scores do not depend on it).
+
+    Raises:
+        UsageError: ``batch_size`` is not an int >= 1.
+    """
+    _check_batch_size(batch_size)
     out: list[tuple[float, float]] = []
     for batch in _batches(sentences, batch_size):
         out.extend(lm.score(batch))

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from ..characters import CharVocabulary
 from ..config import ElmoConfig
-from ..errors import WeightsError
+from ..errors import MissingFileError, UsageError, WeightsError
 from ..io import atomic_path
 from ..modules.bilm import BiLM
 from . import load_state_checked
@@ -130,15 +130,22 @@ def load_native(path: str | os.PathLike, **bilm_kwargs) -> BiLM:
     ``chars.txt`` is attached as ``model.char_vocab``.
 
     Raises:
-        FileNotFoundError: ``config.json`` or ``model.safetensors`` missing (or ``chars.txt`` for a
-            character-vocabulary model).
-        WeightsError: a tensor is missing or has the wrong shape (named, with both shapes).
+        MissingFileError: ``config.json`` or ``model.safetensors`` missing (or ``chars.txt`` for a
+            character-vocabulary model), naming the file.
+        ConfigError: an invalid ``config.json``.
+        WeightsError: an unreadable safetensors file, a tensor missing or of the wrong shape (named, with both shapes).
     """
     path = Path(path)
+    if not path.is_dir():
+        raise MissingFileError(f"model folder {path}: " + ("is a file, not a folder" if path.exists()
+                                                           else "no such folder"))
+    if not (path / CONFIG_NAME).is_file():
+        raise MissingFileError(f"{path / CONFIG_NAME} not found: a native model folder holds {CONFIG_NAME} and "
+                               f"{WEIGHTS_NAME}")
     config = ElmoConfig.from_json_file(path / CONFIG_NAME)
     weights = path / WEIGHTS_NAME
     if not weights.is_file():
-        raise FileNotFoundError(f"{weights} not found")
+        raise MissingFileError(f"{weights} not found: a native model folder holds {CONFIG_NAME} and {WEIGHTS_NAME}")
     try:
         tensors = load_file(str(weights))
     except Exception as exc:  # safetensors raises its own error type for truncated or foreign files
@@ -148,7 +155,7 @@ def load_native(path: str | os.PathLike, **bilm_kwargs) -> BiLM:
     if config.char_cnn.char_vocab_size is not None:
         chars = path / CHARS_NAME
         if not chars.is_file():
-            raise FileNotFoundError(f"{chars} not found: the config says this model reads a character vocabulary of "
+            raise MissingFileError(f"{chars} not found: the config says this model reads a character vocabulary of "
                                     f"{config.char_cnn.char_vocab_size} ids, and its ids come from that file")
         model.char_vocab = CharVocabulary.from_file(chars, config.char_cnn.max_characters_per_token)
         if model.char_vocab.vocab_size != config.char_cnn.char_vocab_size:
@@ -162,7 +169,7 @@ def _original_pair(directory: Path) -> tuple[Path, Path]:
     lie there (AllenNLP folders also hold embedding dumps), the one named ``*weights*`` is taken.
 
     Raises:
-        FileNotFoundError: no unique pair, listing what was found.
+        MissingFileError: no unique pair, naming the folder, what a model folder holds and what was found.
     """
     options = sorted(directory.glob("*options*.json"))
     weights = sorted(directory.glob("*.hdf5"))
@@ -170,30 +177,54 @@ def _original_pair(directory: Path) -> tuple[Path, Path]:
         weights = [w for w in weights if "weights" in w.name]
     if len(options) == 1 and len(weights) == 1:
         return options[0], weights[0]
-    found = sorted(p.name for p in directory.iterdir())[:12]
-    raise FileNotFoundError(
-        f"{directory} holds neither {CONFIG_NAME} + {WEIGHTS_NAME} (native) nor exactly one *options*.json and one "
-        f"weight *.hdf5 (original); found {found}. Pass the files explicitly, e.g. `elmokit convert OPTIONS WEIGHTS "
-        f"OUT_DIR`, then use OUT_DIR")
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
+    found = (", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")) if names \
+        else "nothing (an empty folder)"
+    raise MissingFileError(
+        f"{directory} is not a model folder: a model folder holds {CONFIG_NAME} + {WEIGHTS_NAME} (native) or exactly "
+        f"one *options*.json and one weight *.hdf5 (original); found {found}. Pass the files explicitly, e.g. "
+        "`elmokit convert OPTIONS WEIGHTS OUT_DIR`, then use OUT_DIR")
 
 
 def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | None = None, **bilm_kwargs) -> BiLM:
     """Resolve a released name, a native directory, or an original-format directory to a :class:`BiLM`.
 
     Raises:
-        ValueError: an unknown name that is not a directory either (lists the known names).
-        FileNotFoundError / WeightsError: as the loaders.
+        UsageError: a path that is a file (says what to pass instead: the options + weights pair goes to
+            ``load_original`` / ``Embedder(options_file, weight_file)``), or a name that is neither a folder nor a
+            released model (lists the known names); not a str / path.
+        MissingFileError: a folder that is not a model (names it, says what a model folder holds and what was
+            found), or a path-like name that does not exist.
+        ConfigError / WeightsError: as the loaders.
     """
     from .original import load_original
 
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise UsageError(f"model must be a folder path or a released model name {sorted(RELEASED)}, got "
+                         f"{type(name_or_path).__name__}")
     path = Path(name_or_path)
     if path.is_dir():
         if (path / CONFIG_NAME).is_file():
             return load_native(path, **bilm_kwargs)
         return load_original(*_original_pair(path), **bilm_kwargs)
+    if path.is_file():
+        if path.suffix.lower() in (".hdf5", ".h5"):
+            hint = "pass its options.json too: load_original(options_file, weight_file) (or its folder)"
+        elif path.suffix.lower() == ".json":
+            hint = "pass its HDF5 weight file too: load_original(options_file, weight_file) (or its folder)"
+        elif path.name == WEIGHTS_NAME:
+            hint = f"pass the folder that holds it (with {CONFIG_NAME})"
+        else:
+            hint = f"pass a model folder ({CONFIG_NAME} + {WEIGHTS_NAME}, or *options*.json + *.hdf5)"
+        raise UsageError(f"model {path} is a file, but a model is a folder or a released name: {hint}")
     key = str(name_or_path).lower()
     if key not in RELEASED:
-        raise ValueError(f"unknown model {name_or_path!r}: not a directory, and not one of {sorted(RELEASED)}")
+        text = os.fspath(name_or_path)
+        if os.sep in text or (os.altsep and os.altsep in text) or text.startswith((".", "~")):
+            raise MissingFileError(f"model folder {text}: no such folder (and not a released model name: "
+                                   f"{', '.join(sorted(RELEASED))})")
+        raise UsageError(f"unknown model {text!r}: not a folder here, and not a released model name "
+                         f"({', '.join(sorted(RELEASED))})")
     options_url, weights_url = RELEASED[key]
     folder = cache_dir() / key
     options = download(options_url, folder / "options.json", opener=opener)
@@ -202,5 +233,13 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
 
 
 def read_config_json(path: str | os.PathLike) -> dict:
-    """Parse a JSON file (helper for the CLI)."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """Parse a JSON file (helper for the CLI). Raises :class:`MissingFileError` / :class:`ConfigError` naming it."""
+    from ..errors import ConfigError
+
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"{path}: no such file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not UTF-8 JSON: {exc}") from None

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..config import ElmoConfig
-from ..errors import ConfigError, WeightsError
+from ..errors import ConfigError, MissingFileError, WeightsError
 from ..io import atomic_path
 from ..modules.bilm import BiLM
 from . import load_state_checked
@@ -94,8 +94,15 @@ def conversion_table(config: ElmoConfig) -> list[Entry]:
 
 
 def _read_datasets(weight_file: Path) -> dict[str, np.ndarray]:
+    if weight_file.is_dir():
+        raise MissingFileError(f"weight file {weight_file} is a folder; expected the HDF5 weight file")
     if not weight_file.is_file():
-        raise FileNotFoundError(f"weight file not found: {weight_file}")
+        raise MissingFileError(f"weight file not found: {weight_file}")
+    with open(weight_file, "rb") as fh:
+        head = fh.read(8)
+    if head.lstrip()[:1] in (b"{", b"["):
+        raise WeightsError(f"{weight_file} is a JSON file, not an HDF5 weight file: pass the options.json as the "
+                           "options file and the .hdf5 as the weight file")
     out: dict[str, np.ndarray] = {}
     try:
         with h5py.File(weight_file, "r") as fh:
@@ -103,8 +110,10 @@ def _read_datasets(weight_file: Path) -> dict[str, np.ndarray]:
                 if isinstance(obj, h5py.Dataset):
                     out[name] = obj[...]
             fh.visititems(visit)
-    except OSError as exc:
-        raise WeightsError(f"{weight_file} is not a readable HDF5 file: {exc}") from None
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+        # h5py: OSError for a foreign or truncated file, others for damaged internals
+        raise WeightsError(f"{weight_file} is not a readable HDF5 weight file (truncated or damaged? "
+                           f"{type(exc).__name__}: {exc}); re-download or re-export it") from None
     return out
 
 
@@ -112,9 +121,9 @@ def load_original_state(config: ElmoConfig, weight_file: str | os.PathLike) -> d
     """Read an original HDF5 weight file into a :class:`BiLM` ``state_dict`` for ``config``.
 
     Raises:
-        FileNotFoundError: no such file.
-        WeightsError: a dataset is missing or unexpected, or its shape differs from what the options imply (the
-            message names the dataset and both shapes).
+        MissingFileError: no such file (or a folder).
+        WeightsError: not a readable HDF5 file (names it), a dataset is missing or unexpected, or its shape differs
+            from what the options imply (the message names the dataset and both shapes).
     """
     weight_file = Path(weight_file)
     data = _read_datasets(weight_file)
@@ -149,6 +158,8 @@ def load_original_state(config: ElmoConfig, weight_file: str | os.PathLike) -> d
                 f"{weight_file}: dataset {entry.dataset!r} has shape {tuple(array.shape)} but the options imply "
                 f"{entry.hdf5_shape}"
             )
+        if not np.issubdtype(array.dtype, np.floating):
+            raise WeightsError(f"{weight_file}: dataset {entry.dataset!r} holds {array.dtype} values; expected floats")
         pieces.update(entry.to_model(array.astype(np.float32, copy=False)))
     state: dict[str, torch.Tensor] = {}
     grouped: dict[str, dict[int, np.ndarray]] = {}

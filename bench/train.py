@@ -1,0 +1,136 @@
+"""Training speed: this tree's trainer vs the landed code at the start of the speed issue, one run, same machine.
+
+Two workloads, each through ``elmokit.training.trainer.Trainer`` — the code ``elmokit train`` runs — in a child
+process per code version (so that each imports its own ``elmokit`` and its peak RSS is its own):
+
+* **bilm-tf's settings**: the "small" configuration, stream windows, batch 128 × 20 unroll steps, 8,192 sampled
+  negatives, Adagrad, on WikiText-2 valid + test as text (``../shared/data/wikitext-2``) with the vocabulary of all
+  its words. Reported: tokens/s (tokens of one direction per step: 128 × 20), useful-FLOP utilisation against a
+  ``torch.mm`` rate measured in the same run, with 146 MFLOP per token (forward + backward of the small
+  configuration, each token embedded once, as the speed issue counts it), and peak RSS.
+* **the quickstart's settings** (``elmokit quickstart``: LSTM 512/128, 32 sentences a step, full softmax, Adam):
+  steps per minute.
+
+Each child trains ``--warmup`` steps, then times the next ones as the quickstart times its budget (the trainer's
+``loop_seconds``: the training steps alone, no checkpoint or model saving). The reference code is a git worktree
+of ``--reference`` (default ``07aab1b``, main at the start of the speed issue), made in a temporary folder.
+
+Run: ``python bench/train.py [--steps 8] [--warmup 2] [--quickstart-steps 40] [--reference 07aab1b]``.
+Benchmark on a quiet machine (another process on the 2 cores makes 2-thread torch several times slower). The last line
+is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2"
+MFLOP_PER_TOKEN = 146.0  # small configuration, training (forward + backward), each token embedded once
+
+
+def child(args: argparse.Namespace) -> None:
+    sys.path.insert(0, args.src)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from elmokit.config import PRESETS
+    from elmokit.training.trainer import TrainConfig, Trainer
+
+    out = Path(args.work) / "run"
+    if args.workload == "bilm-tf":
+        corpus = Path(args.work) / "wikitext.txt"
+        config = TrainConfig(train_files=[str(corpus)], out_dir=str(out), model=PRESETS["small"]().to_options(),
+                             batching="windows", batch_size=128, unroll_steps=20, n_negative_samples=8192,
+                             optimizer="adagrad", max_steps=args.warmup + args.steps, log_every=1,
+                             checkpoint_every=10_000, progress=False, device="cpu")
+    else:
+        from elmokit.quickstart import load_lee_corpus, quickstart_config
+
+        train, _ = load_lee_corpus()
+        corpus = Path(args.work) / "lee.txt"
+        corpus.write_text("".join(" ".join(s) + "\n" for s in train), encoding="utf-8")
+        config = TrainConfig(train_files=[str(corpus)], out_dir=str(out), model=quickstart_config().to_options(),
+                             min_count=2, batching="sentences", batch_size=32, unroll_steps=20, n_epochs=1000,
+                             optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0, seed=0,
+                             max_steps=args.warmup + args.steps, checkpoint_every=10_000, log_every=1,
+                             progress=False, device="cpu")
+    # as the quickstart times its budget: train the warm-up steps, then time the next ones (loop only, no saving)
+    trainer = Trainer(config)
+    trainer.config.max_steps = args.warmup
+    trainer.train()
+    trainer.config.max_steps = args.warmup + args.steps
+    seconds = trainer.train(resume=True)["loop_seconds"]
+    result = {"seconds_per_step": seconds / args.steps, "steps_per_minute": 60 * args.steps / seconds}
+    if args.workload == "bilm-tf":
+        result["tokens_per_s"] = args.steps * 128 * 20 / seconds
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["torch_threads"] = torch.get_num_threads()
+    Path(args.result).write_text(json.dumps(result))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=8, help="timed steps of the bilm-tf workload")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--quickstart-steps", type=int, default=40)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reference", default="07aab1b", help="git commit of the reference code")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--src", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--workload", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    sys.path.insert(0, str(Path(__file__).parent))
+    from inference import matmul_gflops
+
+    tmp = Path(tempfile.mkdtemp(prefix="elmokit-train-bench-"))
+    ref_tree = tmp / "reference"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(ref_tree), args.reference],
+                   check=True, capture_output=True)
+    text = "".join((WIKITEXT / name).read_text(encoding="utf-8") for name in ("valid.txt", "test.txt"))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    try:
+        results: dict = {}
+        for workload, steps in (("bilm-tf", args.steps), ("quickstart", args.quickstart_steps)):
+            for side, src in (("reference", ref_tree / "src"), ("this tree", ROOT / "src")):
+                work = tmp / f"{workload}-{side.replace(' ', '_')}"
+                work.mkdir()
+                (work / "wikitext.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+                res = work / "result.json"
+                env = dict(os.environ, PYTHONPATH=str(src))
+                subprocess.run([sys.executable, __file__, "--child", "1", "--src", str(src), "--work", str(work),
+                                "--result", str(res), "--workload", workload, "--steps", str(steps),
+                                "--warmup", str(args.warmup), "--threads", str(args.threads)], check=True, env=env)
+                r = json.loads(res.read_text())
+                results[(workload, side)] = r
+                print(f"{workload} / {side}: {json.dumps(r)}", flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref_tree)], capture_output=True)
+    gflops = matmul_gflops(args.threads)
+    summary = {"matmul_gflops": gflops, "mflop_per_token": MFLOP_PER_TOKEN}
+    for side in ("reference", "this tree"):
+        r = results[("bilm-tf", side)]
+        summary[side] = {"tokens_per_s": r["tokens_per_s"], "seconds_per_step": r["seconds_per_step"],
+                         "utilisation": r["tokens_per_s"] * MFLOP_PER_TOKEN * 1e6 / (gflops * 1e9),
+                         "peak_rss_mb": r["peak_rss_mb"]}
+    summary["speedup"] = summary["this tree"]["tokens_per_s"] / summary["reference"]["tokens_per_s"]
+    summary["quickstart_steps_per_minute"] = {side: results[("quickstart", side)]["steps_per_minute"]
+                                              for side in ("reference", "this tree")}
+    summary["quickstart_ratio"] = (summary["quickstart_steps_per_minute"]["this tree"]
+                                   / summary["quickstart_steps_per_minute"]["reference"])
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""``python -m elmokit.cli …``: the same as ``python -m elmokit …`` (kept for scripts written against it)."""
+import sys
+
+from . import main
+
+if __name__ == "__main__":
+    sys.exit(main())

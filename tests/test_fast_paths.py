@@ -1,0 +1,88 @@
+"""The fast paths equal their plain references: im2col char CNN vs Conv1d, the fused/in-place LSTM step vs the cell
+equations written out one gate at a time (values and gradients)."""
+from __future__ import annotations
+
+import torch
+
+from elmokit.config import LSTMConfig
+from elmokit.modules.char_cnn import CharCNN
+from elmokit.modules.lstm import BiLSTM
+
+
+def _char_cnn() -> CharCNN:
+    torch.manual_seed(0)
+    return CharCNN(261, 8, [(1, 4), (2, 8), (3, 16), (5, 32), (7, 64)], activation="tanh")
+
+
+def test_im2col_char_cnn_equals_conv1d_values_and_gradients():
+    cnn = _char_cnn()
+    cnn.chunk_size = 7  # several chunks, the last one partial
+    ids = torch.randint(1, 262, (30, 50))
+    ids[:5, 10:] = 261  # in-word padding: repeated windows, ties in the max
+    fast, ref = cnn(ids), cnn.forward_conv1d(ids)
+    assert fast.shape == (30, 4 + 8 + 16 + 32 + 64)
+    assert torch.allclose(fast, ref, atol=1e-6, rtol=0)
+    weights = torch.randn_like(ref)
+    grads = []
+    for forward in (cnn.forward, cnn.forward_conv1d):
+        cnn.zero_grad()
+        (forward(ids) * weights).sum().backward()
+        grads.append([p.grad.clone() for p in cnn.parameters()])
+    for g_fast, g_ref in zip(*grads):
+        assert torch.allclose(g_fast, g_ref, atol=1e-5 * float(g_ref.abs().max()) + 1e-7)
+
+
+def _reference_layer(lstm: BiLSTM, k: int, x: torch.Tensor, lengths: torch.Tensor,
+                     clipped: list | None = None) -> torch.Tensor:
+    """The cell equations of BiLSTM's docstring, one row and one step at a time (no batching tricks); appends
+    ``"cell"``/``"proj"`` to ``clipped`` whenever a clip changes a value."""
+    _, b, t, _ = x.shape
+    h_dim, cfg = lstm.hidden_dim, lstm.config
+    out = torch.zeros(2, b, t, lstm.projection_dim)
+    for d in range(2):
+        for r in range(b):
+            c = torch.zeros(h_dim)
+            h = torch.zeros(lstm.projection_dim)
+            for s in range(int(lengths[r])):
+                z = x[d, r, s] @ lstm.weight_ih[k][d] + h @ lstm.weight_hh[k][d] + lstm.bias[k][d]
+                i, j, f, o = z.split(h_dim)
+                c = torch.sigmoid(f + 1.0) * c + torch.sigmoid(i) * torch.tanh(j)
+                if clipped is not None and bool((c.abs() > cfg.cell_clip).any()):
+                    clipped.append("cell")
+                c = c.clamp(-cfg.cell_clip, cfg.cell_clip)
+                h = (torch.sigmoid(o) * torch.tanh(c)) @ lstm.weight_proj[k][d]
+                if clipped is not None and bool((h.abs() > cfg.proj_clip).any()):
+                    clipped.append("proj")
+                h = h.clamp(-cfg.proj_clip, cfg.proj_clip)
+                out[d, r, s] = h
+    return out
+
+
+def _lstm() -> BiLSTM:
+    torch.manual_seed(1)
+    lstm = BiLSTM(LSTMConfig(dim=12, projection_dim=5, n_layers=1, cell_clip=0.8, proj_clip=0.6,
+                             use_skip_connections=False))
+    with torch.no_grad():
+        for w in list(lstm.weight_ih) + list(lstm.weight_hh) + list(lstm.weight_proj):
+            w.mul_(4.0)  # large enough that both clips fire
+        lstm.bias[0].uniform_(-1, 1)
+    return lstm
+
+
+def test_lstm_step_equals_cell_equations_in_place_and_with_autograd():
+    lstm = _lstm()
+    x = torch.randn(2, 4, 6, 5) * 2
+    lengths = torch.tensor([6, 5, 3, 0])
+    clipped: list[str] = []
+    with torch.no_grad():
+        expected = _reference_layer(lstm, 0, x, lengths, clipped)
+        reached = lstm(x, lengths)[0][0]
+    assert {"cell", "proj"} <= set(clipped)  # both clips fire, so the test covers them
+    assert torch.allclose(reached, expected, atol=1e-6)
+    xg = x.clone().requires_grad_(True)
+    out = lstm(xg, lengths)[0][0]
+    assert torch.allclose(out.detach(), expected, atol=1e-6)
+    out.sum().backward()  # the autograd path must not have modified saved tensors in place
+    xr = x.clone().requires_grad_(True)
+    _reference_layer(lstm, 0, xr, lengths).sum().backward()
+    assert torch.allclose(xg.grad, xr.grad, atol=1e-5)
