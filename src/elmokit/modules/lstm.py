@@ -93,7 +93,7 @@ class BiLSTM(nn.Module):
         """
         if inputs.dim() != 4 or inputs.shape[0] != 2:
             raise InputError(f"inputs must be (2, B, T, P), got {tuple(inputs.shape)}")
-        _, b, t, _ = inputs.shape
+        _, b, t, p = inputs.shape
         lengths = lengths.to("cpu")
         if b > 1 and bool((lengths[1:] > lengths[:-1]).any()):
             raise InputError("lengths must be sorted in descending order")
@@ -107,7 +107,7 @@ class BiLSTM(nn.Module):
         batch_sizes = running.sum(1).tolist()
         steps, rows = running.nonzero(as_tuple=True)
         flat = (rows * t + steps).to(inputs.device)
-        x = inputs.reshape(2, b * t, -1).index_select(1, flat)  # (2, N, P)
+        x = inputs.reshape(2, b * t, p).index_select(1, flat)  # (2, N, P)
         outputs: list[torch.Tensor] = []
         final_c: list[torch.Tensor] = []
         final_h: list[torch.Tensor] = []
@@ -118,8 +118,8 @@ class BiLSTM(nn.Module):
             out, (ck, hk) = self._run_layer(k, layer_in, batch_sizes, c0[:, k], h0[:, k])
             if self.config.use_skip_connections and k > 0:
                 out = out + x
-            full = out.new_zeros(2, b * t, out.shape[-1]).index_copy(1, flat, out)
-            outputs.append(full.view(2, b, t, -1))
+            full = out.new_zeros(2, b * t, self.projection_dim).index_copy(1, flat, out)
+            outputs.append(full.view(2, b, t, self.projection_dim))
             final_c.append(ck)
             final_h.append(hk)
             x = out
@@ -147,10 +147,13 @@ class BiLSTM(nn.Module):
         # without autograd the gate math runs in place on z (fewer passes over (2, n, 4H) per step)
         in_place = not (torch.is_grad_enabled() and any(
             v.requires_grad for v in (xw, c, h, w_hh, w_proj)))
+        # one split (its backward is one concatenation) rather than a slice per step (each slice's backward would
+        # zero-fill a gradient the size of the whole of xw)
+        xw_steps = xw.split([n for n in batch_sizes if n > 0], dim=1)
         steps: list[torch.Tensor] = []
         done_c: list[torch.Tensor] = []  # final states of rows that ended, latest-ending first
         done_h: list[torch.Tensor] = []
-        n_prev, offset = c.shape[1], 0
+        n_prev, step = c.shape[1], 0
         for n in batch_sizes:
             if n < n_prev:
                 done_c.append(c[:, n:n_prev])
@@ -159,8 +162,8 @@ class BiLSTM(nn.Module):
                 n_prev = n
             if n == 0:
                 break
-            z = torch.baddbmm(xw[:, offset: offset + n], h, w_hh)  # gates i, j, f, o (forget bias included)
-            offset += n
+            z = torch.baddbmm(xw_steps[step], h, w_hh)  # gates i, j, f, o (forget bias included)
+            step += 1
             if in_place:
                 j = z[..., hd: 2 * hd].tanh()
                 z.sigmoid_()
@@ -172,12 +175,12 @@ class BiLSTM(nn.Module):
                 if proj_clip:
                     h.clamp_(-proj_clip, proj_clip)
             else:
-                j = torch.tanh(z[..., hd: 2 * hd])
-                g = torch.sigmoid(z)
-                c = torch.addcmul(g[..., :hd] * j, g[..., 2 * hd: 3 * hd], c)
+                # chunk, not slices: one backward concatenation instead of four zero-filled gradients of z's size
+                zi, zj, zf, zo = z.chunk(4, dim=-1)
+                c = torch.addcmul(torch.sigmoid(zi) * torch.tanh(zj), torch.sigmoid(zf), c)
                 if cell_clip:
                     c = c.clamp(-cell_clip, cell_clip)
-                h = torch.bmm(g[..., 3 * hd:] * torch.tanh(c), w_proj)
+                h = torch.bmm(torch.sigmoid(zo) * torch.tanh(c), w_proj)
                 if proj_clip:
                     h = h.clamp(-proj_clip, proj_clip)
             steps.append(h)

@@ -284,9 +284,11 @@ class SoftmaxLM(nn.Module):
 
         w_true = self.weight[targets]  # (N, D)
         true_logits = (h * w_true).sum(-1).float() + self.bias[targets].float() - log_q_true  # (N,)
-        sampled_logits = F.linear(h, self.weight[sampled], self.bias[sampled]).float() - log_q_sampled  # (N, S)
+        # - log Q(s) folded into the bias, and no (N, 1 + S) concatenation: fewer passes over the (N, S) logits
+        sampled_bias = self.bias[sampled] - log_q_sampled.to(self.bias.dtype)
+        sampled_logits = F.linear(h, self.weight[sampled], sampled_bias).float()  # (N, S)
         if remove_accidental_hits:
             hits = targets.unsqueeze(1) == sampled.unsqueeze(0)
-            sampled_logits = sampled_logits.masked_fill(hits, torch.finfo(torch.float32).min)
-        all_logits = torch.cat([true_logits.unsqueeze(1), sampled_logits], dim=1)  # (N, 1 + S)
-        return torch.logsumexp(all_logits, dim=1) - true_logits
+            sampled_logits = sampled_logits.masked_fill_(hits, torch.finfo(torch.float32).min)
+        # logsumexp over [a_y, a_s…] = logaddexp(a_y, logsumexp(a_s…))
+        return torch.logaddexp(true_logits, torch.logsumexp(sampled_logits, dim=1)) - true_logits
