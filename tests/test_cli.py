@@ -461,7 +461,7 @@ def test_options_file_that_is_hdf5_is_named(tmp_path, capsys):
     assert str(weights) in _err(capsys)
     (tmp_path / "list.json").write_text("[1, 2]")
     assert cli_main(_tiny_train_args(corpus, tmp_path / "r", "--options", str(tmp_path / "list.json"))) == 2
-    assert "must hold a JSON object" in _err(capsys)
+    assert "options must be a JSON object" in _err(capsys)
 
 
 def test_embed_input_folder_is_called_a_folder(tmp_path, capsys):

@@ -24,6 +24,7 @@ __all__ = [
     "elmo_original_5b",
     "elmo_tiny",
     "PRESETS",
+    "read_options_json",
 ]
 
 #: Filters of every released English ELMo model: (width, number of filters).
@@ -265,18 +266,7 @@ class ElmoConfig:
                                    "is read by load_pretrained_bilm / Elmo.from_pretrained)")
         if not path.is_file():
             raise MissingFileError(f"options file not found: {path}")
-        data = path.read_bytes()
-        if data.startswith(b"\x89HDF"):
-            raise ConfigError(f"{path} is an HDF5 file, not a JSON options file: pass it as the weight file, and "
-                              "the options.json as the options file")
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path} is not a UTF-8 JSON options file (byte {exc.start}: {exc.reason})") from None
-        try:
-            options = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+        options = read_options_json(path)
         return cls.from_options(options, source=str(path))
 
     def to_json_file(self, path: str | os.PathLike) -> None:
@@ -361,3 +351,30 @@ PRESETS = {
     "original-5.5b": elmo_original_5b,
     "tiny": elmo_tiny,
 }
+
+
+def read_options_json(path: str | os.PathLike, what: str = "an options.json (the architecture, as the original ELMo "
+                      "releases ship it)") -> dict[str, Any]:
+    """Parse a JSON options file into a dict, naming ``path`` in every error (``what`` says what was expected).
+
+    Raises:
+        ConfigError: not UTF-8 text (an HDF5 weight file is recognised and named as such), not JSON, or not a JSON
+            object. (Existence is the caller's check.)
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    if data.startswith(b"\x89HDF"):
+        raise ConfigError(f"{path} is an HDF5 file, not a JSON options file (weights?): expected {what}; pass the "
+                          "HDF5 as the weight file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not a UTF-8 JSON options file (byte {exc.start}: {exc.reason}); expected "
+                          f"{what}") from None
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}); expected {what}") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"{path}: options must be a JSON object, not a {type(options).__name__}; expected {what}")
+    return options

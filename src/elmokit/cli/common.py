@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, MissingFileError, UsageError
+from ..errors import MissingFileError, UsageError
 
 __all__ = [
     "positive_int", "int_at_least", "non_negative_int", "positive_float", "probability", "seed", "path_arg",
@@ -193,22 +193,10 @@ def read_options_json(path: Path, option: str) -> dict[str, Any]:
             object.
     """
     check_input_file(path, f"{option} file")
-    data = path.read_bytes()
-    expected = (f"{'the ' if not option.startswith('-') else ''}{option} must be an options.json (the architecture, "
-                "as the original ELMo releases ship it)")
-    if data.startswith(b"\x89HDF"):
-        raise ConfigError(f"{path} is an HDF5 file (weights?), not JSON: {expected}")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path} is not a text file ({exc}): {expected}") from None
-    try:
-        options = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc}): {expected}") from None
-    if not isinstance(options, dict):
-        raise ConfigError(f"{path} must hold a JSON object, not a {type(options).__name__}: {expected}")
-    return options
+    from ..config import read_options_json as read
+
+    return read(path, f"{'the ' if not option.startswith('-') else ''}{option} to be an options.json (the "
+                      "architecture, as the original ELMo releases ship it)")
 
 
 def resolve_cli_device(name: str | None):
