@@ -104,6 +104,39 @@ def test_new_run_refuses_a_folder_holding_a_run(corpus, reference, tmp_path):
     assert {p.name: p.read_bytes() for p in reference.iterdir() if p.is_file()} == before
 
 
+def test_refusal_offers_resume_only_when_there_is_a_checkpoint(corpus, tmp_path):
+    # a new user's run that stopped at step 2 (non-finite loss) before any checkpoint was told to --resume, which
+    # could only repeat the failure or refuse the changed --lr
+    Trainer(_cfg(corpus, tmp_path, max_steps=2, checkpoint_every=100)).train()
+    for p in tmp_path.glob("ckpt-*"):
+        p.unlink()
+    (tmp_path / "checkpoint.json").unlink()
+    import shutil
+
+    shutil.rmtree(tmp_path / "model")
+    with pytest.raises(UsageError) as e:
+        Trainer(_cfg(corpus, tmp_path)).train()
+    assert "--overwrite" in str(e.value) and "no checkpoint to --resume from" in str(e.value)
+    assert "overwrite=True" not in str(e.value)
+
+
+def test_checkpoint_files_without_their_manifest_are_not_silently_restarted(corpus, tmp_path):
+    # before: with checkpoint.json lost, --resume warned "no checkpoint yet", trained from step 0 and replaced them
+    Trainer(_cfg(corpus, tmp_path, max_steps=8)).train()
+    (tmp_path / "checkpoint.json").unlink()
+    before = sorted(p.name for p in tmp_path.glob("ckpt-*"))
+    with pytest.raises(CheckpointError, match=r"ckpt-4.safetensors.*no checkpoint.json"):
+        Trainer(_cfg(corpus, tmp_path, max_steps=12)).train(resume=True)
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == before
+
+
+@pytest.mark.parametrize("lr", [1e38, 1e39, float("inf"), 1e300])
+def test_absurd_learning_rate_is_a_config_error(corpus, tmp_path, lr):
+    # before: Adam with lr 1e38 ended in "internal error: RuntimeError: value cannot be converted to type float"
+    with pytest.raises(ConfigError, match=r"lr must be > 0 \(--lr\) and at most 10000"):
+        Trainer(_cfg(corpus, tmp_path, lr=lr, optimizer="adam"))
+
+
 def test_new_run_refuses_an_unfinished_run_too(corpus, tmp_path):
     Trainer(_cfg(corpus, tmp_path, max_steps=6)).train()
     import shutil

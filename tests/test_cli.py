@@ -325,6 +325,18 @@ def test_embed_accepts_the_decode_errors_it_advises(tmp_path, capsys):
     with h5py.File(tmp_path / "v.h5", "r") as h5:
         assert h5["0"].shape[1] == 3 and h5["1"].shape[1] == 1
         assert "a caf\ufffd b" in json.loads(h5["sentence_to_index"][0])
+    # skip: the count printed is the sentences embedded (it said 2 when 1 was), and the skipped line is named
+    assert cli_main(["embed", str(model), str(text), str(tmp_path / "s.h5"), "--decode-errors", "skip",
+                     "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "embedded 1 sentences" in out and "1 undecodable line(s) skipped, each an empty dataset: line 1" in out
+
+
+def test_perplexity_and_score_accept_device(tmp_path, capsys):
+    # the README says --device is on every command; perplexity/score refused it as an unrecognised argument
+    for command in ("perplexity", "score"):
+        assert cli_main([command, str(tmp_path / "nope"), str(tmp_path / "f.txt"), "--device", "banana"]) == 2
+        assert "unrecognized arguments" not in _err(capsys)
 
 
 def test_embed_under_an_ascii_locale_succeeds(tmp_path):

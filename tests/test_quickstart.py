@@ -100,6 +100,23 @@ def test_out_dir_replaces_only_an_earlier_quickstart_run(tmp_path, capsys):
         prepare_out_dir(tmp_path / "afile")
 
 
+def test_files_of_yours_inside_an_earlier_run_are_kept(tmp_path):
+    """A new user's file in train/model/ or a sub-folder of train/ was deleted with the earlier run; now refused."""
+    run = tmp_path / "qs"
+    (run / "train" / "model").mkdir(parents=True)
+    (run / "train" / "sub").mkdir()
+    for name in ("train.txt", "train/metrics.jsonl", "train/ckpt-5.safetensors", "train/model/config.json",
+                 "train/model/vocab.txt", "train/model/mine.txt", "train/sub/keep.txt"):
+        (run / name).write_text("x")
+    with pytest.raises(UsageError, match=r"train/model/mine.txt, train/sub/keep.txt"):
+        prepare_out_dir(run)
+    assert (run / "train" / "model" / "mine.txt").is_file() and (run / "train" / "sub" / "keep.txt").is_file()
+    (run / "train" / "model" / "mine.txt").unlink()
+    (run / "train" / "sub" / "keep.txt").unlink()
+    (run / "train" / "sub").rmdir()
+    assert prepare_out_dir(run) is True and list(run.iterdir()) == []
+
+
 def test_quickstart_into_a_foreign_folder_is_a_usage_error(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     assert cli_main(["quickstart", "--out-dir", str(tmp_path), "--steps", "1"]) == 2

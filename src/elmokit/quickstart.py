@@ -180,6 +180,20 @@ def prepare_out_dir(out_dir: Path) -> bool:
                          "its own earlier run)")
     if not entries:
         return False
+    # inside train/ too, only what `elmokit train` writes (a file of yours in train/model/ is not deleted)
+    train_dir = out_dir / "train"
+    if train_dir.is_dir():
+        from .training.checkpoint import run_files
+
+        own = {p for p in run_files(train_dir) if p.name != "model"}
+        model_files = {"config.json", "model.safetensors", "vocab.txt", "chars.txt"}  # what save_lm writes
+        others = sorted(str(p.relative_to(out_dir)) for p in train_dir.rglob("*")
+                        if not p.is_dir() and p not in own and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+                        and not (p.parent == train_dir / "model" and p.name in model_files))
+        if others:
+            raise UsageError(f"--out-dir {out_dir} holds an earlier quickstart run with files that are not its own "
+                             f"({', '.join(others[:5])}{', …' if len(others) > 5 else ''}): move them or choose "
+                             "another --out-dir (quickstart replaces only its own earlier run)")
     for entry in entries:
         if entry.is_dir():
             shutil.rmtree(entry)

@@ -26,7 +26,10 @@ def cmd_embed(args: argparse.Namespace) -> int:
     embedder = Embedder(load_pretrained_bilm(args.model), batch_size=args.batch_size, device=device)
     n = embedder.embed_file(args.input, args.output, layers=args.layers, decode_errors=args.decode_errors,
                             progress=not args.no_progress)
-    print(f"embedded {n} sentences → {args.output}")
+    skipped = embedder.skipped_lines
+    note = (f" ({len(skipped)} undecodable line(s) skipped, each an empty dataset: line "
+            f"{', '.join(map(str, skipped[:10]))}{' ...' if len(skipped) > 10 else ''})" if skipped else "")
+    print(f"embedded {n - len(skipped)} sentences → {args.output}{note}")
     return 0
 
 

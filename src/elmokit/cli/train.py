@@ -187,7 +187,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     sentences = [tokens for _, tokens in _read_sentences(args) if tokens]  # blank lines are not sentences
     if not sentences:
         raise DataError(f"{args.file} holds no sentence (only blank lines): nothing to evaluate")
-    lm = load_lm(args.model)
+    lm = load_lm(args.model).to(resolve_cli_device(args.device))
     result = evaluate_perplexity(lm, sentences, batch_size=args.batch_size)
     print(json.dumps(result, indent=2))
     return 0
@@ -200,7 +200,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     _check_lm_folder(args.model)
     lines = _read_sentences(args)
-    lm = load_lm(args.model)
+    lm = load_lm(args.model).to(resolve_cli_device(args.device))
     scores = score_sentences(lm, [tokens for _, tokens in lines], args.batch_size)
     for (number, tokens), (f, b) in zip(lines, scores):
         interrupts.check()
@@ -232,6 +232,7 @@ def _add_lm_file_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-errors", choices=DECODE_CHOICES, default="strict",
                    help="invalid UTF-8: stop naming the file and line (strict), replace or ignore the bad bytes, or "
                         "skip the line (default: %(default)s)")
+    p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:

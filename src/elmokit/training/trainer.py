@@ -74,6 +74,11 @@ __all__ = ["TrainConfig", "Trainer", "TrainingError", "save_lm", "load_lm", "lat
 logger = logging.getLogger(__name__)
 
 
+#: Largest accepted learning rate: far above any that trains (bilm-tf's Adagrad uses 0.2), and low enough that the
+#: optimisers' float32 arithmetic cannot overflow (Adam overflowed at 1e38, Adagrad at 1e39).
+MAX_LEARNING_RATE = 1e4
+
+
 class TrainingError(ElmoError, RuntimeError):
     """Training cannot go on (e.g. a non-finite loss); the message names the step."""
 
@@ -165,8 +170,9 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.clip_norm must be > 0, got {self.clip_norm!r}")
         if not _is_number(self.dropout) or not 0 <= self.dropout < 1:
             raise ConfigError(f"TrainConfig.dropout must be in [0, 1), got {self.dropout!r}")
-        if self.lr is not None and (not _is_number(self.lr) or not self.lr > 0):
-            raise ConfigError(f"TrainConfig.lr must be > 0 (or None for the optimiser's default), got {self.lr!r}")
+        if self.lr is not None and (not _is_number(self.lr) or not 0 < self.lr <= MAX_LEARNING_RATE):
+            raise ConfigError(f"TrainConfig.lr must be > 0 (--lr) and at most {MAX_LEARNING_RATE:g} (or None for the "
+                              f"optimiser's default), got {self.lr!r}")
         if self.checkpoint_minutes is not None and (
                 not _is_number(self.checkpoint_minutes) or not 0 < self.checkpoint_minutes < math.inf):
             raise ConfigError(f"TrainConfig.checkpoint_minutes must be > 0 minutes (or None), "
@@ -454,9 +460,10 @@ class Trainer:
             raise UsageError(f"the output folder {self.out_dir} is a file: give a folder path (--out-dir)")
         found = ckpt.run_files(self.out_dir)
         if found and not overwrite:
+            resumable = latest_checkpoint_step(self.out_dir) is not None
             raise UsageError(f"{self.out_dir} already holds a training run ({_describe_run(self.out_dir, found)}): "
-                             "pass --overwrite (overwrite=True) to replace it, or --resume (resume=True) to "
-                             "continue it")
+                             "pass --overwrite to replace it" + (", or --resume to continue it" if resumable else
+                                                                 " (it has no checkpoint to --resume from)"))
         if found:
             removed = ckpt.remove_run_files(self.out_dir)
             logger.warning("overwrite: removed the previous run from %s (%s)", self.out_dir,
@@ -548,6 +555,12 @@ class Trainer:
                 raise UsageError(f"the output folder {self.out_dir} is a file: give a folder path (--out-dir)")
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if not self.load_checkpoint():
+                orphans = sorted(p.name for p in self.out_dir.iterdir() if ckpt._CKPT_RE.match(p.name))
+                if orphans:
+                    raise CheckpointError(f"{self.out_dir} has checkpoint files ({', '.join(orphans[:4])}"
+                                          f"{', …' if len(orphans) > 4 else ''}) but no checkpoint.json naming them "
+                                          "(deleted or never written): it cannot be told which are complete. Restore "
+                                          "checkpoint.json, or start again with --overwrite")
                 logger.warning("no checkpoint in %s yet: starting from step 0", self.out_dir)
                 (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
                 self._owns_out_dir = True
