@@ -1,4 +1,4 @@
-"""Shared test helpers: locating ``../shared`` beside the repository root."""
+"""Shared test helpers: locating ``../shared`` beside the repository root; a one-thread fixture for tiny models."""
 from __future__ import annotations
 
 import os
@@ -22,3 +22,15 @@ def shared_path(*parts: str) -> Path:
             pytest.fail(msg)
         pytest.skip(msg)
     return path
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's tests with one torch thread: tiny models are several times faster on one thread than on two
+    on a busy 2-core machine, and give the same numbers in every run."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

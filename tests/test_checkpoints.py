@@ -19,24 +19,13 @@ from elmokit import interrupts
 from elmokit.errors import CheckpointError, ConfigError, UsageError
 from elmokit.training import trainer as trainer_module
 from elmokit.training.trainer import TrainConfig, Trainer, latest_checkpoint_step
+from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
 
 # a small character model (the original tests' variant, 1 highway layer, 10 characters a token): ~5 ms a step
-TINY = {
-    "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 2, "cell_clip": None, "proj_clip": None,
-             "use_skip_connections": True},
-    "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 8], [2, 8], [3, 16]], "n_highway": 1,
-                 "n_characters": 261, "max_characters_per_token": 10, "activation": "tanh"},
-}
-WORDS = "the a cat dog sat ran on under mat tree big small red fast slowly quietly".split()
+TINY, WORDS = TINY_TRAIN_OPTIONS, TINY_WORDS
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny models: one thread is several times faster than two on a busy 2-core machine, and the same for every run
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)
@@ -328,7 +317,7 @@ def test_vocabulary_edited_with_an_old_style_manifest_names_the_tensor(corpus, t
     with pytest.raises(CheckpointError) as e:
         Trainer(_cfg(corpus, out, vocab_file=str(vocab))).train(resume=True)
     assert str(out / "ckpt-4.safetensors") in str(e.value)
-    assert f"'softmax.weight' has shape ({n}, 8), this model's has ({n + 1}, 8)" in str(e.value)
+    assert f"'softmax.weight' has shape ({n}, 8), the model's config implies ({n + 1}, 8)" in str(e.value)
 
 
 def test_model_options_changed_before_resume_names_the_first_mismatching_tensor(corpus, tmp_path):

@@ -18,14 +18,9 @@ from safetensors.torch import load_file
 from conftest import REPO_ROOT
 from elmokit.training.checkpoint import KILL_ENV, KILL_POINTS
 from elmokit.training.trainer import latest_checkpoint_step
+from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
 
-TINY = {
-    "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 2, "cell_clip": None, "proj_clip": None,
-             "use_skip_connections": True},
-    "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 8], [2, 8], [3, 16]], "n_highway": 1,
-                 "n_characters": 261, "max_characters_per_token": 10, "activation": "tanh"},
-}
-WORDS = "the a cat dog sat ran on under mat tree big small red fast slowly quietly".split()
+TINY, WORDS = TINY_TRAIN_OPTIONS, TINY_WORDS
 
 # Runs Trainer directly (not the CLI) inside interrupts.handling_signals(), as the CLI's main does. With a pause step,
 # that step waits (inside its deferred block) until a signal has arrived, so the test can send SIGTERM/SIGINT while a

@@ -34,13 +34,7 @@ TINY_CHAR = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny models: one thread is several times faster than two on a busy 2-core machine (and the same for every run)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _train_fixture():

@@ -66,6 +66,7 @@ from ..data.corpus import SentenceBatcher, StreamWindows, TextCorpus
 from ..errors import CheckpointError, ConfigError, ElmoError, MissingFileError, UsageError, WeightsError
 from ..io import atomic_path, atomic_write_text
 from ..vocabulary import Vocabulary
+from ..weights import check_state_fits
 from . import checkpoint as ckpt
 from .lm import BidirectionalLM
 
@@ -422,16 +423,7 @@ class Trainer:
         one that differs (``load_state_dict`` would raise a long torch error listing them all)."""
         advice = ("it was written for another model (options, vocabulary or character vocabulary): resume with the "
                   "options the run was started with (see train_config.json), or start a new run with --overwrite")
-        expected = self.lm.state_dict()
-        for name, tensor in expected.items():
-            if name not in tensors:
-                raise CheckpointError(f"{path} has no tensor {name!r}, which this model needs: {advice}")
-            if tuple(tensors[name].shape) != tuple(tensor.shape):
-                raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, this model's "
-                                      f"has {tuple(tensor.shape)}: {advice}")
-        extra = [n for n in tensors if n not in expected]
-        if extra:
-            raise CheckpointError(f"{path} holds tensor {extra[0]!r}, which this model does not have: {advice}")
+        check_state_fits(self.lm.state_dict(), tensors, str(path), error=CheckpointError, advice=advice)
 
     def _recovery_hint(self) -> str:
         step = self._saved_step if self._saved_step is not None else latest_checkpoint_step(self.out_dir)
