@@ -41,18 +41,19 @@ def tiny_random_bilm(seed: int = 0, *, stateful: bool = False):
     import torch
 
     from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig
+    from elmokit.modules.bilm import StatefulBiLM
 
     config = ElmoConfig(
         char_cnn=CharCNNConfig(filters=[(1, 4), (2, 4), (3, 8)], n_highway=1, embedding_dim=4),
         lstm=LSTMConfig(dim=16, projection_dim=8, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True),
     )
     torch.manual_seed(seed)
-    model = BiLM(config, stateful=stateful).eval()
+    model = BiLM(config).eval()
     with torch.no_grad():  # non-zero biases so that padding mistakes would show
         for p in model.parameters():
             if p.dim() == 1 or (p.dim() == 2 and p.shape[0] == 2):
                 p.uniform_(-0.5, 0.5)
-    return model
+    return StatefulBiLM(model) if stateful else model
 
 
 #: A small character model for training tests (1 highway layer, 10 characters a token): ~5 ms a step.

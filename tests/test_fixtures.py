@@ -51,7 +51,7 @@ def test_options_alone_decide_skip_connections():
     d = shared_path("fixtures", "allennlp-elmo")
     config = ElmoConfig.from_json_file(d / "options.json")
     config.lstm.use_skip_connections = False
-    model = BiLM(config, stateful=True).eval()
+    model = BiLM(config).eval()
     model.load_state_dict(load_original_state(config, d / "lm_weights.hdf5"))
     batch = [fixture_sentences("allennlp-elmo")[k][0].split() for k in range(3)]
     with torch.no_grad():

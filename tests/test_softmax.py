@@ -222,3 +222,45 @@ def test_sampled_nll_gradients_flow():
     loss.backward()
     assert torch.isfinite(h.grad).all() and torch.isfinite(m.weight.grad).all()
     assert m.weight.grad.abs().sum() > 0
+
+
+def test_fused_sampled_logsumexp_equals_composed_ops():
+    """The fused sampled path (float32) gives the composed ops' loss and gradients, with accidental hits present."""
+    from elmokit.modules.softmax import _accidental_hits, _SampledLogSumExp
+
+    torch.manual_seed(3)
+    V, D, N, S = 40, 6, 12, 9
+    h = torch.randn(N, D, requires_grad=True)
+    w = torch.randn(S, D, requires_grad=True)
+    b = torch.randn(S, requires_grad=True)
+    sampled = torch.randperm(V)[:S]
+    targets = torch.cat([sampled[:4], torch.randint(0, V, (N - 4,))])
+    rows, cols = _accidental_hits(targets, sampled, V)
+    hits = targets.unsqueeze(1) == sampled.unsqueeze(0)
+    assert rows.numel() == int(hits.sum()) >= 4
+    assert bool(hits[rows, cols].all())
+    weights = torch.randn(N)
+    fused = _SampledLogSumExp.apply(h, w, b, rows, cols)
+    (fused * weights).sum().backward()
+    grads = [t.grad.clone() for t in (h, w, b)]
+    for t in (h, w, b):
+        t.grad = None
+    logits = (h @ w.t() + b).masked_fill(hits, torch.finfo(torch.float32).min)
+    composed = torch.logsumexp(logits, dim=1)
+    (composed * weights).sum().backward()
+    torch.testing.assert_close(fused, composed, rtol=0, atol=1e-5)
+    for got, t in zip(grads, (h, w, b)):
+        torch.testing.assert_close(got, t.grad, rtol=0, atol=1e-5)
+
+
+def test_fused_sampled_logsumexp_all_hits_row_has_no_gradient():
+    """S = 1 and the only sample is the row's target: the row's loss is a_y alone and no gradient reaches W_s."""
+    from elmokit.modules.softmax import _SampledLogSumExp
+
+    h = torch.randn(1, 3, requires_grad=True)
+    w = torch.randn(1, 3, requires_grad=True)
+    b = torch.zeros(1, requires_grad=True)
+    out = _SampledLogSumExp.apply(h, w, b, torch.tensor([0]), torch.tensor([0]))
+    assert out.detach().item() == torch.finfo(torch.float32).min
+    out.sum().backward()
+    assert float(w.grad.abs().sum()) == 0.0 and float(b.grad.abs().sum()) == 0.0

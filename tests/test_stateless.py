@@ -1,11 +1,14 @@
 """Stateless inference: a sentence's vectors do not depend on its batch, its padding, or earlier calls."""
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elmokit import Elmo, Embedder, batch_to_ids
+from elmokit.errors import InputError
+from elmokit.modules.bilm import StatefulBiLM
 from helpers import fixture_model
 
 MODEL = None
@@ -66,8 +69,9 @@ def test_stateful_rows_outside_batch_keep_state():
     with torch.no_grad():
         model(batch_to_ids([["one", "two"], ["three"]]))
         kept = model._state[1][:, :, 1].clone()
-        model(batch_to_ids([["four"]]))
+        out = model(batch_to_ids([["four"]]))
         assert torch.equal(model._state[1][:, :, 1], kept)
+        assert torch.equal(model._state[1][:, :, :1], out.state[1])
 
 
 def test_elmo_batch_invariance_with_layer_norm_off():
@@ -89,6 +93,61 @@ def test_embedder_runs_a_stateful_model_statelessly_without_changing_it():
     a = embedder.embed_sentence(["The", "bank"])
     b = embedder.embed_sentence(["The", "bank"])
     assert model.stateful is True and torch.equal(model._state[1], carried)
+    assert isinstance(model, StatefulBiLM) and model.bilm.stateful is False
     assert (a == b).all()
     model.reset_states()
     assert abs(a - first[0].numpy()).max() <= 1e-6  # the stateless result = a fresh state's
+
+
+def test_explicit_state_equals_the_stateful_wrapper():
+    """forward(ids, state) returns the state reached; feeding it back reproduces the carried-state wrapper."""
+    stateless = fixture_model("allennlp-elmo")
+    stateful = StatefulBiLM(stateless)
+    first = batch_to_ids([["The", "river", "bank"], ["Money"]])
+    second = batch_to_ids([["was", "flooded", "."], ["talks", "."]])
+    with torch.no_grad():
+        a = stateless(first)
+        b = stateless(second, a.state)
+        fresh = stateless(second)
+        wa, wb = stateful(first), stateful(second)
+    assert a.state[0].shape == (2, 2, 2, 64) and a.state[1].shape == (2, 2, 2, 16)
+    assert torch.equal(a.layers, wa.layers) and torch.equal(b.layers, wb.layers)
+    assert (b.layers - fresh.layers).abs().max() > 1e-3  # the state mattered
+    with torch.no_grad():
+        again = stateless(second)
+    assert torch.equal(again.layers, fresh.layers)  # nothing was kept on the module
+
+
+def test_explicit_state_of_the_wrong_shape_is_refused():
+    model = fixture_model("allennlp-elmo")
+    ids = batch_to_ids([["a", "b"], ["c"]])
+    with torch.no_grad():
+        state = model(ids).state
+        with pytest.raises(InputError, match=r"state must be \(c, h\).*\(2, 2, 1, 64\)"):
+            model(batch_to_ids([["a"]]), state)
+        with pytest.raises(InputError, match="state must be"):
+            model(ids, state[0])
+
+
+def test_one_model_is_safe_from_many_threads():
+    """Eight threads embedding different sentences with one BiLM and one Embedder get what one thread gets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = fixture_model("allennlp-elmo")
+    embedder = Embedder(model)
+    sentences = [[w for w in f"sentence {i} has a river bank number {i % 7} and words".split()][: 3 + i % 8]
+                 for i in range(48)]
+    expected = [embedder.embed_sentence(s) for s in sentences]
+    with torch.no_grad():
+        expected_bilm = [model(batch_to_ids([s])).layers[0] for s in sentences]
+
+    def work(i):
+        with torch.no_grad():
+            direct = model(batch_to_ids([sentences[i]])).layers[0]
+        return i, embedder.embed_sentence(sentences[i]), direct
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(work, [i for _ in range(3) for i in range(len(sentences))]))
+    for i, vectors, direct in results:
+        assert (abs(vectors - expected[i])).max() <= 1e-6
+        assert torch.allclose(direct, expected_bilm[i], atol=1e-6, rtol=0)

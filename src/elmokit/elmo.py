@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from .characters import batch_to_ids
 from .config import ElmoConfig
 from .errors import InputError, UsageError
-from .modules.bilm import BiLM, BiLMOutput, remove_sentence_boundaries
+from .modules.bilm import BiLM, BiLMOutput, StatefulBiLM, remove_sentence_boundaries
 from .modules.scalar_mix import ScalarMix
 
 __all__ = ["Elmo", "TokenVectorCache"]
@@ -49,6 +49,8 @@ class TokenVectorCache(nn.Module):
 
     def __init__(self, bilm: BiLM, words: Sequence[str], *, trainable: bool = False, batch_size: int = 4096) -> None:
         super().__init__()
+        if isinstance(bilm, StatefulBiLM):
+            bilm = bilm.bilm  # the token encoder is context-free
         if not isinstance(bilm, BiLM):
             raise UsageError(f"TokenVectorCache needs a BiLM, got {type(bilm).__name__}")
         if isinstance(words, str) or not isinstance(words, Sequence):
@@ -92,22 +94,21 @@ class TokenVectorCache(nn.Module):
                                     f"{len(self.words)} words (ids 0…{len(self.words) - 1}, 0 = padding)")
         return F.embedding(word_ids.long(), self.vectors), word_ids > 0
 
-    def run(self, bilm: BiLM, char_ids: torch.Tensor | None, word_ids: torch.Tensor, *,
-            keep_sentence_boundaries: bool = False, use_state: bool | None = None) -> BiLMOutput:
-        """Run ``bilm`` on the cached vectors of (B, T) ``word_ids``. When an id is outside the cache and ``char_ids``
-        (B, T, C) are given, they are used instead (AllenNLP's fallback); without them the :class:`InputError`
-        stands."""
+    def run(self, bilm: BiLM | StatefulBiLM, char_ids: torch.Tensor | None, word_ids: torch.Tensor, *,
+            keep_sentence_boundaries: bool = False) -> BiLMOutput:
+        """Run ``bilm`` (a :class:`BiLM`, or a :class:`StatefulBiLM` carrying its state) on the cached vectors of
+        (B, T) ``word_ids``. When an id is outside the cache and ``char_ids`` (B, T, C) are given, they are used
+        instead (AllenNLP's fallback); without them the :class:`InputError` stands."""
         try:
             vectors, mask = self.lookup(word_ids)
         except _OutsideCache as exc:
             if char_ids is None:
                 raise
             logger.info("%s: using the character ids instead", exc)
-            return bilm(char_ids, keep_sentence_boundaries=keep_sentence_boundaries, use_state=use_state)
+            return bilm(char_ids, keep_sentence_boundaries=keep_sentence_boundaries)
         if vectors.dim() != 3:
             raise InputError(f"word_inputs must have shape (B, T), got {tuple(word_ids.shape)}")
-        return bilm.forward_token_vectors(vectors, mask, keep_sentence_boundaries=keep_sentence_boundaries,
-                                          use_state=use_state)
+        return bilm.forward_token_vectors(vectors, mask, keep_sentence_boundaries=keep_sentence_boundaries)
 
 
 class Elmo(nn.Module):
@@ -130,7 +131,8 @@ class Elmo(nn.Module):
             AllenNLP's contract (a ``num_layers`` attribute, ``get_output_dim()``, and ``forward(inputs,
             word_inputs=None)`` returning ``{"activations": [L+1 × (B, T+2, D)], "mask": (B, T+2)}`` with boundaries).
             Give ``options_file=None, weight_file=None`` with it.
-        stateful: carry LSTM state between calls like the original (default ``False``; see :class:`BiLM`).
+        stateful: carry LSTM state between calls like the original (default ``False``): the biLM is wrapped in a
+            :class:`~elmokit.modules.bilm.StatefulBiLM` (a BiLM itself keeps no state; see :class:`BiLM`).
         layer_norm_mask: which positions the layer-norm statistics use: ``"with_boundaries"`` (AllenNLP, default) or
             ``"tokens"`` (bilm-tf, boundaries excluded).
 
@@ -192,7 +194,10 @@ class Elmo(nn.Module):
                 raise UsageError("give options_file=None and weight_file=None with a prebuilt module= / bilm= "
                                  "(its weights are already loaded)")
             if isinstance(given, BiLM):
-                given.stateful = stateful or given.stateful
+                if stateful:
+                    given = StatefulBiLM(given)
+            elif isinstance(given, StatefulBiLM):
+                pass
             elif isinstance(given, nn.Module) and hasattr(given, "num_layers"):
                 if stateful:
                     raise UsageError("stateful=True applies to an elmokit BiLM; a custom module keeps its own state")
@@ -235,6 +240,8 @@ class Elmo(nn.Module):
     @property
     def bilm(self) -> BiLM:
         """The underlying :class:`BiLM`. Raises :class:`UsageError` when a custom (AllenNLP-style) module was given."""
+        if isinstance(self._elmo_lstm, StatefulBiLM):
+            return self._elmo_lstm.bilm
         if not isinstance(self._elmo_lstm, BiLM):
             raise UsageError(f"this Elmo wraps a {type(self._elmo_lstm).__name__}, not an elmokit BiLM")
         return self._elmo_lstm
@@ -251,7 +258,7 @@ class Elmo(nn.Module):
 
     def get_output_dim(self) -> int:
         """2P, the width of each representation."""
-        if isinstance(self._elmo_lstm, BiLM):
+        if isinstance(self._elmo_lstm, (BiLM, StatefulBiLM)):
             return self._elmo_lstm.output_dim
         return int(self._elmo_lstm.get_output_dim())
 
@@ -275,7 +282,7 @@ class Elmo(nn.Module):
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """→ layers (B, L+1, T+2, D) and mask (B, T+2), boundaries included."""
         module = self._elmo_lstm
-        if not isinstance(module, BiLM):
+        if not isinstance(module, (BiLM, StatefulBiLM)):
             out = module(inputs, word_inputs) if word_inputs is not None else module(inputs)
             try:
                 layers, mask = torch.stack(list(out["activations"]), dim=1), out["mask"].bool()
@@ -295,7 +302,7 @@ class Elmo(nn.Module):
         if inputs is not None and not isinstance(inputs, torch.Tensor):
             raise InputError(f"inputs must be a LongTensor (B, T, C) from batch_to_ids, got {type(inputs).__name__}")
         if word_inputs is not None:
-            if self._word_cache is None and isinstance(self._elmo_lstm, BiLM):
+            if self._word_cache is None and isinstance(self._elmo_lstm, (BiLM, StatefulBiLM)):
                 if not self._warned_word_inputs:
                     logger.warning("word_inputs were passed to Elmo, which has no vocab_to_cache: they are ignored")
                     self._warned_word_inputs = True

@@ -13,7 +13,7 @@ from . import interrupts
 from .characters import CharVocabulary, batch_to_ids, validate_sentences
 from .errors import InputError, MissingFileError, UsageError
 from .io import atomic_path
-from .modules.bilm import BiLM
+from .modules.bilm import BiLM, StatefulBiLM
 
 __all__ = ["Embedder"]
 
@@ -48,10 +48,12 @@ def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -
     """
     from .elmo import Elmo
 
-    if isinstance(model, (BiLM, Elmo)):
+    if isinstance(model, (BiLM, StatefulBiLM, Elmo)):
         if weight_file is not None:
             raise UsageError(f"weight_file is only for an options.json path; the {type(model).__name__} given already "
                              "has its weights (did you mean batch_size=...? it is keyword-only)")
+        if isinstance(model, StatefulBiLM):
+            return model.bilm  # the stateless model inside; the wrapper's carried state is left alone
         return model if isinstance(model, BiLM) else model.bilm
     if isinstance(model, (str, os.PathLike)):
         if weight_file is not None:
@@ -79,8 +81,9 @@ class Embedder:
     Args:
         model: a :class:`BiLM`, an :class:`~elmokit.Elmo` (its biLM is used), an ``options.json`` path with
             ``weight_file`` the HDF5 path (AllenNLP's ``ElmoEmbedder(options_file, weight_file)`` habit), or a single
-            model folder / released model name (see :func:`resolve_model`). The model is put in eval mode; a stateful
-            biLM is run statelessly here without changing its setting or carried state.
+            model folder / released model name (see :func:`resolve_model`). The model is put in eval mode; a
+            :class:`~elmokit.modules.bilm.StatefulBiLM` is run through its stateless BiLM (its carried state is left
+            alone). One Embedder (or one BiLM) may be used from several threads at once: nothing is stored per call.
         weight_file: the HDF5 weight file, with an options path as ``model``.
         batch_size: sentences per forward pass (at most).
         device: where to run — ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``, checked by
@@ -148,7 +151,7 @@ class Embedder:
         if not batch:
             return []
         with torch.inference_mode():
-            out = self.bilm(self._ids(batch), use_state=False)
+            out = self.bilm(self._ids(batch))
         layers = out.layers.float().cpu().numpy()
         return [layers[i, :, : len(s)] for i, s in enumerate(batch)]
 

@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Iterator
 
 from .. import interrupts
+from ..allocator import keep_freed_memory
 from ..errors import ElmoError, exit_status
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED"]
@@ -167,6 +168,7 @@ def _run(args: argparse.Namespace) -> int:
     command = args.command
     try:
         with interrupts.handling_signals():
+            keep_freed_memory()  # freed large blocks are reused, not page-faulted in again (see elmokit.allocator)
             status = int(args.func(args) or 0)
             _flush_stdout()
     except BrokenPipeError:  # e.g. `elmokit score ... | head`: the reader left; nothing to report

@@ -12,7 +12,7 @@ from ..errors import InputError
 from .lstm import BiLSTM, LSTMState
 from .token_encoder import TokenEncoder
 
-__all__ = ["BiLM", "BiLMOutput", "add_sentence_boundaries", "remove_sentence_boundaries", "reverse_padded",
+__all__ = ["BiLM", "BiLMOutput", "StatefulBiLM", "add_sentence_boundaries", "remove_sentence_boundaries", "reverse_padded",
            "token_mask"]
 
 
@@ -29,6 +29,9 @@ class BiLMOutput:
         forward_top / backward_top: (B, T', P) top-layer outputs of each direction, with boundaries, in sentence
             order (what an LM head consumes).
         mask_with_boundaries: (B, T') bool.
+        state: the LSTM state (c, h) reached at each row's last position — c (2, L, B, H), h (2, L, B, P), index 0 =
+            forward stack, 1 = backward stack (which has then read the row back to its ``<S>``) — to pass as
+            ``state=`` to the next call for carried-state inference. Detached from the graph when autograd is off.
     """
 
     layers: torch.Tensor
@@ -37,6 +40,7 @@ class BiLMOutput:
     forward_top: torch.Tensor
     backward_top: torch.Tensor
     mask_with_boundaries: torch.Tensor
+    state: LSTMState | None = None
 
 
 def token_mask(char_ids: torch.Tensor) -> torch.Tensor:
@@ -118,12 +122,14 @@ class BiLM(nn.Module):
 
     Args:
         config: architecture (validated here).
-        stateful: carry each batch row's LSTM state into the next call, as the original AllenNLP/bilm-tf inference
-            code does (needed to reproduce their reference outputs). Off by default: then a sentence's vectors do
-            not depend on its batch, padding or earlier calls. See :meth:`reset_states`.
         dropout: dropout on each LSTM layer's input while training (bilm-tf's DropoutWrapper), 0 at inference.
 
-    ``forward(char_ids (B, T, C))`` → :class:`BiLMOutput`. Raises :class:`InputError` for a wrong shape, a C that is
+    The module keeps no state between calls: each call starts from ``state`` (zeros by default), so a sentence's vectors
+    do not depend on its batch, padding or earlier calls, and one model may serve many threads at once. The state a
+    call reaches is returned in :attr:`BiLMOutput.state`; :class:`StatefulBiLM` carries it from call to call as the
+    original AllenNLP/bilm-tf inference code does (needed to reproduce their reference outputs).
+
+    ``forward(char_ids (B, T, C), state=None)`` → :class:`BiLMOutput`. Raises :class:`InputError` for a wrong shape, a C that is
     not ``max_characters_per_token``, ids outside the character table, padding before a row's real tokens, or ids that
     are all of the other character scheme. A position is a real token when any of its C ids is non-zero (AllenNLP's
     rule), so hand-made id rows work as long as real tokens come first in each row.
@@ -131,7 +137,7 @@ class BiLM(nn.Module):
     In the character-vocabulary mode, make the ids with ``batch_to_ids(..., char_vocab=bilm.char_vocab)``.
     """
 
-    def __init__(self, config: ElmoConfig, *, stateful: bool = False, dropout: float = 0.0) -> None:
+    def __init__(self, config: ElmoConfig, *, dropout: float = 0.0) -> None:
         super().__init__()
         config.validate()
         self.config = config
@@ -139,8 +145,6 @@ class BiLM(nn.Module):
         self.bilstm = BiLSTM(config.lstm, dropout=dropout)
         bos, eos = boundary_char_ids(config.char_cnn.max_characters_per_token, config.char_cnn.char_vocab_size)
         self._bos, self._eos = bos, eos
-        self.stateful = stateful
-        self._state: LSTMState | None = None
         #: the character vocabulary of a model trained in the character-vocabulary mode (``config.char_cnn.char_vocab_size``
         #: set); attached by the loaders from ``chars.txt``. ``None`` for the UTF-8 byte scheme.
         self.char_vocab = None
@@ -155,9 +159,14 @@ class BiLM(nn.Module):
         """2P."""
         return 2 * self.config.lstm.projection_dim
 
-    def reset_states(self) -> None:
-        """Forget the carried LSTM state (stateful mode): the next batch starts from zeros."""
-        self._state = None
+    @property
+    def stateful(self) -> bool:
+        """Always ``False``: a :class:`BiLM` keeps no state (wrap it in :class:`StatefulBiLM` to carry it)."""
+        return False
+
+    def zero_state(self, batch_size: int) -> LSTMState:
+        """All-zero (c, h) for ``batch_size`` rows: c (2, L, B, H), h (2, L, B, P) on the model's device and dtype."""
+        return self.bilstm.zero_state(batch_size)
 
     def check_char_ids(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Validate a (B, T, C) id tensor and return its (B, T) token mask (see :func:`token_mask`).
@@ -198,17 +207,23 @@ class BiLM(nn.Module):
                                      f"its begin-of-word id {other.bow_char}); this model's ids come from {scheme}")
         return mask
 
-    def forward(self, char_ids: torch.Tensor, *, keep_sentence_boundaries: bool = False,
-                add_boundaries: bool = True, use_state: bool | None = None) -> BiLMOutput:
+    def forward(self, char_ids: torch.Tensor, state: LSTMState | None = None, *,
+                keep_sentence_boundaries: bool = False, add_boundaries: bool = True) -> BiLMOutput:
         """Compute all L+1 layer representations.
 
         Args:
             char_ids: (B, T, C) long from :func:`elmokit.batch_to_ids` (0 = padding).
+            state: the LSTM state to start each row from, (c, h) with c (2, L, B, H) and h (2, L, B, P) (a previous
+                call's :attr:`BiLMOutput.state`); ``None`` = zeros (stateless, the default).
             keep_sentence_boundaries: keep the ``<S>``/``</S>`` positions in ``layers`` and ``mask``.
             add_boundaries: wrap rows in ``<S> … </S>`` (default). ``False`` runs on ``char_ids`` as given (it must
                 already contain boundaries if wanted, e.g. in LM training windows).
-            use_state: carry LSTM state for this call (``None`` = :attr:`stateful`); ``False`` runs statelessly
-                without touching the carried state (what :class:`~elmokit.Embedder` does).
+
+        Returns:
+            :class:`BiLMOutput`, its ``state`` the (c, h) reached.
+
+        Raises:
+            InputError: bad ``char_ids`` (see :meth:`check_char_ids`) or a ``state`` of the wrong shape.
         """
         mask = self.check_char_ids(char_ids)
         char_ids = char_ids.long()
@@ -217,8 +232,7 @@ class BiLM(nn.Module):
         else:
             ids = char_ids
         tokens = self.token_encoder(ids)  # (B, T', P)
-        return self._contextualise(tokens, mask, strip=add_boundaries and not keep_sentence_boundaries,
-                                   use_state=use_state)
+        return self._contextualise(tokens, mask, strip=add_boundaries and not keep_sentence_boundaries, state=state)
 
     def boundary_vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``<S>`` and ``</S>`` token vectors, each (P,) (the token encoder applied to the boundary rows)."""
@@ -227,17 +241,18 @@ class BiLM(nn.Module):
         vectors = self.token_encoder.encode_unique(rows)
         return vectors[0], vectors[1]
 
-    def forward_token_vectors(self, token_vectors: torch.Tensor, mask: torch.Tensor, *,
-                              keep_sentence_boundaries: bool = False, use_state: bool | None = None) -> BiLMOutput:
+    def forward_token_vectors(self, token_vectors: torch.Tensor, mask: torch.Tensor, state: LSTMState | None = None,
+                              *, keep_sentence_boundaries: bool = False) -> BiLMOutput:
         """Like :meth:`forward`, from precomputed layer-0 token vectors instead of character ids (AllenNLP's cached
         char-CNN path, ``vocab_to_cache``): the ``<S>``/``</S>`` vectors are added here, then both LSTM stacks run.
 
         Args:
             token_vectors: (B, T, P) float, as :meth:`TokenEncoder.forward` gives (values at padding are ignored).
             mask: (B, T) bool, True = real token; real tokens first in each row.
+            state: as in :meth:`forward`.
 
         Raises:
-            InputError: wrong shapes or dtypes, or padding before a row's last real token.
+            InputError: wrong shapes or dtypes, padding before a row's last real token, or a bad ``state``.
         """
         p = self.config.lstm.projection_dim
         if not isinstance(token_vectors, torch.Tensor) or token_vectors.dim() != 3 or token_vectors.shape[-1] != p:
@@ -259,17 +274,28 @@ class BiLM(nn.Module):
         tokens[:, 0] = bos.to(token_vectors.dtype)
         tokens[torch.arange(b, device=tokens.device), lengths + 1] = eos.to(token_vectors.dtype)
         new_mask = torch.arange(t + 2, device=mask.device).unsqueeze(0) < (lengths + 2).unsqueeze(1)
-        return self._contextualise(tokens, new_mask, strip=not keep_sentence_boundaries, use_state=use_state)
+        return self._contextualise(tokens, new_mask, strip=not keep_sentence_boundaries, state=state)
+
+    def check_state(self, state: LSTMState, batch_size: int) -> None:
+        """Raise :class:`InputError` unless ``state`` is (c (2, L, B, H), h (2, L, B, P)) float tensors, B = batch_size."""
+        cfg = self.config.lstm
+        want = ((2, cfg.n_layers, batch_size, cfg.dim), (2, cfg.n_layers, batch_size, cfg.projection_dim))
+        ok = (isinstance(state, (tuple, list)) and len(state) == 2
+              and all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in state))
+        if not ok or tuple(state[0].shape) != want[0] or tuple(state[1].shape) != want[1]:
+            got = (tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in state)
+                   if isinstance(state, (tuple, list)) else type(state).__name__)
+            raise InputError(f"state must be (c, h) float tensors of shapes {want[0]} and {want[1]} "
+                             f"(2 directions, L layers, B rows), got {got}")
 
     def _contextualise(self, tokens: torch.Tensor, mask: torch.Tensor, *, strip: bool,
-                       use_state: bool | None) -> BiLMOutput:
-        stateful = self.stateful if use_state is None else bool(use_state)
+                       state: LSTMState | None) -> BiLMOutput:
         b = tokens.shape[0]
         lengths = mask.sum(1)
-        initial = self._initial_state(b, tokens) if stateful else None
-        layer_outputs, final_state = self.run_lstm(tokens, lengths, initial)
-        if stateful:
-            self._store_state(final_state, b)
+        if state is not None:
+            self.check_state(state, b)
+            state = (state[0].to(tokens.dtype), state[1].to(tokens.dtype))
+        layer_outputs, final_state = self.run_lstm(tokens, lengths, state)
         m = mask.unsqueeze(-1).to(tokens.dtype)
         layers = [torch.cat([tokens, tokens], dim=-1) * m]
         layers.extend(torch.cat([fwd, bwd], dim=-1) for fwd, bwd in layer_outputs)
@@ -279,7 +305,7 @@ class BiLM(nn.Module):
             out_layers, out_mask = remove_sentence_boundaries(stacked, mask)
         else:
             out_layers, out_mask = stacked, mask
-        return BiLMOutput(out_layers, out_mask, tokens, fwd_top, bwd_top, mask)
+        return BiLMOutput(out_layers, out_mask, tokens, fwd_top, bwd_top, mask, final_state)
 
     def run_lstm(self, tokens: torch.Tensor, lengths: torch.Tensor, initial_state: LSTMState | None = None,
                  ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], LSTMState]:
@@ -320,20 +346,76 @@ class BiLM(nn.Module):
         result = [(out[0].index_select(0, inverse), out[1].index_select(0, inverse)) for out in outputs]
         return result, (c.index_select(2, inverse), h.index_select(2, inverse))
 
-    # ------------------------------------------------------------------ stateful mode
-    def _initial_state(self, batch_size: int, like: torch.Tensor) -> LSTMState:
+
+
+class StatefulBiLM(nn.Module):
+    """A :class:`BiLM` that carries each batch row's LSTM state into the next call: AllenNLP's ``_ElmoBiLm`` /
+    bilm-tf's inference behaviour, needed to reproduce their reference outputs.
+
+    Row ``i`` of a call starts from the state row ``i`` reached in the last call that had a row ``i`` (zeros at
+    first); a batch larger than any before adds zero rows, and rows beyond a smaller batch keep theirs. The state is
+    per wrapper: do not share one wrapper between threads (the :class:`BiLM` inside may be shared freely).
+
+    Args:
+        bilm: the stateless model; its parameters are this module's (``stateful.bilm``).
+
+    ``forward(char_ids, *, keep_sentence_boundaries=False, add_boundaries=True)`` and ``forward_token_vectors(...)``
+    as :class:`BiLM`, without ``state``. Source: AllenNLP ``_EncoderBase._update_states``.
+    """
+
+    def __init__(self, bilm: BiLM) -> None:
+        super().__init__()
+        if not isinstance(bilm, BiLM):
+            raise InputError(f"StatefulBiLM wraps an elmokit BiLM, got {type(bilm).__name__}")
+        self.bilm = bilm
+        self._state: LSTMState | None = None
+
+    stateful = True
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in ("bilm", "_state"):
+                raise
+            return getattr(self._modules["bilm"], name)  # config, num_layers, token_encoder, char_vocab, ...
+
+    def reset_states(self) -> None:
+        """Forget the carried state: the next call starts from zeros."""
+        self._state = None
+
+    def forward(self, char_ids: torch.Tensor, *, keep_sentence_boundaries: bool = False,
+                add_boundaries: bool = True) -> BiLMOutput:
+        """As :meth:`BiLM.forward`, starting from (and then keeping) the carried state."""
+        b = char_ids.shape[0] if isinstance(char_ids, torch.Tensor) and char_ids.dim() == 3 else 0
+        out = self.bilm(char_ids, self._initial_state(b), keep_sentence_boundaries=keep_sentence_boundaries,
+                        add_boundaries=add_boundaries)
+        self._store_state(out.state)
+        return out
+
+    def forward_token_vectors(self, token_vectors: torch.Tensor, mask: torch.Tensor, *,
+                              keep_sentence_boundaries: bool = False) -> BiLMOutput:
+        """As :meth:`BiLM.forward_token_vectors`, starting from (and then keeping) the carried state."""
+        b = token_vectors.shape[0] if isinstance(token_vectors, torch.Tensor) and token_vectors.dim() == 3 else 0
+        out = self.bilm.forward_token_vectors(token_vectors, mask, self._initial_state(b),
+                                              keep_sentence_boundaries=keep_sentence_boundaries)
+        self._store_state(out.state)
+        return out
+
+    def _initial_state(self, batch_size: int) -> LSTMState:
         if self._state is None:
-            self._state = self.bilstm.zero_state(batch_size, like.device, like.dtype)
+            self._state = self.bilm.zero_state(batch_size)
         c, h = self._state
         if c.shape[2] < batch_size:  # grow: new rows start from zeros
-            zc, zh = self.bilstm.zero_state(batch_size - c.shape[2], like.device, like.dtype)
-            c, h = torch.cat([c, zc], 2), torch.cat([h, zh], 2)
+            zc, zh = self.bilm.zero_state(batch_size - c.shape[2])
+            c, h = torch.cat([c, zc.to(c)], 2), torch.cat([h, zh.to(h)], 2)
             self._state = (c, h)
         return c[:, :, :batch_size], h[:, :, :batch_size]
 
-    def _store_state(self, final_state: LSTMState, batch_size: int) -> None:
+    def _store_state(self, final_state: LSTMState) -> None:
         c, h = self._state
+        b = final_state[0].shape[2]
         c, h = c.clone(), h.clone()
-        c[:, :, :batch_size] = final_state[0].detach()
-        h[:, :, :batch_size] = final_state[1].detach()
+        c[:, :, :b] = final_state[0].detach()
+        h[:, :, :b] = final_state[1].detach()
         self._state = (c, h)  # rows outside this batch keep theirs

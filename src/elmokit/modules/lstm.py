@@ -142,8 +142,10 @@ class BiLSTM(nn.Module):
         w_hh = self.weight_hh[k]
         w_proj = self.weight_proj[k]
         # Input contribution for all real positions at once, with the forget bias 1.0 folded in: (2, N, 4H)
+        # The bias enters as one more input column ((x | 1) · (W_ih ; b)): no separate pass broadcasting it over xw.
         bias = self.bias[k] + self._forget_bias(hd, self.bias[k])
-        xw = torch.baddbmm(bias.unsqueeze(1), x, self.weight_ih[k])
+        x1 = torch.cat([x, x.new_ones(x.shape[0], x.shape[1], 1)], dim=2)  # (2, N, P + 1)
+        xw = torch.bmm(x1, torch.cat([self.weight_ih[k], bias.unsqueeze(1)], dim=1))
         # without autograd the gate math runs in place on z (fewer passes over (2, n, 4H) per step)
         in_place = not (torch.is_grad_enabled() and any(
             v.requires_grad for v in (xw, c, h, w_hh, w_proj)))

@@ -24,7 +24,7 @@ from ..characters import CharVocabulary
 from ..config import ElmoConfig
 from ..errors import MissingFileError, UsageError, WeightsError
 from ..io import atomic_path
-from ..modules.bilm import BiLM
+from ..modules.bilm import BiLM, StatefulBiLM
 from . import load_state_checked
 
 __all__ = ["save_pretrained", "load_native", "load_pretrained_bilm", "cache_dir", "download", "RELEASED",
@@ -125,7 +125,7 @@ def save_pretrained(model: BiLM, out_dir: str | os.PathLike, *, vocab_lines: lis
     return out_dir
 
 
-def load_native(path: str | os.PathLike, **bilm_kwargs) -> BiLM:
+def load_native(path: str | os.PathLike, *, stateful: bool = False, **bilm_kwargs) -> BiLM:
     """Load a native-format directory. Extra tensors (``softmax.*``) are ignored here. A character-vocabulary model's
     ``chars.txt`` is attached as ``model.char_vocab``.
 
@@ -161,7 +161,7 @@ def load_native(path: str | os.PathLike, **bilm_kwargs) -> BiLM:
         if model.char_vocab.vocab_size != config.char_cnn.char_vocab_size:
             raise WeightsError(f"{chars} gives {model.char_vocab.vocab_size} character ids but config.json says "
                                f"char_vocab_size={config.char_cnn.char_vocab_size}")
-    return model
+    return StatefulBiLM(model) if stateful else model
 
 
 def _original_pair(directory: Path) -> tuple[Path, Path]:

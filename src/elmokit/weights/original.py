@@ -19,7 +19,7 @@ import torch
 from ..config import ElmoConfig
 from ..errors import ConfigError, MissingFileError, WeightsError
 from ..io import atomic_path
-from ..modules.bilm import BiLM
+from ..modules.bilm import BiLM, StatefulBiLM
 from . import load_state_checked
 
 __all__ = ["load_original", "load_original_state", "export_original", "conversion_table", "Entry"]
@@ -173,14 +173,16 @@ def load_original_state(config: ElmoConfig, weight_file: str | os.PathLike) -> d
     return state
 
 
-def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLike, **bilm_kwargs) -> BiLM:
+def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLike, *, stateful: bool = False,
+                  **bilm_kwargs) -> BiLM:
     """Build a :class:`BiLM` from an original ``options.json`` + HDF5 pair (``bilm_kwargs`` go to BiLM, e.g.
-    ``stateful=True``). Raises as :func:`load_original_state` and :meth:`ElmoConfig.from_json_file`."""
+    ``dropout``); ``stateful=True`` returns it wrapped in :class:`~elmokit.modules.bilm.StatefulBiLM` (the original's
+    carried-state inference). Raises as :func:`load_original_state` and :meth:`ElmoConfig.from_json_file`."""
     config = ElmoConfig.from_json_file(options_file)
     model = BiLM(config, **bilm_kwargs)
     state = load_original_state(config, weight_file)
     load_state_checked(model, state, str(weight_file))
-    return model
+    return StatefulBiLM(model) if stateful else model
 
 
 def export_original(model: BiLM, out_dir: str | os.PathLike, *, options_name: str = "options.json",
