@@ -86,3 +86,24 @@ def test_lstm_step_equals_cell_equations_in_place_and_with_autograd():
     xr = x.clone().requires_grad_(True)
     _reference_layer(lstm, 0, xr, lengths).sum().backward()
     assert torch.allclose(xg.grad, xr.grad, atol=1e-5)
+
+
+def test_fused_highway_equals_two_linears_and_follows_weight_changes():
+    """Inference runs each highway layer as one cached (F, 2F) GEMM; it equals the autograd path and is remade when a
+    weight changes in place (load_state_dict, an optimiser step)."""
+    from elmokit.modules.highway import Highway
+
+    torch.manual_seed(0)
+    hw = Highway(16, 2)
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        fused = hw(x)
+    reference = hw(x.requires_grad_(True)).detach()  # the nn.Linear path (autograd on)
+    assert torch.allclose(fused, reference, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        hw.gates[1].weight.mul_(-2.0)
+        changed = hw(x)
+    assert not torch.allclose(changed, fused, atol=1e-3)
+    assert torch.allclose(changed, hw(x).detach(), atol=1e-6, rtol=0)
+    with torch.no_grad():  # 3-D input keeps its shape
+        assert torch.allclose(hw(x.detach().view(5, 1, 16)).view(5, 16), changed, atol=1e-6, rtol=0)
