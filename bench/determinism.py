@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from elmokit.io import atomic_write_text
 from elmokit.quickstart import load_lee_corpus, quickstart_config
-from elmokit.training.trainer import TrainConfig, Trainer
+from elmokit.pretraining.trainer import TrainConfig, Trainer
 
 
 def main() -> None:

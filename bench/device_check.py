@@ -22,7 +22,7 @@ import torch
 
 from elmokit import Embedder, PRESETS, batch_to_ids
 from elmokit.modules.bilm import BiLM
-from elmokit.training.trainer import TrainConfig, Trainer
+from elmokit.pretraining.trainer import TrainConfig, Trainer
 
 
 def zipf_corpus(n_sentences: int, vocab_size: int = 5000, seed: int = 0) -> list[list[str]]:

@@ -70,7 +70,7 @@ def main() -> None:
         return
     from elmokit import PRESETS, batch_to_ids
     from elmokit.modules.bilm import BiLM
-    from elmokit.training.trainer import TrainConfig, Trainer
+    from elmokit.pretraining.trainer import TrainConfig, Trainer
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -1,6 +1,6 @@
 """Training speed: this tree's trainer vs the landed code at the start of the speed issue, one run, same machine.
 
-Two workloads, each through ``elmokit.training.trainer.Trainer`` — the code ``elmokit train`` runs — in a child
+Two workloads, each through the trainer — the code ``elmokit train`` runs — in a child
 process per code version (so that each imports its own ``elmokit`` and its peak RSS is its own):
 
 * **bilm-tf's settings**: the "small" configuration, stream windows, batch 128 × 20 unroll steps, 8,192 sampled
@@ -11,7 +11,9 @@ process per code version (so that each imports its own ``elmokit`` and its peak 
 * **the quickstart's settings** (``elmokit quickstart``: LSTM 512/128, 32 sentences a step, full softmax, Adam):
   steps per minute.
 
-Each child trains ``--warmup`` steps, then times the next ones as the quickstart times its budget (the trainer's
+Each child trains ``--warmup`` steps, then times the next ones: in this tree by calling the trainer's own
+``train_step`` (what ``Trainer.train`` runs each step) on ``next_batch()``; in a reference tree from before
+``elmokit.pretraining`` existed, as the quickstart times its budget there (``elmokit.training.trainer``'s
 ``loop_seconds``: the training steps alone, no checkpoint or model saving). The reference code is a git worktree
 of ``--reference`` (default ``07aab1b``, main at the start of the speed issue), made in a temporary folder.
 
@@ -28,6 +30,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +44,13 @@ def child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     from elmokit.config import PRESETS
-    from elmokit.training.trainer import TrainConfig, Trainer
+
+    try:  # this tree
+        from elmokit.pretraining.trainer import TrainConfig, build_trainer
+    except ImportError:  # a reference tree from before the package was named pretraining
+        from elmokit.training.trainer import TrainConfig, Trainer
+
+        build_trainer = None
 
     out = Path(args.work) / "run"
     if args.workload == "bilm-tf":
@@ -61,12 +70,24 @@ def child(args: argparse.Namespace) -> None:
                              optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0, seed=0,
                              max_steps=args.warmup + args.steps, checkpoint_every=10_000, log_every=1,
                              progress=False, device="cpu")
-    # as the quickstart times its budget: train the warm-up steps, then time the next ones (loop only, no saving)
-    trainer = Trainer(config)
-    trainer.config.max_steps = args.warmup
-    trainer.train()
-    trainer.config.max_steps = args.warmup + args.steps
-    seconds = trainer.train(resume=True)["loop_seconds"]
+    if build_trainer is not None:
+        # the step the training loop runs: draw the step's batch, train_step (forward, backward, clip, update)
+        trainer = build_trainer(config)
+        trainer.lm.train()
+        torch.use_deterministic_algorithms(config.deterministic, warn_only=True)  # as the loop runs its steps
+        for _ in range(args.warmup):
+            trainer.train_step(trainer.next_batch())
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            trainer.train_step(trainer.next_batch())
+        seconds = time.perf_counter() - start
+    else:
+        # as the quickstart times its budget: train the warm-up steps, then time the next ones (loop only)
+        trainer = Trainer(config)
+        trainer.config.max_steps = args.warmup
+        trainer.train()
+        trainer.config.max_steps = args.warmup + args.steps
+        seconds = trainer.train(resume=True)["loop_seconds"]
     result = {"seconds_per_step": seconds / args.steps, "steps_per_minute": 60 * args.steps / seconds}
     if args.workload == "bilm-tf":
         result["tokens_per_s"] = args.steps * 128 * 20 / seconds

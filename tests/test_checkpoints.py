@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 from elmokit import interrupts
 from elmokit.errors import CheckpointError, ConfigError, UsageError
-from elmokit.training import trainer as trainer_module
-from elmokit.training.trainer import TrainConfig, Trainer, latest_checkpoint_step
+from elmokit.pretraining import trainer as trainer_module
+from elmokit.pretraining.trainer import TrainConfig, Trainer, latest_checkpoint_step
 from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
 
 # a small character model (the original tests' variant, 1 highway layer, 10 characters a token): ~5 ms a step
@@ -345,7 +345,7 @@ def test_optimizer_changed_before_resume_is_named(corpus, tmp_path):
 def test_ctrl_c_between_steps_leaves_a_checkpoint_at_the_interrupt(corpus, reference, tmp_path, monkeypatch,
                                                                    caplog, every):
     # before: interrupted before its first periodic checkpoint, a run resumed from step 0
-    real = Trainer._step_nll
+    real = Trainer.train_step
 
     def step_then_ctrl_c(self, batch):
         out = real(self, batch)
@@ -353,7 +353,7 @@ def test_ctrl_c_between_steps_leaves_a_checkpoint_at_the_interrupt(corpus, refer
             os.kill(os.getpid(), signal.SIGINT)  # arrives in the middle of step 7, which is deferred
         return out
 
-    monkeypatch.setattr(Trainer, "_step_nll", step_then_ctrl_c)
+    monkeypatch.setattr(Trainer, "train_step", step_then_ctrl_c)
     with interrupts.handling_signals(), caplog.at_level(logging.WARNING), pytest.raises(KeyboardInterrupt):
         Trainer(_cfg(corpus, tmp_path, checkpoint_every=every)).train()
     assert _manifest(tmp_path)["step"] == 7 and latest_checkpoint_step(tmp_path) == 7
@@ -361,13 +361,13 @@ def test_ctrl_c_between_steps_leaves_a_checkpoint_at_the_interrupt(corpus, refer
     assert any("SIGINT: stopped after step 7, checkpoint written" in r.getMessage() for r in caplog.records)
     assert not (tmp_path / "model").exists()
     interrupts.clear()
-    monkeypatch.setattr(Trainer, "_step_nll", real)
+    monkeypatch.setattr(Trainer, "train_step", real)
     Trainer(_cfg(corpus, tmp_path, checkpoint_every=every)).train(resume=True)
     _assert_same_run(tmp_path, reference)
 
 
 def test_ctrl_c_during_a_periodic_checkpoint_write_lands_after_it(corpus, tmp_path, monkeypatch):
-    from elmokit.training import checkpoint as ckpt
+    from elmokit.pretraining import checkpoint as ckpt
 
     real = ckpt.write_checkpoint
 
@@ -384,20 +384,20 @@ def test_ctrl_c_during_a_periodic_checkpoint_write_lands_after_it(corpus, tmp_pa
 
 def test_interrupt_in_the_middle_of_a_step_saves_nothing(corpus, reference, tmp_path, monkeypatch, caplog):
     # without interrupts.handling_signals() a KeyboardInterrupt lands anywhere: a cut step is never checkpointed
-    real = Trainer._step_nll
+    real = Trainer.train_step
 
     def cut(self, batch):
-        if self.step == 7:
+        if self.step == 6:  # during step 7, before its update
             raise KeyboardInterrupt
         return real(self, batch)
 
-    monkeypatch.setattr(Trainer, "_step_nll", cut)
+    monkeypatch.setattr(Trainer, "train_step", cut)
     with caplog.at_level(logging.WARNING), pytest.raises(KeyboardInterrupt):
         Trainer(_cfg(corpus, tmp_path)).train()
     assert _manifest(tmp_path)["step"] == 4
     assert any("in the middle of a step: nothing saved" in r.getMessage() and "step 4" in r.getMessage()
                for r in caplog.records)
-    monkeypatch.setattr(Trainer, "_step_nll", real)
+    monkeypatch.setattr(Trainer, "train_step", real)
     Trainer(_cfg(corpus, tmp_path)).train(resume=True)
     _assert_same_run(tmp_path, reference)
 
@@ -405,13 +405,13 @@ def test_interrupt_in_the_middle_of_a_step_saves_nothing(corpus, reference, tmp_
 def test_checkpoint_minutes_writes_by_time_too(corpus, tmp_path, monkeypatch):
     clock = {"t": 0.0}
     monkeypatch.setattr(trainer_module, "_clock", lambda: clock["t"])
-    real = Trainer._step_nll
+    real = Trainer.train_step
 
     def step_of_40_seconds(self, batch):
         clock["t"] += 40.0
         return real(self, batch)
 
-    monkeypatch.setattr(Trainer, "_step_nll", step_of_40_seconds)
+    monkeypatch.setattr(Trainer, "train_step", step_of_40_seconds)
     Trainer(_cfg(corpus, tmp_path, max_steps=7, checkpoint_every=1000, checkpoint_minutes=1.0,
                  keep_checkpoints=10)).train()
     # 60 s passed after steps 2 (80 s), 4 (80 s since the last), 6; and the final one at 7

@@ -314,3 +314,113 @@ def test_stream_windows_options_validated(shards):
     w = StreamWindows(TextCorpus(shards), 2, 3)
     with pytest.raises(UsageError, match="unroll_steps"):
         StreamWindows(TextCorpus(shards), 2, 4).load_state_dict(w.state_dict())
+
+
+# ---------------------------------------------------------------------------------------------- data parts
+def _lines_of(corpus: TextCorpus) -> list[tuple[str, ...]]:
+    return [tuple(s) for s in corpus.sentences(0)]
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5])
+def test_parts_hold_every_line_exactly_once(shards, parts):
+    whole = Counter(_lines_of(TextCorpus(shards)))
+    pieces = [TextCorpus(shards, part=k, parts=parts) for k in range(parts)]
+    got = Counter()
+    for piece in pieces:
+        got.update(_lines_of(piece))
+    assert got == whole  # each line in exactly one part, none cut in two
+    assert all(_lines_of(p) for p in pieces)  # 18 lines in 3 files: every part has some
+    # each part reads its own byte range of each file: the ranges tile every file
+    for i, path in enumerate(pieces[0].files):
+        ranges = [p._ranges[i] for p in pieces]
+        assert ranges[0][0] == 0 and ranges[-1][1] == path.stat().st_size
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        data = path.read_bytes()
+        assert all(start == 0 or data[start - 1:start] == b"\n" for start, _ in ranges)  # ranges start lines
+
+
+def test_a_part_reads_only_its_bytes(tmp_path, monkeypatch):
+    # the point of parts: a process never reads the other parts' text
+    path = _write(tmp_path / "big.txt", "".join(f"line{i:03d} a b c\n" for i in range(400)))  # 14 bytes a line
+    part = TextCorpus(str(path), part=2, parts=4)
+    start, end = part._ranges[0]
+    consumed = {"bytes": 0}
+    real_open = open
+
+    class Counting:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def seek(self, pos):
+            return self.fh.seek(pos)
+
+        def __iter__(self):
+            for line in self.fh:
+                consumed["bytes"] += len(line)
+                yield line
+
+    monkeypatch.setattr("builtins.open", lambda *a, **k: Counting(real_open(*a, **k)))
+    lines = _lines_of(part)
+    monkeypatch.undo()
+    assert lines[0] == ("line200", "a", "b", "c") and len(lines) == 100
+    # what it read: its own range and at most one line more (the one that tells it the range ended)
+    assert end - start <= consumed["bytes"] <= end - start + len("line300 a b c\n")
+
+
+def test_more_parts_than_lines_is_a_clear_error(tmp_path):
+    path = _write(tmp_path / "two.txt", "a b\nc d\n")
+    assert _lines_of(TextCorpus(str(path), part=1, parts=2)) == [("c", "d")]
+    # 2 lines, 3 parts: the first two parts take a line each, the third holds no byte of the file
+    assert [_lines_of(TextCorpus(str(path), part=k, parts=3)) for k in (0, 1)] == [[("a", "b")], [("c", "d")]]
+    with pytest.raises(DataError, match=r"part 3 of 3 .* fewer lines than the 3 data parts"):
+        TextCorpus(str(path), part=2, parts=3)
+    for part, parts in ((2, 2), (-1, 2), (0, 0)):
+        with pytest.raises(UsageError):
+            TextCorpus(str(path), part=part, parts=parts)
+
+
+def test_part_errors_name_the_files_line_and_bom_only_at_the_start(tmp_path):
+    good = "".join(f"w{i} x\n" for i in range(40)).encode()
+    path = _write(tmp_path / "bad.txt", b"\xef\xbb\xbf" + good + good + b"bad \xff here\n" + good)
+    first, second = (TextCorpus(str(path), part=k, parts=2) for k in (0, 1))
+    assert first._ranges[0][1] < 3 + 2 * len(good) < second._ranges[0][1]  # the bad line (81) is in the second part
+    lines = _lines_of(first)
+    assert lines[0] == ("w0", "x") and len(lines) < 80  # the BOM is not part of the first token
+    # the second part reads from the middle of the file, and still names the line by its number in the file
+    with pytest.raises(CorpusDecodeError, match=r"bad\.txt:81: invalid UTF-8"):
+        _lines_of(second)
+    with pytest.raises(CorpusDecodeError, match=r"bad\.txt:81: invalid UTF-8"):
+        _lines_of(TextCorpus(str(path)))
+
+
+def test_parts_shuffle_apart_and_resume_exactly(shards):
+    a = TextCorpus(shards, shuffle=True, seed=3, part=0, parts=2)
+    b = TextCorpus(shards, shuffle=True, seed=3, part=1, parts=2)
+    assert a.shard_order(1) != b.shard_order(1) or _lines_of(a) != _lines_of(b)
+    assert a.fingerprint()["part"] == 0 and "part" not in TextCorpus(shards).fingerprint()
+    # a part's batcher resumes exactly, and refuses the position of another part
+    batcher = SentenceBatcher(a, 2, num_epochs=3, bucket_by_length=True)
+    for _ in range(4):
+        next(batcher)
+    state = json.loads(json.dumps(batcher.state_dict()))
+    rest = list(batcher)
+    again = SentenceBatcher(TextCorpus(shards, shuffle=True, seed=3, part=0, parts=2), 2, num_epochs=3,
+                            bucket_by_length=True)
+    again.load_state_dict(state)
+    assert list(again) == rest
+    other = SentenceBatcher(b, 2, num_epochs=3, bucket_by_length=True)
+    with pytest.raises(UsageError, match="part"):
+        other.load_state_dict(state)
+
+
+def test_one_part_is_the_whole_corpus_in_its_old_order(shards):
+    assert TextCorpus(shards, shuffle=True, seed=1, part=0, parts=1).shard_order(2) == \
+        TextCorpus(shards, shuffle=True, seed=1).shard_order(2)
+    assert _lines_of(TextCorpus(shards, shuffle=True, seed=1, parts=1)) == _lines_of(TextCorpus(shards, shuffle=True,
+                                                                                                 seed=1))

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO_ROOT
-from elmokit.training.checkpoint import KILL_ENV, KILL_POINTS
-from elmokit.training.trainer import latest_checkpoint_step
+from elmokit.pretraining.checkpoint import KILL_ENV, KILL_POINTS
+from elmokit.pretraining.trainer import latest_checkpoint_step
 from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
 
 TINY, WORDS = TINY_TRAIN_OPTIONS, TINY_WORDS
@@ -32,11 +32,11 @@ import torch
 torch.set_num_threads(1)
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 from elmokit import interrupts
-from elmokit.training.trainer import TrainConfig, Trainer
+from elmokit.pretraining.trainer import TrainConfig, Trainer
 
 config, resume, pause_step, ready = json.loads(sys.argv[1]), sys.argv[2] == "resume", int(sys.argv[3]), sys.argv[4]
 if pause_step:
-    real = Trainer._step_nll
+    real = Trainer.train_step
     def step(self, batch):
         out = real(self, batch)
         if self.step == pause_step:
@@ -46,7 +46,7 @@ if pause_step:
                     break
                 time.sleep(0.01)
         return out
-    Trainer._step_nll = step
+    Trainer.train_step = step
 with interrupts.handling_signals():
     summary = Trainer(TrainConfig(**config)).train(resume=resume)
 print(json.dumps({"steps": summary["steps"]}))

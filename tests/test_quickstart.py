@@ -11,7 +11,7 @@ from elmokit.cli import main as cli_main
 from elmokit.errors import UsageError
 from elmokit.quickstart import (BANK_SENTENCES, SEPARATION_MARGIN, _print_bank, bank_similarities, load_lee_corpus,
                                 prepare_out_dir, tokenize)
-from elmokit.training.trainer import load_lm
+from elmokit.pretraining.trainer import load_lm
 
 
 def test_tokenize_sentences_and_punctuation():
@@ -130,6 +130,10 @@ def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
     printed = capsys.readouterr().out
     result = json.loads((tmp_path / "quickstart.json").read_text())
     assert result["steps"] == 8
+    # the held-out split is the run's held-out text: its curve is drawn beside the training curve
+    assert json.loads((tmp_path / "train" / "train_config.json").read_text())["valid_files"] == [
+        str(tmp_path / "heldout.txt")]
+    assert (tmp_path / "train" / "best" / "best.json").is_file()
     assert "unigram baseline (add-one, same vocabulary of" in printed and "(top)" in printed
     # the unigram figure is the add-one model over the saved vocabulary, recomputed here independently
     lm = load_lm(result["model_dir"])
@@ -159,4 +163,10 @@ def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
     assert "held an earlier quickstart run; it is replaced" in printed
     assert json.loads((tmp_path / "quickstart.json").read_text())["steps"] == 2
     assert (tmp_path / "train" / "model" / "model.safetensors").read_bytes() != first_model
-    assert [json.loads(x)["step"] for x in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()] == []
+    records = [json.loads(x) for x in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()]
+    # 2 steps log no training record (every 10); the held-out text is evaluated at step 0 and at the end
+    assert [r["step"] for r in records if r["kind"] == "train"] == []
+    assert [r["step"] for r in records if r["kind"] == "valid"] == [0, 2]
+    final = json.loads((tmp_path / "quickstart.json").read_text())["perplexity"]
+    assert records[-1]["valid_ppl"] == pytest.approx(final["average"], rel=1e-9)
+    assert records[-1]["valid_ppl_fwd"] == pytest.approx(final["forward"], rel=1e-9)

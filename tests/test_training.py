@@ -19,9 +19,9 @@ from conftest import REPO_ROOT, shared_path
 from elmokit import batch_to_ids, load_original
 from elmokit.data.corpus import TextCorpus
 from elmokit.errors import DataError, UsageError
-from elmokit.training.lm import BidirectionalLM
-from elmokit.training.perplexity import evaluate_perplexity, score_sentences, unigram_perplexity
-from elmokit.training.trainer import TrainConfig, Trainer, TrainingError, load_lm
+from elmokit.pretraining.objective import BidirectionalLM
+from elmokit.pretraining.perplexity import evaluate_perplexity, score_sentences, unigram_perplexity
+from elmokit.pretraining.trainer import TrainConfig, Trainer, TrainingError, load_lm
 from elmokit.vocabulary import Vocabulary
 from elmokit.weights.original import export_original
 

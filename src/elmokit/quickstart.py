@@ -16,7 +16,9 @@ anything else is refused, so that a mistyped ``--out-dir`` never deletes a user'
 Settings (chosen on this corpus with a held-out curve every 300 steps): LSTM 512 → projection 128, 2 layers, skip
 connections, full softmax, Adam lr 2e-3, dropout 0.5 (the corpus has only 60k tokens: at dropout 0.1 held-out
 perplexity rose again after 300 steps), batches of 32 whole sentences from a zero state — the way the model is then
-evaluated and embedded (see :mod:`elmokit.training.trainer` for why this beats stream windows here).
+evaluated and embedded (see :mod:`elmokit.pretraining.trainer` for why this beats stream windows here). The held-out text is
+also the run's ``valid_files``: its perplexity is measured every tenth of the run and drawn on the learning curve beside
+the training perplexity, and the best model is kept in ``train/best/``.
 """
 from __future__ import annotations
 
@@ -183,13 +185,16 @@ def prepare_out_dir(out_dir: Path) -> bool:
     # inside train/ too, only what `elmokit train` writes (a file of yours in train/model/ is not deleted)
     train_dir = out_dir / "train"
     if train_dir.is_dir():
-        from .training.checkpoint import run_files
+        from .pretraining.checkpoint import run_files
 
-        own = {p for p in run_files(train_dir) if p.name != "model"}
+        own = {p for p in run_files(train_dir) if p.name not in ("model", "best")}
         model_files = {"config.json", "model.safetensors", "vocab.txt", "chars.txt"}  # what save_lm writes
+        best_files = model_files | {"best.json"}
         others = sorted(str(p.relative_to(out_dir)) for p in train_dir.rglob("*")
                         if not p.is_dir() and p not in own and not (p.name.startswith(".") and p.name.endswith(".tmp"))
-                        and not (p.parent == train_dir / "model" and p.name in model_files))
+                        and not (p.parent == train_dir / "model" and p.name in model_files)
+                        and not (p.parent == train_dir / "best" and p.name in best_files)
+                        and not any(q.name.startswith(".best.") and q.name.endswith(".tmp") for q in p.parents))
         if others:
             raise UsageError(f"--out-dir {out_dir} holds an earlier quickstart run with files that are not its own "
                              f"({', '.join(others[:5])}{', …' if len(others) > 5 else ''}): move them or choose "
@@ -222,8 +227,8 @@ def run_quickstart(out_dir: Path, minutes: float = 5.0, seed: int = 0, steps: in
     """
     from .devices import resolve_device
     from .embedding import Embedder
-    from .training.perplexity import evaluate_perplexity, unigram_perplexity
-    from .training.trainer import TrainConfig, Trainer, load_lm
+    from .pretraining.perplexity import evaluate_perplexity, unigram_perplexity
+    from .pretraining.trainer import TrainConfig, Trainer, load_lm
 
     if steps is not None and steps < 1:
         raise UsageError(f"steps must be >= 1, got {steps}")
@@ -247,7 +252,7 @@ def run_quickstart(out_dir: Path, minutes: float = 5.0, seed: int = 0, steps: in
         train_files=[str(train_file)], out_dir=str(out_dir / "train"), model=quickstart_config().to_options(),
         min_count=2, batching="sentences", batch_size=batch_size, unroll_steps=unroll, n_epochs=1000,
         optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0, seed=seed,
-        checkpoint_every=10_000, log_every=10, device=device,
+        checkpoint_every=10_000, log_every=10, device=device, valid_files=[str(held_file)], valid_every=10_000,
     )
     trainer = Trainer(config)
     if steps is None:
@@ -265,6 +270,9 @@ def run_quickstart(out_dir: Path, minutes: float = 5.0, seed: int = 0, steps: in
         max_steps = steps
         print(f"training: {max_steps} steps (~{max_steps / steps_per_epoch:.1f} epochs) as asked")
     trainer.config.max_steps = max_steps
+    # the held-out curve: about ten points over the run (each costs one pass over the held-out text), plus step 0
+    # and the end
+    trainer.config.valid_every = max(10, max_steps // 10)
     summary = trainer.train(resume=trainer.step > 0)
     lm = load_lm(summary["model_dir"])
 
@@ -281,6 +289,6 @@ def run_quickstart(out_dir: Path, minutes: float = 5.0, seed: int = 0, steps: in
               "steps": summary["steps"], "model_dir": summary["model_dir"], "seconds": time.perf_counter() - start}
     atomic_write_text(out_dir / "quickstart.json", json.dumps(result, indent=2) + "\n")
     print(f"model saved to {summary['model_dir']} (use it with Elmo.from_pretrained); "
-          f"learning curve {summary['learning_curve'] or '(none: fewer steps than one log interval)'}; "
+          f"learning curve (training and held-out perplexity) {summary['learning_curve']}; "
           f"total {result['seconds'] / 60:.1f} min")
     return result

@@ -1,8 +1,13 @@
-"""``elmokit train | perplexity | score``: pretrain (or resume) a biLM, and evaluate a trained one.
+"""``elmokit train | perplexity | score``: pretrain (or resume, or continue from released weights) a biLM, and
+evaluate a trained one.
 
 ``train``'s options default to ``None`` in argparse on purpose: with ``--resume`` an option left out keeps the run's
-value, and one given must equal it unless it is one of :data:`RESUME_MAY_CHANGE`; the defaults a new run takes are
-:class:`~elmokit.training.trainer.TrainConfig`'s, and the help text shows them from there.
+value, and one given must equal it unless :data:`elmokit.pretraining.config.RESUME_MAY_CHANGE` lets it change (the
+rules live with :class:`~elmokit.pretraining.config.TrainConfig`); the defaults a new run takes are TrainConfig's,
+and the help text shows them from there. :data:`OPTION_FIELDS` maps every option to its TrainConfig field.
+
+Several processes: ``torchrun --nproc-per-node N -m elmokit train …`` (see :mod:`elmokit.pretraining.distributed`);
+only process 0 prints the summary.
 """
 from __future__ import annotations
 
@@ -13,24 +18,41 @@ import sys
 from pathlib import Path
 
 from .. import interrupts
-from ..errors import CheckpointError, ConfigError, DataError, MissingFileError, UsageError
-from .common import (DECODE_CHOICES, DEVICE_HELP, check_input_file, int_at_least, non_negative_int, path_arg,
-                     positive_float, positive_int, print_json_line, probability, read_options_json,
-                     resolve_cli_device, seed, text_arg)
+from ..errors import ConfigError, DataError, MissingFileError, UsageError
+from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, check_input_file, check_model, int_at_least,
+                     non_negative_int, path_arg, positive_float, positive_int, print_json_line, probability,
+                     read_options_json, resolve_cli_device, seed, text_arg)
 
-__all__ = ["register", "cmd_train", "cmd_perplexity", "cmd_score", "RESUME_MAY_CHANGE", "RESUME_FIXED"]
+__all__ = ["register", "cmd_train", "cmd_perplexity", "cmd_score", "OPTION_FIELDS"]
 
-#: CLI option → TrainConfig field, for options that may change when a run is resumed; all others are fixed by the run
-RESUME_MAY_CHANGE = {"max_steps": "max_steps", "device": "device", "checkpoint_every": "checkpoint_every",
-                     "checkpoint_minutes": "checkpoint_minutes", "keep_checkpoints": "keep_checkpoints",
-                     "log_every": "log_every", "nondeterministic": None}
-#: CLI option → TrainConfig field, for options fixed by the run: on --resume they may be repeated, not changed
-RESUME_FIXED = {"train_files": "train_files", "preset": "model", "options": "model", "vocab": "vocab_file",
-                "min_count": "min_count", "max_vocab": "max_vocab", "char_vocab": "char_vocab", "batching": "batching",
-                "batch_size": "batch_size", "unroll_steps": "unroll_steps", "optimizer": "optimizer", "lr": "lr",
-                "clip_norm": "clip_norm", "dropout": "dropout", "negatives": "n_negative_samples", "seed": "seed",
-                "decode_errors": "decode_errors", "epochs": "n_epochs"}
+#: ``train`` option (argparse dest) → TrainConfig field. ``preset`` and ``options`` both give ``model``;
+#: ``nondeterministic`` and ``no_progress`` are the negations of ``deterministic`` and ``progress``.
+OPTION_FIELDS = {
+    "train_files": "train_files", "preset": "model", "options": "model", "vocab": "vocab_file",
+    "min_count": "min_count", "max_vocab": "max_vocab", "char_vocab": "char_vocab", "batching": "batching",
+    "batch_size": "batch_size", "unroll_steps": "unroll_steps", "epochs": "n_epochs", "max_steps": "max_steps",
+    "optimizer": "optimizer", "lr": "lr", "clip_norm": "clip_norm", "dropout": "dropout",
+    "negatives": "n_negative_samples", "seed": "seed", "checkpoint_every": "checkpoint_every",
+    "checkpoint_minutes": "checkpoint_minutes", "keep_checkpoints": "keep_checkpoints", "log_every": "log_every",
+    "decode_errors": "decode_errors", "device": "device", "nondeterministic": "deterministic",
+    "no_progress": "progress", "valid_files": "valid_files", "valid_every": "valid_every",
+    "valid_minutes": "valid_minutes", "init_from": "init_from", "freeze_bilm_steps": "freeze_bilm_steps",
+    "data_parts": "data_parts",
+}
+_NEGATED = {"nondeterministic", "no_progress"}
 _ARCHITECTURE_KEYS = {"lstm", "char_cnn"}
+
+
+def _flag(field_name: str) -> str:
+    """The option(s) that set a TrainConfig field, for messages (``model`` → ``--preset/--options``)."""
+    if field_name == "train_files":
+        return "the training files"
+    if field_name == "out_dir":
+        return "--out-dir"
+    args = [a for a, f in OPTION_FIELDS.items() if f == field_name]
+    if not args:
+        return ""
+    return "/".join("--" + a.replace("_", "-") for a in args)
 
 
 def _model_options(args: argparse.Namespace) -> dict:
@@ -54,62 +76,49 @@ def _model_options(args: argparse.Namespace) -> dict:
     return PRESETS[args.preset or "small"]().to_options()
 
 
-def _same_files(given: list[str], saved: list[str]) -> bool:
-    return [str(Path(g)) for g in given] == [str(Path(s)) for s in saved]
+def _given(args: argparse.Namespace) -> dict:
+    """TrainConfig field → value for every option given on the command line (not left at its None default)."""
+    parser = args._parser
+    out: dict = {}
+    for arg, field_name in OPTION_FIELDS.items():
+        value = getattr(args, arg)
+        if value == parser.get_default(arg) or (arg == "train_files" and not value):
+            continue
+        if arg in ("preset", "options"):
+            value = _model_options(args)
+        elif arg in _NEGATED:
+            value = not value
+        out[field_name] = value
+    return out
 
 
 def _resumed_config(args: argparse.Namespace, out: Path):
-    """The saved TrainConfig of the run in ``out``, with the options that may change on --resume applied.
+    """The saved TrainConfig of the run in ``out``, with the given options applied as
+    :meth:`TrainConfig.resumed` allows.
 
     Raises:
         MissingFileError: no ``train_config.json`` in ``out``.
         CheckpointError: it cannot be read as a TrainConfig.
         UsageError: an option that fixes the run was given with another value than the run's (all are named).
     """
-    from ..training.trainer import TrainConfig
+    from ..pretraining.config import TrainConfig
 
     saved = out / "train_config.json"
     if not saved.is_file():
         raise MissingFileError(f"nothing to resume in {out}: no train_config.json (drop --resume to start a run)")
-    try:
-        config = TrainConfig(**json.loads(saved.read_text(encoding="utf-8")))
-    except (ValueError, TypeError) as exc:  # not UTF-8, not JSON, not an object, unknown or missing fields
-        raise CheckpointError(f"{saved} is not a readable training configuration ({exc})") from None
+    config = TrainConfig.from_json_file(saved)
     config.out_dir = str(out)  # the folder may have been moved since the run started
-    parser = args._parser
-    given = {a for a in vars(args) if getattr(args, a) != parser.get_default(a)}
-    if not args.train_files:
-        given.discard("train_files")
-    changed = []
-    for arg, field_name in RESUME_FIXED.items():
-        if arg not in given:
-            continue
-        if arg in ("preset", "options"):
-            same = json.loads(json.dumps(_model_options(args))) == json.loads(json.dumps(config.model))
-        elif arg == "train_files":
-            same = _same_files(args.train_files, config.train_files)
-        elif arg == "vocab":
-            same = config.vocab_file is not None and _same_files([args.vocab], [config.vocab_file])
-        else:
-            same = getattr(args, arg) == getattr(config, field_name)
-        if not same:
-            changed.append("the training files" if arg == "train_files" else "--" + arg.replace("_", "-"))
-    if changed:
-        raise UsageError(f"{', '.join(changed)}: differ from the run being resumed (see {saved}); only "
-                         f"{', '.join('--' + a.replace('_', '-') for a in RESUME_MAY_CHANGE)} may change on "
-                         "--resume. Start a new --out-dir to change the others")
-    for arg, field_name in RESUME_MAY_CHANGE.items():
-        if field_name and getattr(args, arg) != parser.get_default(arg):
-            setattr(config, field_name, getattr(args, arg))
-    if args.nondeterministic:
-        config.deterministic = False
-    config.progress = not args.no_progress
-    return config
+    changes = _given(args)
+    changes["progress"] = not args.no_progress
+    return config.resumed(changes, describe=_flag)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Start a run in ``--out-dir`` (refused where a run already is, unless ``--overwrite``), or ``--resume`` it."""
-    from ..training.trainer import TrainConfig, Trainer
+    """Start a run in ``--out-dir`` (refused where a run already is, unless ``--overwrite``), or ``--resume`` it; with
+    ``torchrun``, as one of several processes."""
+    from ..pretraining.config import TrainConfig
+    from ..pretraining.distributed import init_from_env
+    from ..pretraining.trainer import Trainer
 
     out = args.out_dir
     if out.exists() and not out.is_dir():
@@ -118,6 +127,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UsageError("--resume continues the run in --out-dir and --overwrite replaces it: give one of them")
     if args.device is not None:
         resolve_cli_device(args.device)  # fail before the corpus is read
+    if args.init_from is not None:
+        check_model(args.init_from)
     if args.resume:
         config = _resumed_config(args, out)
     else:
@@ -126,30 +137,28 @@ def cmd_train(args: argparse.Namespace) -> int:
                              "continue the run in --out-dir)")
         if args.vocab is not None:
             check_input_file(Path(args.vocab), "--vocab file")
-        chosen = dict(
-            vocab_file=args.vocab, min_count=args.min_count, max_vocab=args.max_vocab, char_vocab=args.char_vocab,
-            batching=args.batching, batch_size=args.batch_size, unroll_steps=args.unroll_steps, n_epochs=args.epochs,
-            max_steps=args.max_steps, optimizer=args.optimizer, lr=args.lr, clip_norm=args.clip_norm,
-            dropout=args.dropout, n_negative_samples=args.negatives, seed=args.seed,
-            checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes,
-            keep_checkpoints=args.keep_checkpoints, log_every=args.log_every, decode_errors=args.decode_errors,
-            device=args.device,
-        )
+        given = _given(args)
+        given.pop("train_files", None)
+        if args.init_from is None and "model" not in given:
+            given["model"] = _model_options(args)  # the default preset
         # options left out take TrainConfig's defaults (the CLI's defaults are None so that --resume can tell
         # an option repeated from one left out)
-        config = TrainConfig(train_files=args.train_files, out_dir=str(out), model=_model_options(args),
-                             progress=not args.no_progress, deterministic=not args.nondeterministic,
-                             **{k: v for k, v in chosen.items() if v is not None})
-    trainer = Trainer(config)
-    summary = trainer.train(resume=True) if args.resume else trainer.train(overwrite=args.overwrite)
-    print(json.dumps(summary, indent=2))
+        config = TrainConfig(train_files=args.train_files, out_dir=str(out), **given)
+    dist = init_from_env(config.device)
+    try:
+        trainer = Trainer(config, dist=dist)
+        summary = trainer.train(resume=True) if args.resume else trainer.train(overwrite=args.overwrite)
+        if dist.is_main:
+            print(json.dumps(summary, indent=2))
+    finally:
+        dist.close()
     return 0
 
 
 def train_interrupted_note(args: argparse.Namespace) -> str:
     """What an interrupted ``train`` left: the latest checkpoint (and the --resume hint) or none."""
     try:
-        from ..training.trainer import latest_checkpoint_step
+        from ..pretraining.trainer import latest_checkpoint_step
 
         step = latest_checkpoint_step(args.out_dir)
     except Exception:  # noqa: BLE001 (the note must never hide the interrupt itself)
@@ -180,8 +189,8 @@ def _read_sentences(args: argparse.Namespace) -> list[tuple[int, list[str]]]:
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
     """Held-out perplexity of a trained LM over a text file (blank lines skipped), as one JSON object."""
-    from ..training.perplexity import evaluate_perplexity
-    from ..training.trainer import load_lm
+    from ..pretraining.perplexity import evaluate_perplexity
+    from ..pretraining.trainer import load_lm
 
     _check_lm_folder(args.model)
     sentences = [tokens for _, tokens in _read_sentences(args) if tokens]  # blank lines are not sentences
@@ -195,8 +204,8 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     """One JSON line per input line: forward and backward log-probability (nats)."""
-    from ..training.perplexity import score_sentences
-    from ..training.trainer import load_lm
+    from ..pretraining.perplexity import score_sentences
+    from ..pretraining.trainer import load_lm
 
     _check_lm_folder(args.model)
     lines = _read_sentences(args)
@@ -212,7 +221,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- parser
 def _train_default(name: str, unit: str = "") -> str:
     """``"(default: X)"`` from TrainConfig's field ``name`` — what a new run takes when the option is left out."""
-    from ..training.trainer import TrainConfig
+    from ..pretraining.config import TrainConfig
 
     for f in dataclasses.fields(TrainConfig):
         if f.name == name:
@@ -237,28 +246,36 @@ def _add_lm_file_args(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     from ..config import PRESETS
-    from ..training.trainer import TrainConfig
+    from ..pretraining.config import (RESUME_MAY_CHANGE, Batching, OptimizerName, default_learning_rate,
+                                      literal_choices)
 
     d = _train_default
-    adagrad_lr = TrainConfig([], "", {}, optimizer="adagrad").learning_rate
-    adam_lr = TrainConfig([], "", {}, optimizer="adam").learning_rate
+    may_change = ", ".join(sorted({_flag(f) for f in RESUME_MAY_CHANGE if _flag(f)} - {"--out-dir"}))
     p = sub.add_parser(
         "train", parents=parents, help="pretrain (or --resume) a biLM on tokenised text, one sentence per line",
-        description="Pretrain a biLM; with --resume, continue the run in --out-dir from its latest checkpoint. "
-                    "Options left out take the defaults shown (on --resume: the run's own values). On --resume only "
-                    f"{', '.join('--' + a.replace('_', '-') for a in RESUME_MAY_CHANGE)} may change.")
+        description="Pretrain a biLM; with --resume, continue the run in --out-dir from its latest checkpoint; with "
+                    "--init-from, continue pretraining a released or trained model on your text. Options left out "
+                    "take the defaults shown (on --resume: the run's own values). On --resume only "
+                    f"{may_change} may change. Several processes: torchrun --nproc-per-node N -m elmokit train …")
     p.add_argument("train_files", nargs="*", type=text_arg,
                    help="glob pattern(s) of the training shards (one tokenised sentence per line, UTF-8); may be "
                         "left out with --resume")
     p.add_argument("--out-dir", required=True, type=path_arg,
-                   help="run folder: train_config.json, checkpoints, metrics.jsonl, model/")
+                   help="run folder: train_config.json, checkpoints, metrics.jsonl, model/ (and best/)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a run already in --out-dir (default: refuse, so a finished run is not lost)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out-dir from its latest checkpoint (default: start a new run)")
-    p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="architecture preset (default: small)")
+    p.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                   help="architecture preset (default: small; with --init-from: the init model's)")
     p.add_argument("--options", type=text_arg,
                    help="options.json with the architecture; overrides --preset (default: none)")
+    p.add_argument("--init-from", type=text_arg, default=None, metavar="MODEL",
+                   help=f"continued pretraining: start from this model's biLM weights and architecture, {RELEASED_HELP}"
+                        "; a new softmax over your vocabulary (kept when a native model has the same vocabulary) "
+                        "(default: none, random initialisation)")
+    p.add_argument("--freeze-bilm-steps", type=non_negative_int, default=None, metavar="N",
+                   help=f"train only the softmax for the first N steps (with --init-from) {d('freeze_bilm_steps')}")
     p.add_argument("--vocab", type=text_arg,
                    help="bilm-tf vocabulary file (default: built from the training files)")
     p.add_argument("--min-count", type=positive_int, help=f"words seen fewer times become <UNK> {d('min_count')}")
@@ -267,30 +284,45 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                         "limit)")
     p.add_argument("--char-vocab", action="store_true",
                    help="character-vocabulary input (CJK) instead of UTF-8 bytes (default: bytes)")
-    p.add_argument("--batching", choices=["sentences", "windows"], default=None,
+    p.add_argument("--batching", choices=literal_choices(Batching), default=None,
                    help="whole sentences from a zero state (as elmokit embeds) or bilm-tf's stream windows with "
                         f"carried state {d('batching')}")
-    p.add_argument("--batch-size", type=positive_int, help=f"sentences (or windows) per step {d('batch_size')}")
+    p.add_argument("--batch-size", type=positive_int,
+                   help=f"sentences (or windows) per step, over all processes together {d('batch_size')}")
     p.add_argument("--unroll-steps", type=positive_int,
                    help=f"window length in tokens, and the loss scale {d('unroll_steps')}")
     p.add_argument("--epochs", type=positive_int, help=f"passes over the data {d('n_epochs')}")
     p.add_argument("--max-steps", type=positive_int, help="stop after this many steps (default: the epochs decide)")
-    p.add_argument("--optimizer", choices=["adagrad", "adam"], default=None, help=f"{d('optimizer')}")
+    p.add_argument("--optimizer", choices=literal_choices(OptimizerName), default=None, help=f"{d('optimizer')}")
     p.add_argument("--lr", type=positive_float,
-                   help=f"learning rate (default: {adagrad_lr:g} with adagrad, {adam_lr:g} with adam)")
+                   help=f"learning rate (default: {default_learning_rate('adagrad'):g} with adagrad, "
+                        f"{default_learning_rate('adam'):g} with adam)")
     p.add_argument("--clip-norm", type=positive_float, help=f"global gradient-norm clip {d('clip_norm')}")
     p.add_argument("--dropout", type=probability, help=f"dropout rate, in [0, 1) {d('dropout')}")
     p.add_argument("--negatives", type=non_negative_int,
                    help=f"sampled-softmax negatives, 0 = full softmax {d('n_negative_samples')}")
     p.add_argument("--seed", type=seed, help=f"data order, initialisation, dropout, sampler {d('seed')}")
+    p.add_argument("--valid-files", type=text_arg, action="append", default=None, metavar="PATTERN",
+                   help="held-out text (glob pattern, repeatable): full-softmax perplexity logged to metrics.jsonl and "
+                        "drawn on the learning curve; the best model is kept in OUT_DIR/best/ (default: none)")
+    p.add_argument("--valid-every", type=positive_int, metavar="N",
+                   help="evaluate the held-out text every N steps (default: every --checkpoint-every steps, or only "
+                        "by --valid-minutes when that is given)")
+    p.add_argument("--valid-minutes", type=positive_float, metavar="M",
+                   help="also evaluate the held-out text every M minutes (default: off)")
     p.add_argument("--checkpoint-every", type=positive_int, help=f"checkpoint every N steps {d('checkpoint_every')}")
     p.add_argument("--checkpoint-minutes", type=positive_float,
                    help="also checkpoint when this many minutes passed since the last one (default: off)")
     p.add_argument("--keep-checkpoints", type=positive_int,
                    help=f"how many of the latest checkpoints to keep {d('keep_checkpoints')}")
     p.add_argument("--log-every", type=positive_int, help=f"log metrics every N steps {d('log_every')}")
+    p.add_argument("--data-parts", type=positive_int, metavar="P",
+                   help="cut the corpus and every global batch into P parts; a run can then resume on any number "
+                        "of processes from 1 to P, all computing the same steps (default: the number of processes "
+                        "the run starts with)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
-    p.add_argument("--device", type=text_arg, default=None, help=f"{DEVICE_HELP} {d('device')}")
+    p.add_argument("--device", type=text_arg, default=None,
+                   help=f"{DEVICE_HELP}; with several processes each takes cuda:LOCAL_RANK {d('device')}")
     p.add_argument("--nondeterministic", action="store_true",
                    help="allow non-deterministic kernels (about 6%% faster on CPU; runs no longer repeat "
                         "bit-exactly) (default: deterministic)")

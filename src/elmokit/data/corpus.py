@@ -7,7 +7,8 @@ whitespace (``str.split()``; lines end at ``\\n``). Blank lines are skipped (bil
 
 * :class:`TextCorpus` — the files matching a glob pattern (sorted), read one shard at a time (constant memory in the
   number of shards; one shard is held in memory only when shuffling, as bilm-tf does), optionally shuffled per epoch
-  (shard order and sentence order within a shard) from a seed.
+  (shard order and sentence order within a shard) from a seed; optionally only part ``k`` of ``n`` of it (each file's
+  ``k``-th line-aligned byte range: what one of ``n`` training processes reads, without reading the rest).
 * :class:`CorpusCursor` — an explicit, resumable position (epoch, shard, offset) in the multi-epoch sentence stream.
 * :class:`SentenceBatcher` — batches of whole sentences, optionally bucketed by length.
 * :class:`StreamWindows` — bilm-tf's training batches: ``batch_size`` continuous sentence streams cut into windows of
@@ -139,10 +140,15 @@ class TextCorpus:
             ``max_tokens_per_sentence`` tokens, each then treated as a sentence of its own (so each gets its own
             ``<S>``/``</S>`` in :class:`StreamWindows`), with one warning per :class:`TextCorpus`; ``"error"`` raises
             :class:`~elmokit.errors.DataError` naming file and line.
+        part / parts: read only part ``part`` (0-based) of ``parts``: of every file, the lines that start in its
+            ``part``-th byte range (the file's size cut into ``parts`` equal ranges, each moved forward to the next
+            line start), so each line is in exactly one part and a part reads only its own bytes. The parts of one
+            corpus together are the whole corpus; their shuffles are seeded apart. Default: the whole corpus.
 
     Raises:
         MissingFileError: a pattern matches no file (the message names the pattern).
         UsageError: a bad option value.
+        DataError: ``parts`` > 1 and this part holds no byte of any file (the files have fewer lines than parts).
 
     Iterating (``sentences(epoch)``, ``iter(corpus)``) raises :class:`~elmokit.errors.DataError` ``("no sentences in
     …")`` when a whole epoch produced no sentence (empty files, only blank lines or only skipped lines), and
@@ -158,7 +164,12 @@ class TextCorpus:
         errors: DecodeErrors = "strict",
         max_tokens_per_sentence: int | None = DEFAULT_MAX_TOKENS_PER_SENTENCE,
         long_sentences: LongSentencePolicy = "split",
+        part: int = 0,
+        parts: int = 1,
     ) -> None:
+        _check_positive_int("parts", parts)
+        if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < parts:
+            raise UsageError(f"part must be an int in [0, parts={parts}), got {part!r}")
         if errors not in _DECODE_ERRORS:
             raise UsageError(f"errors must be one of {_DECODE_ERRORS}, got {errors!r}")
         if long_sentences not in _LONG_POLICIES:
@@ -179,12 +190,30 @@ class TextCorpus:
         self.max_tokens_per_sentence = max_tokens_per_sentence
         self.long_sentences: LongSentencePolicy = long_sentences
         self._warned_long = False
-        logger.info("corpus %r: %d shard(s)", _describe(pattern), len(self.files))
+        self.part = part
+        self.parts = parts
+        #: extra RNG seed parts that keep the shuffles of the parts of one corpus apart (none for the whole corpus,
+        #: so that its orders stay those of earlier versions)
+        self._part_key: tuple[str, ...] = () if parts == 1 else (f"part{part}/{parts}",)
+        # (start, end) byte range of each file read by this part; None = the whole file
+        self._ranges: list[tuple[int, int] | None] = [None] * len(self.files)
+        if parts > 1:
+            self._ranges = [_part_range(p, part, parts) for p in self.files]
+            if all(end <= start for start, end in self._ranges):
+                raise DataError(
+                    f"part {part + 1} of {parts} of the corpus {_describe(pattern)!r} holds no line: the "
+                    f"{len(self.files)} file(s) have fewer lines than the {parts} data parts (one per process unless "
+                    "--data-parts says otherwise); use fewer processes or data parts, or more text"
+                )
+        self._line_bases: dict[int, int] = {}
+        logger.info("corpus %r: %d shard(s)%s", _describe(pattern), len(self.files),
+                    f", part {part + 1} of {parts}" if parts > 1 else "")
 
     def __repr__(self) -> str:
+        part = f", part={self.part}, parts={self.parts}" if self.parts > 1 else ""
         return (
             f"TextCorpus({_describe(self.pattern)!r}, files={len(self.files)}, shuffle={self.shuffle}, "
-            f"seed={self.seed}, errors={self.errors!r}, max_tokens_per_sentence={self.max_tokens_per_sentence})"
+            f"seed={self.seed}, errors={self.errors!r}, max_tokens_per_sentence={self.max_tokens_per_sentence}{part})"
         )
 
     # ------------------------------------------------------------------ order
@@ -192,27 +221,54 @@ class TextCorpus:
         """Indices into :attr:`files` in the order epoch ``epoch`` reads them (sorted order unless shuffling)."""
         order = list(range(len(self.files)))
         if self.shuffle:
-            _seeded_rng("shards", self.seed, epoch).shuffle(order)
+            _seeded_rng("shards", self.seed, epoch, *self._part_key).shuffle(order)
         return order
 
     # ------------------------------------------------------------------ reading
-    def _lines(self, path: Path) -> Iterator[tuple[int, list[str]]]:
-        """(line number, tokens) of the non-blank lines of one shard, streamed."""
+    def _line_number(self, index: int, relative: int) -> int:
+        """The 1-based line number in ``files[index]`` of the ``relative``-th line of this part's byte range (the
+        lines before the range are counted only when a message needs the number)."""
+        byte_range = self._ranges[index]
+        if byte_range is None or byte_range[0] == 0:
+            return relative
+        if index not in self._line_bases:
+            count, todo = 0, byte_range[0]
+            with open(self.files[index], "rb") as f:
+                while todo > 0:
+                    block = f.read(min(todo, 1 << 20))
+                    if not block:
+                        break
+                    count += block.count(b"\n")
+                    todo -= len(block)
+            self._line_bases[index] = count
+        return self._line_bases[index] + relative
+
+    def _lines(self, index: int) -> Iterator[tuple[int, list[str]]]:
+        """(line number within this part's range of the shard, tokens) of the non-blank lines of one shard, streamed."""
+        path = self.files[index]
+        start, end = self._ranges[index] or (0, None)
         n_bad = 0
         with open(path, "rb") as f:
+            if start:
+                f.seek(start)
+            pos = start
             for lineno, raw in enumerate(f, start=1):
+                if end is not None and pos >= end:
+                    break
+                pos += len(raw)
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
                     if self.errors == "strict":
                         raise CorpusDecodeError(
-                            path, lineno, f"byte 0x{raw[e.start]:02x} at column {e.start + 1}: {e.reason}"
+                            path, self._line_number(index, lineno),
+                            f"byte 0x{raw[e.start]:02x} at column {e.start + 1}: {e.reason}"
                         ) from None
                     n_bad += 1
                     if self.errors == "skip":
                         continue
                     text = raw.decode("utf-8", self.errors)
-                if lineno == 1 and text.startswith("\ufeff"):
+                if lineno == 1 and start == 0 and text.startswith("\ufeff"):
                     text = text[1:]
                 tokens = text.split()
                 if tokens:
@@ -221,40 +277,41 @@ class TextCorpus:
             what = "skipped" if self.errors == "skip" else f"decoded with errors={self.errors!r}"
             logger.warning("%s: %d line(s) with invalid UTF-8 %s", path, n_bad, what)
 
-    def _chunks(self, path: Path, lineno: int, tokens: list[str]) -> Iterator[list[str]]:
+    def _chunks(self, index: int, lineno: int, tokens: list[str]) -> Iterator[list[str]]:
         limit = self.max_tokens_per_sentence
         if limit is None or len(tokens) <= limit:
             yield tokens
             return
+        path = self.files[index]
         if self.long_sentences == "error":
             raise DataError(
-                f"{path}:{lineno}: sentence of {len(tokens)} tokens exceeds max_tokens_per_sentence={limit} "
-                "(use long_sentences='split' or a larger limit)"
+                f"{path}:{self._line_number(index, lineno)}: sentence of {len(tokens)} tokens exceeds "
+                f"max_tokens_per_sentence={limit} (use long_sentences='split' or a larger limit)"
             )
         if not self._warned_long:
             logger.warning(
                 "%s:%d: sentence of %d tokens split into chunks of at most %d tokens (max_tokens_per_sentence); "
                 "further long lines are split silently",
-                path, lineno, len(tokens), limit,
+                path, self._line_number(index, lineno), len(tokens), limit,
             )
             self._warned_long = True
         for start in range(0, len(tokens), limit):
             yield tokens[start : start + limit]
 
     def iter_shard(self, shard_index: int, epoch: int = 0) -> Iterator[list[str]]:
-        """The sentences of shard ``files[shard_index]`` in epoch ``epoch``'s order (lines shuffled when shuffling).
+        """The sentences of shard ``files[shard_index]`` (this part's range of it) in epoch ``epoch``'s order (lines
+        shuffled when shuffling).
 
         Long lines are split or rejected (see the class). Yields lists of tokens (no boundary tokens).
         """
-        path = self.files[shard_index]
         if self.shuffle:
-            lines = list(self._lines(path))
-            _seeded_rng("lines", self.seed, epoch, shard_index).shuffle(lines)
+            lines = list(self._lines(shard_index))
+            _seeded_rng("lines", self.seed, epoch, shard_index, *self._part_key).shuffle(lines)
             source: Iterator[tuple[int, list[str]]] = iter(lines)
         else:
-            source = self._lines(path)
+            source = self._lines(shard_index)
         for lineno, tokens in source:
-            yield from self._chunks(path, lineno, tokens)
+            yield from self._chunks(shard_index, lineno, tokens)
 
     def sentences(self, epoch: int = 0) -> Iterator[list[str]]:
         """All sentences of one epoch, shard by shard.
@@ -275,22 +332,53 @@ class TextCorpus:
         return self.sentences(0)
 
     def empty_error(self) -> DataError:
-        """The error raised when an epoch yields no sentence (names the pattern and the files)."""
+        """The error raised when an epoch yields no sentence (names the pattern, the files and the part)."""
         names = ", ".join(str(p) for p in self.files[:5]) + (", …" if len(self.files) > 5 else "")
+        if self.parts > 1:
+            return DataError(
+                f"no sentences in part {self.part + 1} of {self.parts} of {_describe(self.pattern)!r} "
+                f"({len(self.files)} file(s): {names}): its lines are blank or skipped; use fewer processes or data "
+                "parts, or more text"
+            )
         return DataError(
             f"no sentences in {_describe(self.pattern)!r} ({len(self.files)} file(s): {names}): "
             "the files are empty or hold only blank/skipped lines"
         )
 
     def fingerprint(self) -> dict[str, Any]:
-        """What a saved position depends on (file names, shuffle, seed, splitting); stored in state dicts."""
-        return {
+        """What a saved position depends on (file names, shuffle, seed, splitting, part); stored in state dicts."""
+        out: dict[str, Any] = {
             "files": [p.name for p in self.files],
             "shuffle": self.shuffle,
             "seed": self.seed,
             "errors": self.errors,
             "max_tokens_per_sentence": self.max_tokens_per_sentence,
         }
+        if self.parts > 1:
+            out["part"], out["parts"] = self.part, self.parts
+        return out
+
+
+def _part_range(path: Path, part: int, parts: int) -> tuple[int, int]:
+    """The byte range ``[start, end)`` of ``path`` that part ``part`` of ``parts`` reads: the file's size cut into
+    ``parts`` equal ranges, each bound moved forward to the start of the next line (so a line belongs to the range its
+    first byte is in). Reads one line at each of the two bounds."""
+    size = path.stat().st_size
+
+    def bound(k: int) -> int:
+        if k >= parts:
+            return size
+        pos = k * size // parts
+        if pos == 0:
+            return 0
+        with open(path, "rb") as f:
+            f.seek(pos - 1)
+            if f.read(1) == b"\n":
+                return pos
+            f.readline()
+            return f.tell()
+
+    return bound(part), bound(part + 1)
 
 
 def _describe(pattern: PatternLike) -> str:
@@ -472,7 +560,7 @@ class SentenceBatcher:
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
         if self.bucket_by_length:
-            _seeded_rng("pool", self.corpus.seed, self._pool_index).shuffle(batches)
+            _seeded_rng("pool", self.corpus.seed, self._pool_index, *self.corpus._part_key).shuffle(batches)
         return batches
 
     def __iter__(self) -> SentenceBatcher:

@@ -3,11 +3,16 @@
 Loss and perplexity follow bilm-tf (see ``../shared/docs/original-format.md``): per direction the mean negative
 log-likelihood (nats) of its targets; the training loss is ``0.5 · (NLL_fwd + NLL_bwd)``; the reported average
 perplexity is ``exp(0.5 · (NLL_fwd + NLL_bwd))`` with the full softmax.
+
+:meth:`BidirectionalLM.forward` runs one batch of either batching mode and returns plain tensors, so the model can be
+wrapped in :class:`torch.nn.parallel.DistributedDataParallel` (which hooks ``forward``).
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,10 +78,39 @@ class BidirectionalLM(nn.Module):
         self.vocab = vocab
         self.char_vocab = char_vocab
         self.dropout = dropout
+        self._frozen_bilm = False
 
     @property
     def config(self) -> ElmoConfig:
         return self.bilm.config
+
+    def forward(self, batch: Any, *, batching: str = "sentences", state: LSTMState | None = None,
+                num_samples: int = 0, generator: torch.Generator | None = None, freeze_bilm: bool = False,
+                ) -> tuple[torch.Tensor, torch.Tensor, LSTMState | None]:
+        """NLL of one training batch: ``(forward (N,), backward (N,), new LSTM state or None)``, float32 nats.
+
+        Args:
+            batch: ``batching="sentences"``: a list of token lists (see :meth:`sentence_nll`); ``"windows"``: a
+                :class:`elmokit.data.corpus.StreamBatch` (see :meth:`window_nll`, which carries ``state``).
+            num_samples / generator: sampled softmax negatives (0 = full softmax) and their generator.
+            freeze_bilm: run the biLM without autograd (no gradient reaches it: only the softmax learns).
+
+        Tuples of tensors, not a :class:`DirectionalNLL`, so that DistributedDataParallel finds the outputs.
+        """
+        self._frozen_bilm = bool(freeze_bilm)
+        try:
+            if batching == "windows":
+                nll, new_state = self.window_nll(batch.forward_inputs, batch.forward_targets, batch.backward_inputs,
+                                                 batch.backward_targets, state, num_samples=num_samples,
+                                                 generator=generator)
+                return nll.forward, nll.backward, new_state
+            nll = self.sentence_nll(batch, num_samples=num_samples, generator=generator)
+            return nll.forward, nll.backward, None
+        finally:
+            self._frozen_bilm = False
+
+    def _bilm_context(self):
+        return torch.no_grad() if self._frozen_bilm else contextlib.nullcontext()
 
     def char_ids(self, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
         """Character ids (B, T, C) on the model's device."""
@@ -113,9 +147,10 @@ class BidirectionalLM(nn.Module):
         t = int(lengths.max()) if len(lengths) else 0
         b = len(forward_inputs)
         ids = self.char_ids(list(forward_inputs) + list(backward_inputs))  # one encoder pass, shared by directions
-        tokens = self.bilm.token_encoder(ids)
-        fwd_in, bwd_in = tokens[:b], tokens[b:]
-        outputs, new_state = self.bilm.run_streams(fwd_in, bwd_in, lengths.to(tokens.device), state)
+        with self._bilm_context():
+            tokens = self.bilm.token_encoder(ids)
+            fwd_in, bwd_in = tokens[:b], tokens[b:]
+            outputs, new_state = self.bilm.run_streams(fwd_in, bwd_in, lengths.to(tokens.device), state)
         fwd_top, bwd_top = outputs[-1]
         mask = (torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)).to(tokens.device)
         rows = torch.arange(b, device=tokens.device).unsqueeze(1).expand(b, t)[mask]
@@ -137,7 +172,8 @@ class BidirectionalLM(nn.Module):
         read right to left): n + 1 targets per direction. Full softmax unless training with ``num_samples``.
         """
         ids = self.char_ids(sentences)
-        out = self.bilm(ids, keep_sentence_boundaries=True)
+        with self._bilm_context():
+            out = self.bilm(ids, keep_sentence_boundaries=True)
         mask = out.mask_with_boundaries  # (B, T+2)
         t2 = mask.shape[1]
         words = self.word_ids([[self.vocab.id_to_token(self.vocab.bos_id), *s,

@@ -9,9 +9,9 @@ import torch
 
 from ..errors import DataError, UsageError
 from ..vocabulary import Vocabulary
-from .lm import BidirectionalLM
+from .objective import BidirectionalLM
 
-__all__ = ["evaluate_perplexity", "unigram_perplexity", "score_sentences"]
+__all__ = ["evaluate_perplexity", "perplexity_sums", "unigram_perplexity", "score_sentences"]
 
 
 def _check_batch_size(batch_size: object) -> None:
@@ -45,6 +45,32 @@ def evaluate_perplexity(lm: BidirectionalLM, sentences: Iterable[Sequence[str]],
         UsageError: ``batch_size`` is not an int >= 1.
         DataError: no sentences.
     """
+    total_f, total_b, n_tok, n_sent = perplexity_sums(lm, sentences, batch_size)
+    if n_tok == 0:
+        raise DataError("no sentences to evaluate: the input holds no non-empty sentence")
+    return perplexities(total_f, total_b, n_tok, n_sent)
+
+
+def perplexities(total_f: float, total_b: float, n_tok: int, n_sent: int) -> dict[str, float]:
+    """:func:`evaluate_perplexity`'s dict from :func:`perplexity_sums`' figures (possibly added up over processes)."""
+    f, b = total_f / n_tok, total_b / n_tok
+    return {"forward": _exp(f), "backward": _exp(b), "average": _exp(0.5 * (f + b)), "tokens": int(n_tok),
+            "sentences": int(n_sent)}
+
+
+def _exp(x: float) -> float:
+    return math.exp(x) if x < 700 else float("inf")
+
+
+def perplexity_sums(lm: BidirectionalLM, sentences: Iterable[Sequence[str]], batch_size: int = 64,
+                    ) -> tuple[float, float, int, int]:
+    """The sums behind :func:`evaluate_perplexity`: ``(NLL_fwd, NLL_bwd, targets, sentences)``, NLLs in nats summed in
+    float64 over every target (full softmax, eval mode, no autograd). Sums of disjoint sets of sentences add up, so
+    processes that each evaluate their share can add theirs. The model is left in eval mode.
+
+    Raises:
+        UsageError: ``batch_size`` is not an int >= 1.
+    """
     _check_batch_size(batch_size)
     lm.eval()
     total_f = total_b = 0.0
@@ -56,11 +82,7 @@ def evaluate_perplexity(lm: BidirectionalLM, sentences: Iterable[Sequence[str]],
             total_b += float(nll.backward.double().sum())
             n_tok += int(nll.forward.numel())
             n_sent += len(batch)
-    if n_tok == 0:
-        raise DataError("no sentences to evaluate: the input holds no non-empty sentence")
-    f, b = total_f / n_tok, total_b / n_tok
-    return {"forward": math.exp(f), "backward": math.exp(b), "average": math.exp(0.5 * (f + b)),
-            "tokens": n_tok, "sentences": n_sent}
+    return total_f, total_b, n_tok, n_sent
 
 
 def unigram_perplexity(train_sentences: Iterable[Sequence[str]], test_sentences: Iterable[Sequence[str]],

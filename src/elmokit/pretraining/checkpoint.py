@@ -3,8 +3,8 @@
 Layout in a run's folder (``out_dir``)::
 
     ckpt-<step>.safetensors   the model's tensors (``BidirectionalLM.state_dict()``), CPU, float32
-    ckpt-<step>.state.pt      optimiser, data position, RNG states, carried LSTM state (``torch.save``; read back with
-                              ``torch.load(weights_only=True)``)
+    ckpt-<step>.state.pt      optimiser, the data position of every data part, the carried LSTM state of every part,
+                              the best held-out record (``torch.save``; read back with ``torch.load(weights_only=True)``)
     checkpoint.json           the manifest: the kept checkpoints, oldest first, each with its step and every file's
                               size (bytes) and sha256; the vocabulary the run was trained with (size, sha256)
 
@@ -70,13 +70,14 @@ MANIFEST_NAME = "checkpoint.json"
 MANIFEST_FORMAT = 2
 KILL_ENV = "ELMOKIT_TEST_KILL_AT"
 KILL_POINTS = ("before_write", "between_files", "before_manifest", "after_manifest")
-#: The files and folders a training run writes into its ``out_dir`` besides ``ckpt-*`` (see the trainer's docstring).
-RUN_FILE_NAMES = ("checkpoint.json", "metrics.jsonl", "learning_curve.png", "train_config.json", "model")
+#: The files and folders a training run writes into its ``out_dir`` besides ``ckpt-*`` (see
+#: :mod:`elmokit.pretraining.run_folder`).
+RUN_FILE_NAMES = ("checkpoint.json", "metrics.jsonl", "learning_curve.png", "train_config.json", "model", "best")
 
 _CKPT_RE = re.compile(r"^ckpt-(\d+)\.(safetensors|state\.pt)$")
-# atomic_path's temporaries: ".<name>.<random><suffix>.tmp"
+# atomic_path's temporaries: ".<name>.<random><suffix>.tmp" (and the best/ model's temporary folders)
 _TMP_RE = re.compile(r"^\.(ckpt-\d+\.(?:safetensors|state\.pt)|checkpoint\.json|metrics\.jsonl|learning_curve\.png|"
-                     r"train_config\.json)\..+\.tmp$")
+                     r"train_config\.json|best)\..+\.tmp$")
 
 
 def tensor_file_name(step: int) -> str:
@@ -368,8 +369,8 @@ def run_files(out_dir: str | os.PathLike) -> list[Path]:
 
 def remove_run_files(out_dir: str | os.PathLike) -> list[Path]:
     """Delete a run's own files from ``out_dir`` — ``ckpt-*``, ``checkpoint.json``, ``metrics.jsonl``,
-    ``learning_curve.png``, ``train_config.json``, ``model/`` and the temporaries of their interrupted writes — and
-    nothing else. Returns what was removed."""
+    ``learning_curve.png``, ``train_config.json``, ``model/``, ``best/`` and the temporaries of their interrupted
+    writes — and nothing else. Returns what was removed."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
