@@ -162,7 +162,7 @@ def test_train_bad_options_and_device(tmp_path, capsys):
 
 
 def test_score_output_lines_up_with_input_lines(tmp_path, capsys):
-    from elmokit.training.trainer import TrainConfig, Trainer
+    from elmokit.pretraining.trainer import TrainConfig, Trainer
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("the river bank .\nthe money bank .\n" * 4)
@@ -251,7 +251,7 @@ def _tiny_model(folder: Path) -> Path:
 
 def _tiny_lm(tmp_path: Path) -> Path:
     """A 2-step tiny LM (biLM + softmax + vocab.txt) in tmp_path/lm/model."""
-    from elmokit.training.trainer import TrainConfig, Trainer
+    from elmokit.pretraining.trainer import TrainConfig, Trainer
 
     corpus = tmp_path / "lm-corpus.txt"
     corpus.write_text("the river bank .\nthe money bank .\n" * 4)
@@ -401,7 +401,7 @@ def test_swallowed_interrupt_still_exits_130(monkeypatch, capsys):
 
 
 def test_interrupted_train_hints_resume_only_with_a_checkpoint(tmp_path, monkeypatch, capsys):
-    from elmokit.training.trainer import Trainer
+    from elmokit.pretraining.trainer import Trainer
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("the river bank .\nthe money bank .\n" * 4)
@@ -437,7 +437,7 @@ def test_sigint_during_train_keeps_a_checkpoint_and_resumes(tmp_path):
     assert proc.wait(timeout=60) == 130
     err = proc.stderr.read().decode()
     assert "interrupted (SIGINT)" in err and "(continue with --resume)" in err and "Traceback" not in err
-    from elmokit.training.trainer import latest_checkpoint_step
+    from elmokit.pretraining.trainer import latest_checkpoint_step
 
     step = latest_checkpoint_step(out)
     assert step is not None and step >= 3
@@ -544,7 +544,7 @@ def test_every_help_shows_defaults_and_describes_positionals():
                 assert "default" in action.help, (name, action.option_strings)
         sub.format_help()  # every %(default)s expands
     help_text = commands["train"].format_help()
-    from elmokit.training.trainer import TrainConfig
+    from elmokit.pretraining.trainer import TrainConfig
 
     defaults = TrainConfig([], "", {})
     for flag, value in (("--batch-size", defaults.batch_size), ("--epochs", defaults.n_epochs),
@@ -617,3 +617,20 @@ def test_exit_status_and_one_line_messages(exc, status, line, monkeypatch, capsy
         err = _err(capsys)
         assert ("Traceback (most recent call last)" in err) == ("internal error" in line)
         assert ("the traceback is above" in err) == ("internal error" in line)
+
+
+def test_error_lines_name_the_process_under_torchrun(monkeypatch, capsys):
+    from elmokit import errors
+    from elmokit.cli import models
+
+    def cmd(args):
+        raise errors.UsageError("bad option --x")
+
+    monkeypatch.setattr(models, "cmd_info", cmd)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert cli_main(["info", "m"]) == 2
+    assert capsys.readouterr().err == "elmokit info [process 1/2]: error: bad option --x\n"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert cli_main(["info", "m"]) == 2
+    assert capsys.readouterr().err == "elmokit info: error: bad option --x\n"

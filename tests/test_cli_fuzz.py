@@ -44,7 +44,7 @@ def _settings(n: int):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """The files every example starts from (copied afresh for each example)."""
-    from elmokit.training.trainer import TrainConfig, Trainer
+    from elmokit.pretraining.trainer import TrainConfig, Trainer
 
     w = tmp_path_factory.mktemp("world")
     save_pretrained(BiLM(elmo_tiny()), w / "model")

@@ -18,7 +18,7 @@ import operator
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from .errors import DataError, InputError, MissingFileError, UsageError
@@ -171,13 +171,6 @@ class Vocabulary:
             UsageError: ``min_count < 1`` or ``max_size < 3``.
             DataError: a token is empty or contains whitespace.
         """
-        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-            raise UsageError(f"min_count must be an int >= 1, got {min_count!r}")
-        if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int)
-                                     or max_size < len(SPECIAL_TOKENS)):
-            raise UsageError(
-                f"max_size must be None or an int >= {len(SPECIAL_TOKENS)} (the specials), got {max_size!r}"
-            )
         counter: Counter[str] = Counter()
         n_sentences = 0
         for i, sent in enumerate(sentences):
@@ -191,10 +184,34 @@ class Vocabulary:
                     raise InputError(
                         f"Vocabulary.build: sentence {i} holds a {type(tok).__name__}, expected str tokens")
                 counter[tok] += 1
+        return cls.from_counts(counter, n_sentences, min_count=min_count, max_size=max_size)
+
+    @classmethod
+    def from_counts(cls, counter: Mapping[str, int], n_sentences: int, min_count: int = 1,
+                    max_size: int | None = None) -> Vocabulary:
+        """The vocabulary :meth:`build` makes, from token counts already taken (e.g. added up over corpus parts).
+
+        Args:
+            counter: occurrences of each token in the text (literal ``<S>``/``</S>``/``<UNK>`` tokens included).
+            n_sentences: sentences counted (each adds one ``<S>`` and one ``</S>``).
+            min_count, max_size: as :meth:`build`.
+
+        Raises:
+            UsageError: ``min_count < 1`` or ``max_size < 3``.
+            DataError: a token is empty or contains whitespace.
+        """
+        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+            raise UsageError(f"min_count must be an int >= 1, got {min_count!r}")
+        if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int)
+                                     or max_size < len(SPECIAL_TOKENS)):
+            raise UsageError(
+                f"max_size must be None or an int >= {len(SPECIAL_TOKENS)} (the specials), got {max_size!r}"
+            )
+        counter = Counter(counter)
         special_counts = {s: counter.pop(s, 0) for s in SPECIAL_TOKENS}
-        for tok in list(counter):
+        for tok in counter:
             if not tok or len(tok.split()) != 1:
-                raise DataError(f"Vocabulary.build: token {tok!r} is empty or contains whitespace")
+                raise DataError(f"Vocabulary: token {tok!r} is empty or contains whitespace")
         words = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
         kept = [(w, c) for w, c in words if c >= min_count]
         if max_size is not None:

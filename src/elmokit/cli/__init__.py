@@ -125,9 +125,19 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
+def _process_tag() -> str:
+    """``" [process R/N]"`` under torchrun (``WORLD_SIZE`` > 1), so that each process's message says whose it is."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return ""
+    return f" [process {rank}/{world}]" if world > 1 else ""
+
+
 def _say(command: str, text: str) -> None:
     with contextlib.suppress(OSError, ValueError):
-        print(f"elmokit {command}: {text}", file=sys.stderr)
+        print(f"elmokit {command}{_process_tag()}: {text}", file=sys.stderr)
 
 
 def _one_line(exc: BaseException) -> str:

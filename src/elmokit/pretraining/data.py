@@ -23,7 +23,7 @@ from typing import Any
 from ..characters import CharVocabulary
 from ..data.corpus import SentenceBatcher, StreamBatch, StreamWindows, TextCorpus
 from ..errors import CheckpointError, UsageError
-from ..vocabulary import SPECIAL_TOKENS, Vocabulary
+from ..vocabulary import Vocabulary
 from .config import TrainConfig
 
 __all__ = ["PartBatch", "StepBatch", "TrainingData", "part_batch_size", "parts_of_process", "vocabulary_from_counts",
@@ -177,28 +177,12 @@ def vocabulary_from_counts(parts: Sequence[PartCounts], min_count: int = 1, max_
         UsageError: ``min_count < 1`` or ``max_size < 3`` (as ``Vocabulary.build``).
         DataError: a token that is empty or holds whitespace (from ``Vocabulary``).
     """
-    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-        raise UsageError(f"min_count must be an int >= 1, got {min_count!r}")
-    if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int)
-                                 or max_size < len(SPECIAL_TOKENS)):
-        raise UsageError(f"max_size must be None or an int >= {len(SPECIAL_TOKENS)} (the specials), got {max_size!r}")
     counter: Counter = Counter()
     n_sentences = 0
     for p in parts:
         counter.update(p.words)
         n_sentences += p.sentences
-    bos, eos, unk = SPECIAL_TOKENS
-    special = {s: counter.pop(s, 0) for s in SPECIAL_TOKENS}
-    words = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
-    kept = [(w, c) for w, c in words if c >= min_count]
-    if max_size is not None:
-        kept = kept[: max_size - len(SPECIAL_TOKENS)]
-    n_unk = sum(counter.values()) - sum(c for _, c in kept) + special[unk]
-    tokens = [bos, eos, unk] + [w for w, _ in kept]
-    counts = [n_sentences + special[bos], n_sentences + special[eos], n_unk] + [c for _, c in kept]
-    logger.info("built vocabulary: %d tokens (%d distinct words seen, %d sentences, %d tokens mapped to <UNK>)",
-                len(tokens), len(counter), n_sentences, n_unk)
-    return Vocabulary(tokens, counts)
+    return Vocabulary.from_counts(counter, n_sentences, min_count=min_count, max_size=max_size)
 
 
 def char_vocabulary_from_counts(parts: Sequence[PartCounts], max_characters_per_token: int) -> CharVocabulary:
