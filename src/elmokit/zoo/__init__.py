@@ -1,0 +1,8 @@
+"""The model zoo: the data recipes of the English and Chinese biLMs (:mod:`.corpora`).
+
+Importing it is light: sacremoses, jieba, gensim and nltk are imported inside the functions that use them.
+"""
+from .corpora import RECIPES, build_corpus, leak_check, read_kept_out, read_source, resolve_data_dir, sentence_key
+
+__all__ = ["RECIPES", "build_corpus", "leak_check", "read_kept_out", "read_source", "resolve_data_dir",
+           "sentence_key"]
