@@ -45,6 +45,13 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     from elmokit.config import PRESETS
 
+    try:  # as `elmokit train` does at start-up (this tree; the reference tree has no such module)
+        from elmokit.allocator import keep_freed_memory
+
+        allocator = "kept freed blocks" if keep_freed_memory() else "C library defaults"
+    except ImportError:
+        allocator = "C library defaults (no elmokit.allocator)"
+
     try:  # this tree
         from elmokit.pretraining.trainer import TrainConfig, build_trainer
     except ImportError:  # a reference tree from before the package was named pretraining
@@ -93,6 +100,7 @@ def child(args: argparse.Namespace) -> None:
         result["tokens_per_s"] = args.steps * 128 * 20 / seconds
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["torch_threads"] = torch.get_num_threads()
+    result["allocator"] = allocator
     Path(args.result).write_text(json.dumps(result))
 
 
