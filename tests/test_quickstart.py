@@ -24,6 +24,8 @@ def test_lee_corpus_split_is_disjoint_articles():
     assert len(train) > 2000 and len(held) > 200
     assert sum(map(len, train)) > 50_000
     assert all(s for s in train + held)
+    # leak-free: no held-out sentence occurs word for word in the training text (the raw split had 5 that did)
+    assert not {tuple(s) for s in held} & {tuple(s) for s in train}
 
 
 def test_probe_sentences_have_three_of_each_sense():
@@ -134,7 +136,17 @@ def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
     assert json.loads((tmp_path / "train" / "train_config.json").read_text())["valid_files"] == [
         str(tmp_path / "heldout.txt")]
     assert (tmp_path / "train" / "best" / "best.json").is_file()
-    assert "unigram baseline (add-one, same vocabulary of" in printed and "(top)" in printed
+    assert "add-one unigram" in printed and "(top)" in printed
+    # the Kneser-Ney baseline is measured on the same split and vocabulary, and the split is written for others
+    from elmokit.baselines.ngram import kneser_ney_perplexity
+    from elmokit.vocabulary import Vocabulary
+
+    kn = kneser_ney_perplexity(*load_lee_corpus(), load_lm(result["model_dir"]).vocab, order=3)
+    assert result["kneser_ney_3"]["average"] == pytest.approx(kn["average"], rel=1e-12)
+    assert f"average {kn['average']:.1f}" in printed
+    assert result["beats_kneser_ney"] == (result["perplexity"]["average"] < kn["average"])
+    assert Vocabulary.from_file(tmp_path / "vocab.txt").tokens == load_lm(result["model_dir"]).vocab.tokens
+    assert (tmp_path / "heldout.txt").read_text().splitlines() == [" ".join(s) for s in load_lee_corpus()[1]]
     # the unigram figure is the add-one model over the saved vocabulary, recomputed here independently
     lm = load_lm(result["model_dir"])
     train, held = load_lee_corpus()
