@@ -143,16 +143,16 @@ def save_lm(lm: BidirectionalLM, out_dir: str | os.PathLike) -> Path:
 
 
 def load_lm(model_dir: str | os.PathLike) -> BidirectionalLM:
-    """Load :func:`save_lm`'s folder as a :class:`BidirectionalLM` (eval mode).
+    """Load :func:`save_lm`'s folder (or a zoo model name, ``elmokit-en``) as a :class:`BidirectionalLM` (eval mode).
 
     Raises:
         MissingFileError: the folder lacks ``config.json``, the weights or ``vocab.txt``, or the weights hold no softmax
-            (only an embedding model was saved).
+            (only an embedding model was saved); a zoo model that is not built.
         WeightsError: the softmax does not fit ``vocab.txt`` and the config.
     """
-    from ..weights.native import WEIGHTS_NAME, load_native
+    from ..weights.native import WEIGHTS_NAME, load_native, resolve_model_name
 
-    model_dir = Path(model_dir)
+    model_dir = Path(resolve_model_name(model_dir))
     missing = [n for n in ("config.json", WEIGHTS_NAME, "vocab.txt") if not (model_dir / n).is_file()]
     if missing:
         raise MissingFileError(f"{model_dir} is not a trained LM folder (no {', '.join(missing)}): perplexity and "
@@ -774,6 +774,7 @@ class Trainer:
         bar = tqdm(total=c.max_steps, initial=self.step, unit="step", disable=not (c.progress and d.is_main),
                    desc="training", mininterval=0.1 if sys.stderr.isatty() else 30.0)
         tokens_seen, start = 0, time.perf_counter()
+        loop_start = start
         self._last_checkpoint_time = self._last_valid_time = _clock()
         self._interrupt_handled = False
         last_loss = float("nan")
@@ -788,6 +789,7 @@ class Trainer:
                 if self.valid is not None and self.step == 0:
                     with interrupts.deferred():
                         last_valid = self._validate()
+                    loop_start = time.perf_counter()  # loop_seconds and tokens/s: the steps, not this evaluation
                 self.lm.train()
                 while c.max_steps is None or self.step < c.max_steps:
                     # one step (draw, forward, backward, update, log, evaluate, checkpoint) is never cut by
@@ -804,7 +806,7 @@ class Trainer:
                         tokens_seen += result.tokens
                         last_loss = result.loss
                         window.append((result.nll_forward, result.nll_backward, result.tokens))
-                        elapsed = time.perf_counter() - start
+                        elapsed = time.perf_counter() - loop_start
                         if self.step % c.log_every == 0:
                             n = max(1, sum(k for *_, k in window))
                             f = sum(a * k for a, _, k in window) / n
@@ -828,7 +830,7 @@ class Trainer:
                             self._interrupt_handled = True
                             self._on_interrupt(False)
                             raise KeyboardInterrupt
-                loop_seconds = time.perf_counter() - start
+                loop_seconds = time.perf_counter() - loop_start
                 if self.step == 0:
                     raise TrainingError(
                         f"no training step could be made: the data yields no batch (batching={c.batching!r}, batch "
