@@ -360,6 +360,7 @@ def test_ctrl_c_between_steps_leaves_a_checkpoint_at_the_interrupt(corpus, refer
     assert sorted(_losses(tmp_path)) == list(range(1, 8))
     assert any("SIGINT: stopped after step 7, checkpoint written" in r.getMessage() for r in caplog.records)
     assert not (tmp_path / "model").exists()
+    assert (tmp_path / "learning_curve.png").is_file()  # the curve so far is drawn at the interrupt
     interrupts.clear()
     monkeypatch.setattr(Trainer, "train_step", real)
     Trainer(_cfg(corpus, tmp_path, checkpoint_every=every)).train(resume=True)

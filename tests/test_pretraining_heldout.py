@@ -159,3 +159,28 @@ def test_cli_valid_flags_and_resume(texts, tmp_path, capsys):
     assert cli_main(["train", str(train), "--out-dir", str(tmp_path / "x"), "--preset", "tiny", "--valid-every",
                      "2"]) == 2
     assert "--valid-every" in capsys.readouterr().err
+
+
+def test_resuming_a_finished_run_adds_no_heldout_record(texts, tmp_path):
+    """A finished run resumed with the same --max-steps trains nothing and must not log its last evaluation again."""
+    Trainer(_cfg(texts, tmp_path)).train()
+    before = (tmp_path / "metrics.jsonl").read_text()
+    for _ in range(2):
+        summary = Trainer(_cfg(texts, tmp_path)).train(resume=True)
+        assert summary["tokens"] == 0
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+    # other held-out text at the same step is evaluated (it is a new measurement)
+    other = tmp_path.parent / "other_held.txt"
+    other.write_text(texts[1].read_text(encoding="utf-8").splitlines()[0] + "\n", encoding="utf-8")
+    Trainer(_cfg(texts, tmp_path, valid_files=[str(other)])).train(resume=True)
+    assert len(_records(tmp_path, "valid")) == len([json.loads(x) for x in before.splitlines()
+                                                    if json.loads(x)["kind"] == "valid"]) + 1
+
+
+def test_freeze_without_init_from_and_a_folder_as_valid_files_are_refused(texts, tmp_path):
+    from elmokit.errors import ConfigError, MissingFileError
+
+    with pytest.raises(ConfigError, match=r"--freeze-bilm-steps\) needs a model to start from \(--init-from\)"):
+        _cfg(texts, tmp_path, freeze_bilm_steps=5).validate()
+    with pytest.raises(MissingFileError, match=r"is a folder: give its files"):
+        Trainer(_cfg(texts, tmp_path / "run", valid_files=[str(texts[1].parent)])).train()

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from .. import interrupts
-from ..errors import ConfigError, DataError, MissingFileError, UsageError
+from ..errors import ConfigError, DataError, ElmoError, MissingFileError, UsageError
 from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, check_input_file, check_model, int_at_least,
                      non_negative_int, path_arg, positive_float, positive_int, print_json_line, probability,
                      read_options_json, resolve_cli_device, seed, text_arg)
@@ -150,9 +150,26 @@ def cmd_train(args: argparse.Namespace) -> int:
         summary = trainer.train(resume=True) if args.resume else trainer.train(overwrite=args.overwrite)
         if dist.is_main:
             print(json.dumps(summary, indent=2))
+    except RuntimeError as exc:
+        if dist.world_size > 1 and not isinstance(exc, ElmoError) and _peer_lost(exc):
+            from ..pretraining.trainer import TrainingError, latest_checkpoint_step
+
+            step = latest_checkpoint_step(config.out_dir)
+            kept = (f"the checkpoint of step {step} is kept (continue with --resume, on as many processes as its "
+                    "data parts allow)" if step is not None else "no checkpoint was written yet")
+            raise TrainingError(f"another process of this run stopped (the connection to it closed); {kept}") \
+                from None
+        raise
     finally:
         dist.close()
     return 0
+
+
+def _peer_lost(exc: BaseException) -> bool:
+    """Whether a collective failed because another process went away (gloo/nccl report it as a RuntimeError)."""
+    text = str(exc).lower()
+    return any(s in text for s in ("connection closed by peer", "connection reset by peer", "broken pipe",
+                                   "remote worker", "nccl communicator was aborted", "socket timeout"))
 
 
 def train_interrupted_note(args: argparse.Namespace) -> str:

@@ -111,6 +111,8 @@ def _expand_pattern(pattern: PatternLike) -> list[Path]:
             continue
         matches = [m for m in glob.glob(s, recursive=True) if os.path.isfile(m)]
         if not matches:
+            if os.path.isdir(s):
+                raise MissingFileError(f"{os.fspath(p)} is a folder: give its files (e.g. {os.path.join(os.fspath(p), '*.txt')!r})")
             raise MissingFileError(f"no corpus files match the pattern {os.fspath(p)!r}")
         found.update(matches)
     return [Path(s) for s in sorted(found)]

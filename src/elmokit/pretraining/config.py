@@ -196,11 +196,14 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.valid_files must be a non-empty list of file patterns (or None), got "
                               f"{self.valid_files!r}")
         if self.valid_files is None and (self.valid_every is not None or self.valid_minutes is not None):
-            raise ConfigError("TrainConfig.valid_every / valid_minutes (--valid-every, --valid-minutes) need "
+            raise ConfigError("--valid-every / --valid-minutes (valid_every / valid_minutes) need "
                               "valid_files (--valid-files): the held-out text to evaluate")
         if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
             raise ConfigError(f"TrainConfig.init_from must be a model name or folder (or None), got "
                               f"{self.init_from!r}")
+        if self.freeze_bilm_steps and self.init_from is None:
+            raise ConfigError(f"freeze_bilm_steps={self.freeze_bilm_steps} (--freeze-bilm-steps) needs a model to start "
+                              "from (--init-from): a freshly initialised biLM would stay random while frozen")
         if self.model is None and self.init_from is None:
             raise ConfigError("TrainConfig.model is missing: give an architecture (an ElmoConfig or options dict, "
                               "--preset/--options) or a model to start from (init_from, --init-from)")
@@ -210,8 +213,8 @@ class TrainConfig:
         if self.model is not None:
             self.model.validate("TrainConfig.model")
         if self.data_parts is not None and self.batch_size < self.data_parts:
-            raise ConfigError(f"TrainConfig.batch_size={self.batch_size} is smaller than data_parts="
-                              f"{self.data_parts}: every data part (one per process unless --data-parts) needs at "
+            raise ConfigError(f"batch_size={self.batch_size} (--batch-size) is smaller than data_parts="
+                              f"{self.data_parts} (--data-parts, or the number of processes): every data part (one per process unless --data-parts) needs at "
                               "least one sentence (window row) per step; use a larger --batch-size")
         return self
 
@@ -308,7 +311,8 @@ class TrainConfig:
                    if name not in RESUME_MAY_CHANGE and not self.same_value(name, value)]
         if changed:
             allowed = ", ".join(sorted({describe(n) for n in RESUME_MAY_CHANGE if describe(n)}))
-            raise UsageError(f"{', '.join(dict.fromkeys(describe(n) for n in changed))}: differ from the run being "
+            names = list(dict.fromkeys(describe(n) for n in changed))
+            raise UsageError(f"{', '.join(names)}: {'differs' if len(names) == 1 else 'differ'} from the run being "
                              f"resumed (see {Path(self.out_dir) / 'train_config.json'}); only {allowed} may change on "
                              "--resume. Start a new --out-dir to change the others")
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if k in RESUME_MAY_CHANGE})

@@ -481,6 +481,9 @@ class Trainer:
                     "data": json.dumps({"data_parts": self.data.n_parts, "parts": data_states}),
                     "lstm_state": lstm_states or None,
                     "best": json.dumps(self.best),
+                    # the held-out text already evaluated at this step (a resume of a finished run adds no record)
+                    "valid_step": json.dumps(self._last_valid_step == step and {
+                        "step": step, "valid_files": list(self.config.valid_files or [])}),
                     "randomness": "per-step seeds",
                 }
                 self._kept = ckpt.write_checkpoint(self.out_dir, step, tensors, state, previous=self._kept,
@@ -545,6 +548,13 @@ class Trainer:
         self._kept = [e for e in loaded.manifest.checkpoints if e.step <= self.step]
         self._saved_step = self.step
         self._last_valid_step = None
+        try:
+            evaluated = json.loads(state.get("valid_step", "false"))
+        except (TypeError, ValueError):
+            evaluated = False
+        if (isinstance(evaluated, dict) and evaluated.get("step") == self.step
+                and evaluated.get("valid_files") == list(self.config.valid_files or [])):
+            self._last_valid_step = self.step
         self._owns_out_dir = True
         self.run.truncate_metrics(self.step)
         logger.info("resumed from step %d (%s)", self.step, t_path)
@@ -700,6 +710,10 @@ class Trainer:
             if self.dist.is_main:
                 logger.warning("%s: stopped after step %d, checkpoint written (%s); resume continues from step %d",
                                why, self.step, self.out_dir / ckpt.tensor_file_name(self.step), self.step)
+            try:  # the learning curve so far (best effort: the interrupt is what matters)
+                self.dist.on_main(self.run.plot)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("learning curve not drawn after the interrupt: %s", _one_line(exc))
         else:  # a second Ctrl-C cut the write: the previous checkpoint is still the latest
             logger.warning("%s again while writing the checkpoint of step %d: %s", why, self.step,
                            f"the latest checkpoint is step {last}" if last is not None else "no checkpoint written")
