@@ -534,7 +534,7 @@ def test_every_help_shows_defaults_and_describes_positionals():
     import argparse
 
     _, commands = _subparsers()
-    assert set(commands) == {"embed", "convert", "export", "info", "train", "perplexity", "score", "quickstart"}
+    assert set(commands) == {"embed", "convert", "export", "info", "train", "perplexity", "score", "quickstart", "zoo"}
     for name, sub in commands.items():
         for action in sub._actions:
             if isinstance(action, argparse._HelpAction):
@@ -634,3 +634,37 @@ def test_error_lines_name_the_process_under_torchrun(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert cli_main(["info", "m"]) == 2
     assert capsys.readouterr().err == "elmokit info: error: bad option --x\n"
+
+
+def test_argparse_errors_are_one_line(capsys):
+    assert cli_main(["train", "--valid-every", "0", "x.txt"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("elmokit train: error: argument --valid-every: must be a positive integer, got '0' "
+                   "(see `elmokit train --help`)\n")
+    assert cli_main(["trian"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_lost_peer_process_is_a_training_error_not_a_bug(monkeypatch, tmp_path, capsys):
+    """gloo reports a killed peer as a RuntimeError; under torchrun it is an expected stop, with the checkpoint named."""
+    from elmokit.pretraining import distributed
+    from elmokit.pretraining.trainer import Trainer
+
+    class TwoProcesses(distributed.DistContext):
+        pass
+
+    def fake_init(device):
+        return TwoProcesses(rank=0, world_size=2)
+
+    def boom(self, **kwargs):
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:14218")
+
+    monkeypatch.setattr(distributed, "init_from_env", fake_init)
+    monkeypatch.setattr(Trainer, "train", boom)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(f"a b c {i}\n" for i in range(20)), encoding="utf-8")
+    status = cli_main(["train", str(corpus), "--out-dir", str(tmp_path / "run"), "--preset", "tiny",
+                       "--max-steps", "2", "--device", "cpu", "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert "another process of this run stopped" in err and "internal error" not in err

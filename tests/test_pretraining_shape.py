@@ -111,7 +111,7 @@ def test_model_is_an_elmoconfig_and_the_config_round_trips(corpus, tmp_path):
         TrainConfig([str(corpus)], str(tmp_path)).validate()
     with pytest.raises(ConfigError, match="need valid_files"):
         _cfg(corpus, tmp_path, valid_every=3).validate()
-    with pytest.raises(ConfigError, match="batch_size=2 is smaller than data_parts=3"):
+    with pytest.raises(ConfigError, match=r"batch_size=2 \(--batch-size\) is smaller than data_parts=3"):
         _cfg(corpus, tmp_path, batch_size=2, data_parts=3).validate()
 
 

@@ -51,15 +51,22 @@ def _version() -> str:
         return getattr(elmokit, "__version__", "unknown")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``elmokit COMMAND: error: MESSAGE (see elmokit COMMAND --help)``, exit 2."""
+
+    def error(self, message: str):  # noqa: D102 (argparse's hook)
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``elmokit`` parser with every command registered (each command's ``func`` set as a default)."""
-    from . import embed, models, quickstart, train
+    from . import embed, models, quickstart, train, zoo
 
-    global_flags = argparse.ArgumentParser(add_help=False)
+    global_flags = _Parser(add_help=False)
     # SUPPRESS: when the flag is not repeated after the command, the value parsed before it stays
     global_flags.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                               help="log progress details; tracebacks for internal errors (default: off)")
-    parser = argparse.ArgumentParser(prog="elmokit", description="ELMo: pretrain, convert, embed.", epilog=_EPILOG,
+    parser = _Parser(prog="elmokit", description="ELMo: pretrain, convert, embed.", epilog=_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log progress details; tracebacks for internal errors (default: off)")
@@ -70,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.register(sub, parents)
     train.register(sub, parents)
     quickstart.register(sub, parents)
+    zoo.register(sub, parents)
     return parser
 
 

@@ -14,8 +14,9 @@ __all__ = ["register", "cmd_embed"]
 def cmd_embed(args: argparse.Namespace) -> int:
     """Check every argument (model first, then input, then output), load the model, embed, report."""
     from ..embedding import Embedder
-    from ..weights.native import load_pretrained_bilm
+    from ..weights.native import load_pretrained_bilm, resolve_model_name
 
+    args.model = str(resolve_model_name(args.model))  # a zoo name → its folder (or the error saying how to build it)
     check_model(args.model)
     check_input_file(args.input)
     check_output_file(args.output, {"input file": args.input})
@@ -40,7 +41,8 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                     "holds line i+1's vectors, (L+1, n, 2P) for --layers all or (n, 2P) for top/average; "
                     "\"sentence_to_index\" maps each stripped line to its dataset, as AllenNLP's `elmo` command. "
                     "A blank line gives an empty array. The output is written atomically.")
-    p.add_argument("model", type=text_arg, help=RELEASED_HELP)
+    p.add_argument("model", type=text_arg, help=f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh: "
+                                                "`elmokit zoo build`)")
     p.add_argument("input", type=path_arg, help="text file, one whitespace-tokenised sentence per line (UTF-8)")
     p.add_argument("output", type=path_arg, help="HDF5 file to write (replaced if it exists)")
     p.add_argument("--layers", choices=["all", "top", "average"], default="all",

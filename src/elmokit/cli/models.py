@@ -44,30 +44,65 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_vocabulary(model: str) -> Path | None:
+    """The word vocabulary a model folder holds (``vocab.txt``, as ``elmokit train`` and the zoo write it), or
+    ``None`` (a released model, an original-format folder without one)."""
+    path = Path(model)
+    return path / "vocab.txt" if path.is_dir() and (path / "vocab.txt").is_file() else None
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    """Model → original options.json + weights.hdf5; refuses to replace an export unless ``--overwrite``."""
-    from ..weights.native import load_pretrained_bilm
+    """Model → original options.json + weights.hdf5, and ``vocab.txt`` when the model has a word vocabulary (bilm-tf's
+    tools read it beside the two); refuses to replace an export unless ``--overwrite``."""
+    from ..io import atomic_write_text
+    from ..vocabulary import Vocabulary
+    from ..weights.native import load_pretrained_bilm, resolve_model_name
     from ..weights.original import export_original
 
+    args.model = str(resolve_model_name(args.model))  # a zoo name → its folder
     check_model(args.model)
     if Path(args.model).is_dir() and args.output.resolve() == Path(args.model).resolve():
         raise UsageError(f"the output folder {args.output} is the model's own folder: export into another folder")
-    _check_output_folder(args.output, args.overwrite, ("options.json", "weights.hdf5"), "an export")
+    vocab_file = _model_vocabulary(args.model)
+    names = ("options.json", "weights.hdf5") + (("vocab.txt",) if vocab_file else ())
+    _check_output_folder(args.output, args.overwrite, names, "an export")
+    vocab = Vocabulary.from_file(vocab_file) if vocab_file else None  # a damaged vocab.txt fails before writing
     options, weights = export_original(load_pretrained_bilm(args.model), args.output)
-    print(f"wrote {options} and {weights}")
+    if vocab is not None:
+        atomic_write_text(args.output / "vocab.txt", "".join(t + "\n" for t in vocab.tokens))
+        print(f"wrote {options}, {weights} and {args.output / 'vocab.txt'} ({len(vocab)} tokens)")
+    else:
+        print(f"wrote {options} and {weights} (the model has no vocab.txt: none written)")
     return 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """Print the model's parameter count, layers, output dimension and options as JSON."""
-    from ..weights.native import load_pretrained_bilm
+    """Print the model's parameter count, layers, output dimension and options as JSON (and, for a zoo model, its
+    card's summary)."""
+    from ..weights.native import load_pretrained_bilm, resolve_model_name
 
+    args.model = str(resolve_model_name(args.model))
     check_model(args.model)
     model = load_pretrained_bilm(args.model)
     n = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"parameters": n, "layers": model.num_layers, "output_dim": model.output_dim,
-                      "options": model.config.to_options()}, indent=2))
+    info = {"parameters": n, "layers": model.num_layers, "output_dim": model.output_dim,
+            "options": model.config.to_options()}
+    card = Path(args.model) / "card.json"
+    if card.is_file():
+        from ..zoo.build import read_card
+
+        data = read_card(card.parent)
+        if data is not None:
+            fig = data["figures"]
+            info["zoo"] = {"name": data["name"], "rebuild_command": data["rebuild_command"],
+                           "heldout_average_perplexity": fig["heldout"]["bilm"]["average"],
+                           "kneser_ney_3": fig["heldout"]["kneser_ney_3"]["average"],
+                           "unigram": fig["heldout"]["unigram_add_one"], "card": str(card.parent / "README.md")}
+    print(json.dumps(info, indent=2))
     return 0
+
+
+_MODEL_HELP = f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh: `elmokit zoo build`)"
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -81,16 +116,16 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                    help="replace a model already in the output folder (default: refuse)")
     p.set_defaults(func=cmd_convert)
 
-    p = sub.add_parser("export", parents=parents, help="model → original options.json + weights.hdf5 "
+    p = sub.add_parser("export", parents=parents, help="model → original options.json + weights.hdf5 (+ vocab.txt) "
                                                        "(for bilm-tf / AllenNLP)")
-    p.add_argument("model", type=text_arg, help=RELEASED_HELP)
-    p.add_argument("output", type=path_arg, help="folder to write options.json and weights.hdf5 into (created if "
-                                                 "missing; not the model's own folder)")
+    p.add_argument("model", type=text_arg, help=_MODEL_HELP)
+    p.add_argument("output", type=path_arg, help="folder to write options.json, weights.hdf5 and (when the model has "
+                                                 "one) vocab.txt into (created if missing; not the model's own folder)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an export already in the output folder (default: refuse)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("info", parents=parents, help="show a model's configuration and parameter count (JSON)")
-    p.add_argument("model", type=text_arg, help=RELEASED_HELP)
+    p.add_argument("model", type=text_arg, help=_MODEL_HELP)
     p.set_defaults(func=cmd_info)
 

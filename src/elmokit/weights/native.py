@@ -5,6 +5,8 @@
 * a released model name (:data:`RELEASED`): its original options + HDF5 are downloaded once into the cache
   (``$ELMOKIT_CACHE``, default ``~/.cache/elmokit``) with a progress bar, to a temporary name renamed into place
   only when complete, and reused offline afterwards;
+* a model trained here (:data:`ZOO_MODELS`: ``elmokit-en``, ``elmokit-zh``): the native folder
+  ``$ELMOKIT_CACHE/zoo/<name>`` that ``elmokit zoo build`` writes (:func:`resolve_model_name`);
 * a directory in the native format (``config.json`` + ``model.safetensors``);
 * a directory holding an original ``options.json`` (or ``*options*.json``) and one ``*.hdf5`` weight file.
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import struct
 import urllib.request
 from pathlib import Path
 from typing import Callable
@@ -28,7 +32,7 @@ from ..modules.bilm import BiLM, StatefulBiLM
 from . import load_state_checked
 
 __all__ = ["save_pretrained", "load_native", "load_pretrained_bilm", "cache_dir", "download", "RELEASED",
-           "CONFIG_NAME", "WEIGHTS_NAME"]
+           "ZOO_MODELS", "zoo_model_dir", "resolve_model_name", "known_model_names", "CONFIG_NAME", "WEIGHTS_NAME"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +63,49 @@ RELEASED: dict[str, tuple[str, str]] = {
 }
 
 
+#: The models trained by this project (``elmokit zoo build LANG``): name → LANG. Their folders are
+#: :func:`zoo_model_dir`; the card (``card.json``) is written last, so a folder without it is an unfinished build.
+ZOO_MODELS: dict[str, str] = {"elmokit-en": "en", "elmokit-zh": "zh"}
+
+
 def cache_dir() -> Path:
     """The download cache: ``$ELMOKIT_CACHE`` or ``~/.cache/elmokit``."""
     return Path(os.environ.get("ELMOKIT_CACHE", Path.home() / ".cache" / "elmokit"))
+
+
+def zoo_model_dir(name: str) -> Path:
+    """The folder of the zoo model ``name`` (:data:`ZOO_MODELS`): ``cache_dir()/zoo/<name>``."""
+    return cache_dir() / "zoo" / name.lower()
+
+
+def known_model_names() -> list[str]:
+    """The released names and the zoo names, sorted (for messages)."""
+    return sorted([*RELEASED, *ZOO_MODELS])
+
+
+def resolve_model_name(name_or_path: str | os.PathLike) -> str | os.PathLike | Path:
+    """A zoo model name (``elmokit-en``, ``elmokit-zh``; any case) → its folder in the cache; anything else (a folder,
+    a released name, a path that is not there) is returned unchanged. A folder of that name in the current directory
+    wins over the zoo name, as folders win over released names.
+
+    Raises:
+        MissingFileError: the zoo model is not built (no folder, or no ``card.json``, which its build writes last):
+            the message names the folder and the command that builds it (``elmokit zoo build en``).
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        return name_or_path
+    text = os.fspath(name_or_path)
+    key = text.lower() if isinstance(text, str) else ""
+    if key not in ZOO_MODELS or Path(text).exists():
+        return name_or_path
+    folder = zoo_model_dir(key)
+    command = f"elmokit zoo build {ZOO_MODELS[key]}"
+    if not (folder / "card.json").is_file() or not (folder / CONFIG_NAME).is_file():
+        state = ("its build is unfinished (no card.json): continue it with `" + command + " --resume`"
+                 if folder.is_dir() and any(folder.iterdir()) else f"run `{command}` (about 25 minutes on 2 cores)")
+        raise MissingFileError(f"zoo model {key!r} is not built: no {folder / 'card.json'} (the cache is "
+                               f"$ELMOKIT_CACHE, default ~/.cache/elmokit): {state}")
+    return folder
 
 
 def _urlopen(url: str):  # indirection so tests can replace the network
@@ -117,12 +161,37 @@ def save_pretrained(model: BiLM, out_dir: str | os.PathLike, *, vocab_lines: lis
         tensors[k] = v.detach().cpu().contiguous()
     with atomic_path(out_dir / WEIGHTS_NAME, suffix=".safetensors") as tmp:
         save_file(tensors, str(tmp), metadata={"format": "elmokit", "version": str(FORMAT_VERSION)})
+        _sort_metadata(tmp)
     if vocab_lines is not None:
         from ..io import atomic_write_text
 
         atomic_write_text(out_dir / "vocab.txt", "".join(line + "\n" for line in vocab_lines))
     model.config.to_json_file(out_dir / CONFIG_NAME)
     return out_dir
+
+
+_METADATA = re.compile(rb'"__metadata__":\{[^{}]*\}')
+
+
+def _sort_metadata(path: Path) -> None:
+    """Rewrite a safetensors file's ``__metadata__`` with its keys sorted, in place (same bytes otherwise).
+
+    safetensors writes the metadata map in a random order per call (a Rust ``HashMap``), so two saves of the same
+    tensors differed in their header bytes and their sha256 (seen in two identical zoo builds); sorted, a model file
+    is a pure function of its tensors, and a rebuild's checksum repeats."""
+    with open(path, "r+b") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = fh.read(n)
+        match = _METADATA.search(header)
+        if match is None:
+            return
+        meta = json.loads(match.group()[len(b'"__metadata__":'):])
+        sorted_bytes = b'"__metadata__":' + json.dumps(dict(sorted(meta.items())), separators=(",", ":"),
+                                                       ensure_ascii=False).encode("utf-8")
+        if len(sorted_bytes) != len(match.group()) or sorted_bytes == match.group():
+            return  # another layout than safetensors' compact one: leave the file as written
+        fh.seek(8 + match.start())
+        fh.write(sorted_bytes)
 
 
 def load_native(path: str | os.PathLike, *, stateful: bool = False, **bilm_kwargs) -> BiLM:
@@ -187,21 +256,26 @@ def _original_pair(directory: Path) -> tuple[Path, Path]:
 
 
 def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | None = None, **bilm_kwargs) -> BiLM:
-    """Resolve a released name, a native directory, or an original-format directory to a :class:`BiLM`.
+    """Resolve a released name, a zoo name (:data:`ZOO_MODELS`), a native directory, or an original-format directory to
+    a :class:`BiLM`.
 
     Raises:
         UsageError: a path that is a file (says what to pass instead: the options + weights pair goes to
             ``load_original`` / ``Embedder(options_file, weight_file)``), or a name that is neither a folder nor a
-            released model (lists the known names); not a str / path.
+            released or zoo model (lists the known names); not a str / path.
         MissingFileError: a folder that is not a model (names it, says what a model folder holds and what was
-            found), or a path-like name that does not exist.
+            found), a path-like name that does not exist, or a zoo model that is not built yet (says to run
+            ``elmokit zoo build LANG``).
         ConfigError / WeightsError: as the loaders.
     """
     from .original import load_original
 
     if not isinstance(name_or_path, (str, os.PathLike)):
-        raise UsageError(f"model must be a folder path or a released model name {sorted(RELEASED)}, got "
-                         f"{type(name_or_path).__name__}")
+        raise UsageError(f"model must be a folder path, a released model name or a zoo model name "
+                         f"{known_model_names()}, got {type(name_or_path).__name__}")
+    resolved = resolve_model_name(name_or_path)
+    if resolved is not name_or_path:  # a zoo model: its native folder
+        return load_native(resolved, **bilm_kwargs)
     path = Path(name_or_path)
     if path.is_dir():
         if (path / CONFIG_NAME).is_file():
@@ -221,10 +295,10 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
     if key not in RELEASED:
         text = os.fspath(name_or_path)
         if os.sep in text or (os.altsep and os.altsep in text) or text.startswith((".", "~")):
-            raise MissingFileError(f"model folder {text}: no such folder (and not a released model name: "
-                                   f"{', '.join(sorted(RELEASED))})")
-        raise UsageError(f"unknown model {text!r}: not a folder here, and not a released model name "
-                         f"({', '.join(sorted(RELEASED))})")
+            raise MissingFileError(f"model folder {text}: no such folder (and not a released or zoo model name: "
+                                   f"{', '.join(known_model_names())})")
+        raise UsageError(f"unknown model {text!r}: not a folder here, and not a released or zoo model name "
+                         f"({', '.join(known_model_names())})")
     options_url, weights_url = RELEASED[key]
     folder = cache_dir() / key
     options = download(options_url, folder / "options.json", opener=opener)
