@@ -372,3 +372,17 @@ def test_zoo_help_shows_defaults_and_describes_positionals():
         sub.format_help()
     args = parser.parse_args(["zoo", "build", "en"])
     assert (args.lang, args.data_dir, args.cache, args.overwrite, args.resume) == ("en", None, None, False, False)
+
+
+def test_perplexity_and_score_accept_zoo_names(tmp_path, monkeypatch, capsys):
+    """`elmokit perplexity/score elmokit-en` resolve the name; unbuilt, the error says how to build it (exit 2)."""
+    from elmokit.cli import main as cli_main
+
+    monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path / "cache"))
+    text = tmp_path / "s.txt"
+    text.write_text("a b c\n", encoding="utf-8")
+    for command in ("perplexity", "score"):
+        assert cli_main([command, "elmokit-en", str(text), "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert f"elmokit {command}: error: zoo model 'elmokit-en' is not built" in err
+        assert "elmokit zoo build en" in err

@@ -209,6 +209,9 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     from ..pretraining.perplexity import evaluate_perplexity
     from ..pretraining.trainer import load_lm
 
+    from ..weights.native import resolve_model_name
+
+    args.model = Path(resolve_model_name(str(args.model)))  # a zoo name → its folder (or how to build it)
     _check_lm_folder(args.model)
     sentences = [tokens for _, tokens in _read_sentences(args) if tokens]  # blank lines are not sentences
     if not sentences:
@@ -224,6 +227,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     from ..pretraining.perplexity import score_sentences
     from ..pretraining.trainer import load_lm
 
+    from ..weights.native import resolve_model_name
+
+    args.model = Path(resolve_model_name(str(args.model)))  # a zoo name → its folder (or how to build it)
     _check_lm_folder(args.model)
     lines = _read_sentences(args)
     lm = load_lm(args.model).to(resolve_cli_device(args.device))
