@@ -88,13 +88,15 @@ def test_long_line_is_embedded_alone_and_results_do_not_change(tmp_path):
     sentences = [["w"] * n for n in (3, 200, 5, 4, 6, 2)]
     shapes = []
 
-    def spy(module, args, kwargs):  # the character ids of every forward pass: (B, T, C)
-        ids = args[0] if args else kwargs["char_ids"]
-        shapes.append(tuple(ids.shape[:2]))
+    forward = emb.bilm.forward_token_vectors
 
-    hook = emb.bilm.register_forward_pre_hook(spy, with_kwargs=True)
+    def spy(vectors, mask, **kwargs):  # the token vectors of every forward pass: (B, T, P)
+        shapes.append(tuple(vectors.shape[:2]))
+        return forward(vectors, mask, **kwargs)
+
+    emb.bilm.forward_token_vectors = spy
     got = list(emb.embed_sentences(sentences))
-    hook.remove()
+    del emb.bilm.forward_token_vectors
     assert all(b * t <= 64 or b == 1 for b, t in shapes) and (1, 200) in shapes
     for s, arr in zip(sentences, got):
         np.testing.assert_allclose(arr, emb.embed_batch([s])[0], atol=1e-5)
@@ -185,14 +187,16 @@ def test_sigterm_during_embed_leaves_no_partial_file(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "elmokit", "embed", str(folder), str(text),
                              str(tmp_path / "out.hdf5"), "--batch-size", "8"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    parts = tmp_path / "out.hdf5.parts"  # the work is written in parts there (see elmokit.embed_output)
     deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob(".out.hdf5.*.tmp")):
+    while time.time() < deadline and not list(parts.glob(".part-*.tmp")):
         time.sleep(0.05)
-    assert list(tmp_path.glob(".out.hdf5.*.tmp")), "the embed run never started writing"
+    assert list(parts.glob(".part-*.tmp")), "the embed run never started writing"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 130
-    assert "interrupted" in proc.stderr.read().decode()
-    assert not list(tmp_path.glob(".out.hdf5.*")) and not (tmp_path / "out.hdf5").exists()
+    err = proc.stderr.read().decode()
+    assert "interrupted" in err and "--resume" in err
+    assert not list(tmp_path.rglob("*.tmp")) and not (tmp_path / "out.hdf5").exists()
 
 
 def test_resume_follows_a_moved_folder_and_refuses_changed_defaults(tmp_path, capsys):
@@ -238,7 +242,7 @@ def test_convert_and_embed_do_not_overwrite_models(tmp_path, capsys):
     assert "is a folder" in _err(capsys)
     assert cli_main(["embed", str(out), str(tmp_path / "s.txt"), str(tmp_path / "v.h5"), "--device", "banana"]) == 2
     assert "unknown device" in _err(capsys)
-    assert cli_main(["embed", str(out), str(tmp_path / "s.txt"), str(tmp_path / "v.h5")]) == 0
+    assert cli_main(["embed", str(out), str(tmp_path / "s.txt"), str(tmp_path / "v.h5"), "--format", "allennlp"]) == 0
     with h5py.File(tmp_path / "v.h5", "r") as h5:  # the byte-order mark is not part of the first token
         assert json.loads(h5["sentence_to_index"][0]) == {"a b": "0"}
 
@@ -321,7 +325,7 @@ def test_embed_accepts_the_decode_errors_it_advises(tmp_path, capsys):
     err = _err(capsys)
     assert status in (1, 2) and "--decode-errors" in err and "latin1.txt:1" in err and "internal error" not in err
     assert cli_main(["embed", str(model), str(text), str(tmp_path / "v.h5"), "--decode-errors", "replace",
-                     "--no-progress"]) == 0
+                     "--no-progress", "--format", "allennlp"]) == 0
     with h5py.File(tmp_path / "v.h5", "r") as h5:
         assert h5["0"].shape[1] == 3 and h5["1"].shape[1] == 1
         assert "a caf\ufffd b" in json.loads(h5["sentence_to_index"][0])
