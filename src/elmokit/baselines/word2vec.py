@@ -41,6 +41,8 @@ WORD2VEC_SETTINGS: dict = {
 VECTORS_FILE = "vectors.bin"
 SETTINGS_FILE = "word2vec.json"
 
+from ..io import file_sha256 as _sha256_file
+
 
 def _prepare(sentences: Iterable[Sequence[str]], min_count: int) -> tuple[list[list[str]], str, int]:
     """Token lists with words below ``min_count`` replaced by ``<UNK>``; sha256 of the text (one sentence a line,
@@ -64,12 +66,6 @@ def _prepare(sentences: Iterable[Sequence[str]], min_count: int) -> tuple[list[l
     return mapped, h.hexdigest(), sum(counts.values())
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def train_word2vec(sentences: Iterable[Sequence[str]], out_dir: str | Path, **settings) -> Path:

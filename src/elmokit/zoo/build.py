@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
-import hashlib
 import json
 import logging
 import math
@@ -60,6 +59,8 @@ MODEL_FILES = ("config.json", "model.safetensors", "vocab.txt", "chars.txt", "to
 #: What a build writes in its folder (``--overwrite`` removes these, nothing else).
 _OWN_ENTRIES = (*MODEL_FILES, "corpus", "corpus.json", "word2vec", "train", "learning_curve.png", "card.json",
                 "README.md")
+
+from ..io import file_sha256 as _sha256
 
 
 def _char_cnn(max_characters_per_token: int) -> dict:
@@ -160,12 +161,6 @@ def rebuild_command(spec: ZooSpec) -> str:
 
 
 # ==================================================================================================== helpers
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _git_commit() -> dict:

@@ -74,6 +74,8 @@ VOCAB_MIN_COUNT = 3
 
 Document = list[list[str]]
 
+from ..io import file_sha256 as _sha256_file
+
 
 # ==================================================================================================== text helpers
 def _decode(data: bytes, where: str, stats: dict) -> str:
@@ -735,12 +737,6 @@ def _heldout(seed: int, source: str, doc: int, block: int, fraction: float) -> b
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class _KeptOutIndex:
