@@ -425,6 +425,32 @@ def test_two_workers_give_the_one_worker_output(bilm, tmp_path):
     assert len(keyed) == len({sentence_key(x) for x in LINES} - {None})
 
 
+def test_two_torchrun_processes_give_the_one_process_output_and_resume(bilm, tmp_path):
+    """torchrun ranks: each process embeds every second part, process 0 merges — bitwise the one-process file; a
+    resumed torchrun run over a folder one process left half done embeds only the missing parts."""
+    save_pretrained(bilm, tmp_path / "m")
+    src = _write(tmp_path / "in.txt", LINES * 3)
+    reference = _embedded(Embedder(bilm, batch_size=4), src, tmp_path / "ref.h5", format="hdf5", part_size=5)
+    out = tmp_path / "out.h5"
+    args = ["-m", "elmokit", "embed", str(tmp_path / "m"), str(src), str(out), "--part-size", "5", "--no-progress",
+            "--batch-size", "4"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    env = {k: v for k, v in _env().items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
+    res = subprocess.run(torchrun + args, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.count("embedded 36 sentences") == 1  # process 0 reports, process 1 stays quiet
+    _assert_same(_read_all(out), _read_all(reference))
+    assert not (tmp_path / "out.h5.parts").exists()
+    # one process killed after its part 2: the two-process resume finishes the rest, same file
+    out.unlink()
+    first = subprocess.run([sys.executable] + args, env=_env(ELMOKIT_TEST_EMBED_KILL_AT="after_part:2"),
+                           capture_output=True)
+    assert first.returncode == -9
+    res = subprocess.run(torchrun + args + ["--resume"], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    _assert_same(_read_all(out), _read_all(reference))
+
+
 def test_parts_folder_rules(bilm, tmp_path):
     src = _write(tmp_path / "in.txt", LINES)
     emb = Embedder(bilm)

@@ -107,3 +107,25 @@ def test_fused_highway_equals_two_linears_and_follows_weight_changes():
     assert torch.allclose(changed, hw(x).detach(), atol=1e-6, rtol=0)
     with torch.no_grad():  # 3-D input keeps its shape
         assert torch.allclose(hw(x.detach().view(5, 1, 16)).view(5, 16), changed, atol=1e-6, rtol=0)
+
+
+def test_token_encoder_inference_chunks_equal_one_piece(monkeypatch):
+    """Without autograd, more distinct tokens than ``inference_chunk`` are encoded in chunks: same vectors, padding
+    still zero; under autograd the encoder runs as one piece (gradients flow)."""
+    from elmokit import batch_to_ids
+    from elmokit.modules.token_encoder import TokenEncoder
+
+    from helpers import tiny_random_bilm
+
+    encoder = tiny_random_bilm(seed=3).token_encoder
+    words = [[f"w{i}" for i in range(37)], [f"x{i}" for i in range(20)]]
+    ids = batch_to_ids(words)
+    with torch.no_grad():
+        whole = encoder(ids)
+        monkeypatch.setattr(TokenEncoder, "inference_chunk", 8)
+        chunked = encoder(ids)
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+    assert bool((chunked[1, 20:] == 0).all()) and bool((chunked[1, :20] != 0).any())
+    out = encoder(ids)  # grad enabled: one piece even above the threshold
+    out.sum().backward()
+    assert encoder.projection.weight.grad is not None

@@ -23,6 +23,12 @@ line) and ``count``.
 output settings; ``"parts"`` — the work folder itself, ``index.json`` with ``"complete": true`` and the part list.
 :func:`open_embeddings` reads all three.
 
+**Several processes, several machines** (``torchrun --nproc-per-node N [--nnodes M …] -m elmokit embed …``): process 0
+prepares (or, with ``--resume``, checks) the work folder, every process embeds parts ``k`` with ``k % WORLD_SIZE ==
+RANK`` (each may have its own ``workers``), and process 0 merges once all parts are written — the same file as one
+process writes (parts are the same whoever writes them). The output folder must be one that every process sees (one
+machine, or a shared file system); the processes meet in a gloo group at two barriers only.
+
 Test hook: ``ELMOKIT_TEST_EMBED_KILL_AT=<point>:<part>`` kills the process writing part ``<part>`` with SIGKILL at
 ``before_rename`` (the part fully written under its temporary name) or ``after_part`` (renamed, next part not begun).
 """
@@ -306,6 +312,55 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+# ---------------------------------------------------------------------------------------------- torchrun ranks
+def _torchrun_rank() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) from torchrun's environment; (0, 1) without it.
+
+    Raises:
+        UsageError: WORLD_SIZE > 1 without a usable RANK (not started by torchrun)."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        rank = int(os.environ.get("RANK", "0") or 0) if world > 1 else 0
+    except ValueError:
+        raise UsageError(f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} / RANK={os.environ.get('RANK')!r} are not "
+                         "numbers: start several embedding processes with torchrun") from None
+    if world > 1 and not 0 <= rank < world:
+        raise UsageError(f"RANK={rank} is outside 0..{world - 1}")
+    return rank, world
+
+
+class _RankGroup:
+    """The torchrun processes of one ``embed`` run: a gloo process group used for two barriers only (after process
+    0 has prepared the work folder; after every part is written). The timeout is a day, since the second barrier
+    waits for the slowest process's parts; when a process fails, torchrun stops the others. The output folder must be
+    one folder that every process sees (one machine, or a shared file system)."""
+
+    def __init__(self, world: int) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        self.owned = not dist.is_initialized()
+        if self.owned:
+            for var in ("MASTER_ADDR", "MASTER_PORT"):
+                if not os.environ.get(var):
+                    raise UsageError(f"WORLD_SIZE={world} but {var} is not set: start several embedding processes "
+                                     "with torchrun (torchrun --nproc-per-node N -m elmokit embed …)")
+            dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(days=1))
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.owned and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
 # ---------------------------------------------------------------------------------------------- workers
 def _worker_main(embedder, writer: PartWriter, threads: int, tasks, results, parent: int) -> None:
     """A worker process: take part numbers from ``tasks`` until ``None``, write each, report on ``results``."""
@@ -486,8 +541,18 @@ class EmbedJob:
             shown = ", ".join(map(str, scan.skipped[:10])) + (" ..." if len(scan.skipped) > 10 else "")
             logger.warning("%s: skipped %d line(s) that are not valid UTF-8 (line %s); their datasets are empty",
                            self.input_path, len(scan.skipped), shown)
-        done = self._prepare_folder(scan, model_fingerprint(self.embedder.bilm))
-        todo = [k for k in range(scan.parts) if k not in done]
+        rank, world = _torchrun_rank()
+        fingerprint = model_fingerprint(self.embedder.bilm)
+        if world == 1:
+            done = self._prepare_folder(scan, fingerprint)
+        else:  # process 0 prepares (or checks, for --resume) the folder; then every process takes every world-th part
+            group = _RankGroup(world)
+            done = self._prepare_folder(scan, fingerprint) if rank == 0 else set()
+            group.barrier()
+            if rank != 0:
+                done = {k for k in range(scan.parts) if (self.folder / part_name(k)).is_file()
+                        and self._part_ok(self.folder / part_name(k), k, scan)}
+        todo = [k for k in range(scan.parts) if k not in done and k % world == rank]
         writer = PartWriter(self.folder, scan, self.spec, self.batch_size, self.tokenizer, self.decode_errors,
                             self.use_sentence_keys, self.forget_sentences)
         from tqdm.auto import tqdm
@@ -500,6 +565,13 @@ class EmbedJob:
                     writer.write(self.embedder, k, progress=bar.update)
             else:
                 self._run_workers(writer, todo, bar)
+        if world > 1:
+            group.barrier()  # every part is written
+            if rank != 0:
+                group.close()
+                logger.info("process %d of %d wrote its %d part(s) to %s", rank, world, len(todo), self.folder)
+                return scan.lines
+            group.close()
         self._finalise(scan)
         logger.info("wrote %d sentences to %s", scan.lines, self.output_path)
         return scan.lines

@@ -134,16 +134,20 @@ def check_input_file(path: Path, what: str = "input") -> None:
 
 def check_model(name_or_path: str) -> None:
     """Check, before any other rule and without loading anything, that a model argument names a model: a released
-    name, a native folder (``config.json``), or a folder with an ``*options*.json`` and a ``*.hdf5``. Which weight file
-    an original folder means, and whether the files are readable, is the loader's check
+    name, a zoo model name (``elmokit-en``, ``elmokit-zh``: resolved first to its folder in ``$ELMOKIT_CACHE/zoo``,
+    :func:`elmokit.weights.native.resolve_model_name`, unless a folder of that name is here), a native folder
+    (``config.json``), or a folder with an ``*options*.json`` and a ``*.hdf5``. Which weight file an original folder
+    means, and whether the files are readable, is the loader's check
     (:func:`elmokit.weights.native.load_pretrained_bilm`).
 
     Raises:
-        MissingFileError: no such folder and not a released name; a folder holding no model.
+        MissingFileError: no such folder and not a released or zoo name; a folder holding no model; a zoo model that
+            is not built (the message says which ``elmokit zoo build`` command builds it).
         UsageError: a file where a model folder or name is wanted.
     """
-    from ..weights.native import RELEASED
+    from ..weights.native import RELEASED, known_model_names, resolve_model_name
 
+    name_or_path = resolve_model_name(name_or_path)  # a zoo name → its built folder (MissingFileError if unbuilt)
     path = Path(name_or_path)
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -160,11 +164,11 @@ def check_model(name_or_path: str) -> None:
                 "and use OUT_DIR" if path.suffix.lower() in (".json", ".hdf5", ".h5", ".safetensors") else "")
         raise UsageError(f"the model {path} is a file: give a model folder or a released name{hint}")
     if "/" in str(name_or_path) or os.sep in str(name_or_path):
-        raise MissingFileError(f"the model folder {path} does not exist (a model is a folder, or a released name: "
-                               f"{', '.join(sorted(RELEASED))})")
+        raise MissingFileError(f"the model folder {path} does not exist (a model is a folder, or a released or zoo "
+                               f"model name: {', '.join(known_model_names())})")
     if str(name_or_path).lower() not in RELEASED:
-        raise MissingFileError(f"unknown model {str(name_or_path)!r}: no such folder, and not a released name "
-                               f"({', '.join(sorted(RELEASED))})")
+        raise MissingFileError(f"unknown model {str(name_or_path)!r}: no such folder, and not a released or zoo "
+                               f"model name ({', '.join(known_model_names())})")
 
 
 def check_output_file(output: Path, inputs: dict[str, Path]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .. import embed_output
 from ..errors import UsageError
 from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, check_input_file, check_model, check_output_file,
                      path_arg, positive_int, resolve_cli_device, text_arg)
@@ -87,6 +88,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
                             use_sentence_keys=args.use_sentence_keys, forget_sentences=args.forget_sentences,
                             tokenizer=args.tokenizer, resume=args.resume, workers=args.workers,
                             worker_threads=args.worker_threads, part_size=args.part_size, model_name=args.model)
+    rank, world = embed_output._torchrun_rank()
+    if rank != 0:  # under torchrun: process 0 merges and reports
+        return 0
     skipped = embedder.skipped_lines
     note = (f" ({len(skipped)} undecodable line(s) skipped, each an empty dataset: line "
             f"{', '.join(map(str, skipped[:10]))}{' ...' if len(skipped) > 10 else ''})" if skipped else "")

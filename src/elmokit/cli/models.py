@@ -77,8 +77,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """Print the model's parameter count, layers, output dimension and options as JSON (and, for a zoo model, its
-    card's summary)."""
+    """Print the model's parameter count, layers, output dimension, start state (``"zero"``, or how the stored one was
+    made) and options as JSON (and, for a zoo model, its card's summary)."""
     from ..weights.native import load_pretrained_bilm, resolve_model_name
 
     args.model = str(resolve_model_name(args.model))
@@ -86,6 +86,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     model = load_pretrained_bilm(args.model)
     n = sum(p.numel() for p in model.parameters())
     info = {"parameters": n, "layers": model.num_layers, "output_dim": model.output_dim,
+            "start_state": (model.start_state_source or "stored") if model.start_state is not None else "zero",
             "options": model.config.to_options()}
     card = Path(args.model) / "card.json"
     if card.is_file():

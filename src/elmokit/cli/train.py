@@ -295,7 +295,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                    help="options.json with the architecture; overrides --preset (default: none)")
     p.add_argument("--init-from", type=text_arg, default=None, metavar="MODEL",
                    help=f"continued pretraining: start from this model's biLM weights and architecture, {RELEASED_HELP}"
-                        "; a new softmax over your vocabulary (kept when a native model has the same vocabulary) "
+                        ", or a model trained here (elmokit-en, elmokit-zh: `elmokit zoo build`); a new softmax over your vocabulary (kept when a native model has the same vocabulary) "
                         "(default: none, random initialisation)")
     p.add_argument("--freeze-bilm-steps", type=non_negative_int, default=None, metavar="N",
                    help=f"train only the softmax for the first N steps (with --init-from) {d('freeze_bilm_steps')}")

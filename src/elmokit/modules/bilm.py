@@ -124,10 +124,19 @@ class BiLM(nn.Module):
         config: architecture (validated here).
         dropout: dropout on each LSTM layer's input while training (bilm-tf's DropoutWrapper), 0 at inference.
 
-    The module keeps no state between calls: each call starts from ``state`` (zeros by default), so a sentence's vectors
-    do not depend on its batch, padding or earlier calls, and one model may serve many threads at once. The state a
-    call reaches is returned in :attr:`BiLMOutput.state`; :class:`StatefulBiLM` carries it from call to call as the
+    The module keeps no state between calls: each call starts from ``state`` (by default the model's fixed *start
+    state*: zeros, unless one is stored with the model, see :meth:`set_start_state`), so a sentence's vectors do not
+    depend on its batch, padding or earlier calls, and one model may serve many threads at once. The state a call
+    reaches is returned in :attr:`BiLMOutput.state`; :class:`StatefulBiLM` carries it from call to call as the
     original AllenNLP/bilm-tf inference code does (needed to reproduce their reference outputs).
+
+    Start state: every original-format model, released model and model trained on whole sentences starts from zeros
+    (:attr:`start_state` is ``None``). A model trained here on stream windows with carried state
+    (``batching="windows"``) never saw a zero state in training; its trainer stores one fixed start state with it (the
+    mean state at sentence starts over its training text, see :func:`elmokit.pretraining.start_state.mean_start_state`),
+    which it then reads every sentence from. The start state is a non-persistent buffer: it follows ``.to(device)`` but is not in
+    :meth:`state_dict`, so the tensor names of every format are unchanged; the native format stores it beside the
+    weights (``start_state.c`` / ``start_state.h``).
 
     ``forward(char_ids (B, T, C), state=None)`` → :class:`BiLMOutput`. Raises :class:`InputError` for a wrong shape, a C that is
     not ``max_characters_per_token``, ids outside the character table, padding before a row's real tokens, or ids that
@@ -145,6 +154,11 @@ class BiLM(nn.Module):
         self.bilstm = BiLSTM(config.lstm, dropout=dropout)
         bos, eos = boundary_char_ids(config.char_cnn.max_characters_per_token, config.char_cnn.char_vocab_size)
         self._bos, self._eos = bos, eos
+        # the fixed start state (c (2, L, 1, H), h (2, L, 1, P)) or None = zeros; see set_start_state
+        self.register_buffer("start_c", None, persistent=False)
+        self.register_buffer("start_h", None, persistent=False)
+        #: how the stored start state was made (recorded in the native file's metadata), ``None`` without one
+        self.start_state_source: str | None = None
         #: the character vocabulary of a model trained in the character-vocabulary mode (``config.char_cnn.char_vocab_size``
         #: set); attached by the loaders from ``chars.txt``. ``None`` for the UTF-8 byte scheme.
         self.char_vocab = None
@@ -167,6 +181,49 @@ class BiLM(nn.Module):
     def zero_state(self, batch_size: int) -> LSTMState:
         """All-zero (c, h) for ``batch_size`` rows: c (2, L, B, H), h (2, L, B, P) on the model's device and dtype."""
         return self.bilstm.zero_state(batch_size)
+
+    @property
+    def start_state(self) -> LSTMState | None:
+        """The stored start state (c (2, L, 1, H), h (2, L, 1, P)) every call starts from when given no ``state``, or
+        ``None`` (zeros: every original-format and sentence-trained model)."""
+        if self.start_c is None:
+            return None
+        return self.start_c, self.start_h
+
+    def set_start_state(self, state: LSTMState | None, source: str | None = None) -> None:
+        """Store (or, with ``None``, remove) the fixed start state that calls without ``state`` start from.
+
+        Args:
+            state: (c, h), c (2, L, 1, H) and h (2, L, 1, P) floats (index 0 of dim 0 = forward stack), finite; an
+                all-zero state is stored as ``None`` (the same behaviour, and a file the original format can hold).
+            source: a short description of how it was made (kept in :attr:`start_state_source` and the native
+                file's metadata).
+
+        Raises:
+            InputError: wrong shapes, not float tensors, or non-finite values.
+        """
+        if state is None:
+            self.start_c = self.start_h = None
+            self.start_state_source = None
+            return
+        self.check_state(state, 1)
+        c, h = (t.detach().to(device=self.bilstm.bias[0].device, dtype=self.bilstm.bias[0].dtype).clone()
+                for t in state)
+        if not (bool(torch.isfinite(c).all()) and bool(torch.isfinite(h).all())):
+            raise InputError("start state must be finite: it holds NaN or infinite values")
+        if not (bool(c.any()) or bool(h.any())):
+            self.set_start_state(None)
+            return
+        self.start_c, self.start_h = c, h
+        self.start_state_source = source
+
+    def initial_state(self, batch_size: int) -> LSTMState:
+        """The state a call without ``state`` starts each of ``batch_size`` rows from: the stored start state repeated
+        (:attr:`start_state`), else zeros. c (2, L, B, H), h (2, L, B, P) on the model's device and dtype."""
+        if self.start_c is None:
+            return self.zero_state(batch_size)
+        return (self.start_c.expand(-1, -1, batch_size, -1).contiguous(),
+                self.start_h.expand(-1, -1, batch_size, -1).contiguous())
 
     def check_char_ids(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Validate a (B, T, C) id tensor and return its (B, T) token mask (see :func:`token_mask`).
@@ -214,7 +271,8 @@ class BiLM(nn.Module):
         Args:
             char_ids: (B, T, C) long from :func:`elmokit.batch_to_ids` (0 = padding).
             state: the LSTM state to start each row from, (c, h) with c (2, L, B, H) and h (2, L, B, P) (a previous
-                call's :attr:`BiLMOutput.state`); ``None`` = zeros (stateless, the default).
+                call's :attr:`BiLMOutput.state`); ``None`` = the model's fixed start state (stateless, the default):
+                zeros unless one is stored with the model (:attr:`start_state`).
             keep_sentence_boundaries: keep the ``<S>``/``</S>`` positions in ``layers`` and ``mask``.
             add_boundaries: wrap rows in ``<S> … </S>`` (default). ``False`` runs on ``char_ids`` as given (it must
                 already contain boundaries if wanted, e.g. in LM training windows).
@@ -295,6 +353,8 @@ class BiLM(nn.Module):
         if state is not None:
             self.check_state(state, b)
             state = (state[0].to(tokens.dtype), state[1].to(tokens.dtype))
+        elif self.start_c is not None:
+            state = tuple(t.to(tokens.dtype) for t in self.initial_state(b))
         layer_outputs, final_state = self.run_lstm(tokens, lengths, state)
         m = mask.unsqueeze(-1).to(tokens.dtype)
         layers = [torch.cat([tokens, tokens], dim=-1) * m]
@@ -313,7 +373,8 @@ class BiLM(nn.Module):
 
         The backward stack sees each row reversed within its length. Returns per layer (forward (B, T, P),
         backward (B, T, P)) in sentence order, and the final (c, h) state (backward: the state after consuming the
-        first token, i.e. ``<S>``).
+        first token, i.e. ``<S>``). ``initial_state=None`` is zeros here (the stored :attr:`start_state` is applied
+        by :meth:`forward`, not by this low-level runner, which the training loop uses).
         """
         backward_in = reverse_padded(tokens, lengths)
         outputs, state = self.run_streams(tokens, backward_in, lengths, initial_state)
@@ -352,8 +413,9 @@ class StatefulBiLM(nn.Module):
     """A :class:`BiLM` that carries each batch row's LSTM state into the next call: AllenNLP's ``_ElmoBiLm`` /
     bilm-tf's inference behaviour, needed to reproduce their reference outputs.
 
-    Row ``i`` of a call starts from the state row ``i`` reached in the last call that had a row ``i`` (zeros at
-    first); a batch larger than any before adds zero rows, and rows beyond a smaller batch keep theirs. The state is
+    Row ``i`` of a call starts from the state row ``i`` reached in the last call that had a row ``i`` (at first the
+    model's start state, :meth:`BiLM.initial_state`: zeros for every original-format model); a batch larger than any
+    before adds rows in that start state, and rows beyond a smaller batch keep theirs. The state is
     per wrapper: do not share one wrapper between threads (the :class:`BiLM` inside may be shared freely).
 
     Args:
@@ -381,7 +443,7 @@ class StatefulBiLM(nn.Module):
             return getattr(self._modules["bilm"], name)  # config, num_layers, token_encoder, char_vocab, ...
 
     def reset_states(self) -> None:
-        """Forget the carried state: the next call starts from zeros."""
+        """Forget the carried state: the next call starts from the model's start state (zeros unless one is stored)."""
         self._state = None
 
     def forward(self, char_ids: torch.Tensor, *, keep_sentence_boundaries: bool = False,
@@ -404,10 +466,10 @@ class StatefulBiLM(nn.Module):
 
     def _initial_state(self, batch_size: int) -> LSTMState:
         if self._state is None:
-            self._state = self.bilm.zero_state(batch_size)
+            self._state = self.bilm.initial_state(batch_size)
         c, h = self._state
-        if c.shape[2] < batch_size:  # grow: new rows start from zeros
-            zc, zh = self.bilm.zero_state(batch_size - c.shape[2])
+        if c.shape[2] < batch_size:  # grow: new rows start from the start state
+            zc, zh = self.bilm.initial_state(batch_size - c.shape[2])
             c, h = torch.cat([c, zc.to(c)], 2), torch.cat([h, zh.to(h)], 2)
             self._state = (c, h)
         return c[:, :, :batch_size], h[:, :, :batch_size]

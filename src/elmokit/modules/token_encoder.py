@@ -22,10 +22,16 @@ class TokenEncoder(nn.Module):
     ``forward(char_ids: LongTensor (B, T, C)) -> FloatTensor (B, T, P)``. Positions whose ids are all 0 (padding)
     get a zero vector; every other position is encoded (AllenNLP's rule: a token is real when any id is non-zero).
     The CNN runs once per **distinct** token of the batch (not on every padded slot), which is where most of the
-    original's time went; results are identical to running it on every position.
+    original's time went; results are identical to running it on every position. Without autograd, more than
+    :attr:`inference_chunk` distinct tokens are encoded in chunks (memory stays bounded on a very long input).
 
     Source: bilm-tf ``_build_word_char_embeddings`` (conv → max → activation → highway → projection with bias).
     """
+
+    #: without autograd, more distinct tokens than this are encoded in chunks of this many (bounded memory for very
+    #: long inputs: the small configuration's highway holds ≈ 24 KB of activations a token); batches below it run as
+    #: one piece, exactly as before
+    inference_chunk = 4096
 
     def __init__(self, config: CharCNNConfig, projection_dim: int) -> None:
         super().__init__()
@@ -50,6 +56,10 @@ class TokenEncoder(nn.Module):
             return out.view(b, t, self.output_dim)
         tokens = flat[real]
         unique, inverse = torch.unique(tokens, dim=0, return_inverse=True)
-        encoded = self.encode_unique(unique)
+        if unique.shape[0] > self.inference_chunk and not torch.is_grad_enabled():
+            # a very long input (e.g. one 10,000-token sentence): bound the highway/projection activations
+            encoded = torch.cat([self.encode_unique(part) for part in unique.split(self.inference_chunk)], dim=0)
+        else:
+            encoded = self.encode_unique(unique)
         out = out.index_put((real.nonzero().squeeze(1),), encoded[inverse])
         return out.view(b, t, self.output_dim)

@@ -9,7 +9,8 @@ held-out perplexity, several processes (torchrun), continued pretraining from re
 * :mod:`.run_folder` — every file a run writes (main process only), the learning curve;
 * :mod:`.distributed` — torchrun / DistributedDataParallel;
 * :mod:`.init_from` — the model a continued pretraining run starts from;
-* :mod:`.perplexity` — held-out perplexity, scores, a unigram baseline.
+* :mod:`.perplexity` — held-out perplexity, scores, a unigram baseline;
+* :mod:`.start_state` — the fixed start state stored with a window-trained model.
 """
 from .config import RESUME_MAY_CHANGE, TrainConfig
 from .objective import BidirectionalLM, DirectionalNLL

@@ -58,18 +58,20 @@ class InitModel:
 
 
 def load_init_model(name_or_path: str) -> InitModel:
-    """Load the biLM (and, from a native LM folder, its vocabulary and softmax) of ``name_or_path``.
+    """Load the biLM (and, from a native LM folder, its vocabulary and softmax) of ``name_or_path``: a released name,
+    a zoo name (``elmokit-en``: its folder in ``$ELMOKIT_CACHE/zoo``, softmax and vocabulary included) or a folder.
 
     Raises:
-        UsageError / MissingFileError: not a released name nor a model folder (as ``load_pretrained_bilm``).
+        UsageError / MissingFileError: not a released or zoo name nor a model folder, or a zoo model not built (as
+            ``load_pretrained_bilm``).
         ConfigError / WeightsError: the options or weights cannot be read or do not fit each other (names the file and
             the tensor); a native folder whose softmax does not fit its ``vocab.txt``.
     """
-    from ..weights.native import CONFIG_NAME, WEIGHTS_NAME, load_pretrained_bilm
+    from ..weights.native import CONFIG_NAME, WEIGHTS_NAME, load_pretrained_bilm, resolve_model_name
 
     bilm = load_pretrained_bilm(name_or_path)
     init = InitModel(str(name_or_path), bilm)
-    folder = Path(name_or_path)
+    folder = Path(resolve_model_name(name_or_path))  # a zoo name (elmokit-en) → its folder, with vocab and softmax
     if folder.is_dir() and (folder / CONFIG_NAME).is_file() and (folder / "vocab.txt").is_file():
         from safetensors import safe_open
 
@@ -124,7 +126,9 @@ def check_architecture(init: InitModel, model: ElmoConfig | None, char_vocab: bo
 
 def apply_init_model(lm: BidirectionalLM, init: InitModel) -> bool:
     """Copy the init model's biLM into ``lm`` (built with its architecture and character vocabulary) and its softmax
-    when ``lm``'s vocabulary is the init model's. Returns whether the softmax was kept.
+    when ``lm``'s vocabulary is the init model's. Returns whether the softmax was kept. A stored start state of the
+    init model (:attr:`~elmokit.modules.bilm.BiLM.start_state`, a window-trained model's) is not copied: the run
+    trains from zeros as every run does, and a window-trained run computes its own at the end.
 
     Raises:
         WeightsError: the init model's tensors do not fit ``lm`` (names the tensor and both shapes).

@@ -23,7 +23,10 @@ Batching. Two modes:
   on the quickstart corpus (gensim's Lee news, 60k tokens, same model and optimiser, 32 rows per step), windows gave
   held-out perplexity 165 after 987 steps with the directions far apart (forward 124, backward 218), sentences 108
   after 600 steps (forward 107, backward 108). Use windows for parity with bilm-tf, for long-document corpora, or
-  when you embed statefully as the original did.
+  when you embed statefully as the original did. A window-trained model is saved with a fixed **start state** (the
+  mean carried state at sentence starts, :meth:`Trainer.refresh_start_state`), which every stateless call, the
+  held-out curve and ``evaluate_perplexity`` then read each sentence from instead of zeros
+  (``experiments/results/initial-state.md`` has the figures); a sentence-trained model keeps zeros.
 
 Randomness. Initialisation comes from ``seed``; the dropout masks of data part ``d`` at step ``s`` and the sampled
 softmax negatives of step ``s`` come from seeds derived from ``(seed, s, d)`` and ``(seed, s)``
@@ -164,6 +167,7 @@ def load_lm(model_dir: str | os.PathLike) -> BidirectionalLM:
         raise MissingFileError(f"{model_dir}/{WEIGHTS_NAME} has no softmax: it is an embedding-only model")
     lm = BidirectionalLM(bilm.config, vocab, dropout=0.0, char_vocab=bilm.char_vocab)
     lm.bilm.load_state_dict(bilm.state_dict())
+    lm.bilm.set_start_state(bilm.start_state, bilm.start_state_source)  # not in state_dict (see BiLM.start_state)
     if tuple(tensors["softmax.weight"].shape) != tuple(lm.softmax.weight.shape):
         raise WeightsError(f"{model_dir}: softmax.weight has shape {tuple(tensors['softmax.weight'].shape)} but "
                            f"vocab.txt and the config imply {tuple(lm.softmax.weight.shape)}")
@@ -301,6 +305,7 @@ class Trainer:
         self._last_valid_step: int | None = None
         self._last_checkpoint_time = self._last_valid_time = _clock()
         self._owns_out_dir = False  # set once this trainer started, resumed or loaded the run in out_dir
+        self._start_state_step: int | None = None  # the step whose weights the model's start state was computed for
         self._interrupt_handled = False
 
     @classmethod
@@ -408,7 +413,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ held-out evaluation
     def evaluate_heldout(self) -> dict[str, float]:
-        """Full-softmax perplexity of the held-out sentences (each from a zero state, eval mode; see
+        """Full-softmax perplexity of the held-out sentences (each from the model's start state — zeros, or for a
+        window-trained run the one :meth:`refresh_start_state` gives —, eval mode; see
         :func:`elmokit.pretraining.perplexity.evaluate_perplexity`): ``{"forward", "backward", "average", "tokens",
         "sentences"}``. Collective: each process scores its share and the sums are added up."""
         from .perplexity import perplexities, perplexity_sums
@@ -422,8 +428,27 @@ class Trainer:
         total_f, total_b, n_tok, n_sent = self.dist.all_reduce(list(sums))
         return perplexities(total_f, total_b, int(n_tok), int(n_sent))
 
+    def refresh_start_state(self) -> None:
+        """Give the model the start state it is read from (:attr:`elmokit.modules.bilm.BiLM.start_state`), for the
+        current weights: a window-trained run (``batching="windows"``) gets the mean carried state at sentence starts
+        over the first :data:`~elmokit.pretraining.start_state.START_STATE_SENTENCES` sentences of its training files
+        in file order (:func:`~elmokit.pretraining.start_state.mean_start_state`: deterministic, no randomness drawn);
+        a sentence-trained run keeps zeros (none stored). Why: ``experiments/results/initial-state.md``. Called before
+        each held-out evaluation and before the model is saved, on every process (each computes the same state). The
+        training steps do not use it (windows carry their own state from zeros)."""
+        if self.config.batching != "windows" or self._start_state_step == self.step:
+            return
+        from ..data.corpus import TextCorpus
+        from .start_state import describe, mean_start_state
+
+        corpus = TextCorpus(list(self.config.train_files), errors=self.config.decode_errors)
+        state, samples = mean_start_state(self.lm, corpus.sentences(0))
+        self.lm.bilm.set_start_state(state, describe(samples))
+        self._start_state_step = self.step
+
     def _validate(self) -> dict[str, Any]:
         """Evaluate, log the held-out record, and keep the model in best/ when it is the best so far."""
+        self.dist.agree(self.refresh_start_state)
         ppl = self.evaluate_heldout()
         better = self.best is None or ppl["average"] < self.best["valid_ppl"]
         record = {"kind": "valid", "step": self.step, "valid_ppl_fwd": ppl["forward"],
@@ -866,6 +891,7 @@ class Trainer:
             torch.use_deterministic_algorithms(previous_determinism[0], warn_only=previous_determinism[1])
         with interrupts.deferred():
             model_dir = self.out_dir / "model"
+            d.agree(self.refresh_start_state)
             d.on_main(lambda: save_lm(self.lm, model_dir))
         curve = d.on_main(self.run.plot)
         d.barrier()

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from ..characters import CharVocabulary
 from ..config import ElmoConfig
-from ..errors import MissingFileError, UsageError, WeightsError
+from ..errors import InputError, MissingFileError, UsageError, WeightsError
 from ..io import atomic_path
 from ..modules.bilm import BiLM, StatefulBiLM
 from . import load_state_checked
@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 CHARS_NAME = "chars.txt"
+#: The tensors of a stored start state (:attr:`BiLM.start_state`) in ``model.safetensors``.
+START_C, START_H = "start_state.c", "start_state.h"
 FORMAT_VERSION = 1
 
 _BASE = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo/"
@@ -150,7 +152,10 @@ def save_pretrained(model: BiLM, out_dir: str | os.PathLike, *, vocab_lines: lis
                     extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (+ ``vocab.txt``) into ``out_dir``, each atomically.
 
-    ``extra_tensors`` (e.g. an LM softmax under ``softmax.*``) are stored beside the biLM tensors.
+    ``extra_tensors`` (e.g. an LM softmax under ``softmax.*``) are stored beside the biLM tensors. A stored start state
+    (:attr:`BiLM.start_state`, non-zero) is written as ``start_state.c`` (2, L, 1, H) and ``start_state.h``
+    (2, L, 1, P), with its description under the metadata key ``start_state``; without one the file holds neither and
+    the model starts from zeros when loaded.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -159,8 +164,13 @@ def save_pretrained(model: BiLM, out_dir: str | os.PathLike, *, vocab_lines: lis
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     for k, v in (extra_tensors or {}).items():
         tensors[k] = v.detach().cpu().contiguous()
+    metadata = {"format": "elmokit", "version": str(FORMAT_VERSION)}
+    start = getattr(model, "start_state", None)
+    if start is not None:
+        tensors[START_C], tensors[START_H] = (t.detach().cpu().float().contiguous() for t in start)
+        metadata["start_state"] = getattr(model, "start_state_source", None) or "stored"
     with atomic_path(out_dir / WEIGHTS_NAME, suffix=".safetensors") as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "elmokit", "version": str(FORMAT_VERSION)})
+        save_file(tensors, str(tmp), metadata=metadata)
         _sort_metadata(tmp)
     if vocab_lines is not None:
         from ..io import atomic_write_text
@@ -196,7 +206,9 @@ def _sort_metadata(path: Path) -> None:
 
 def load_native(path: str | os.PathLike, *, stateful: bool = False, **bilm_kwargs) -> BiLM:
     """Load a native-format directory. Extra tensors (``softmax.*``) are ignored here. A character-vocabulary model's
-    ``chars.txt`` is attached as ``model.char_vocab``.
+    ``chars.txt`` is attached as ``model.char_vocab``. A stored start state (``start_state.c`` / ``.h``, see
+    :func:`save_pretrained`) becomes :attr:`BiLM.start_state`; files without one (every file written before it
+    existed) give a model that starts from zeros.
 
     Raises:
         MissingFileError: ``config.json`` or ``model.safetensors`` missing (or ``chars.txt`` for a
@@ -220,7 +232,19 @@ def load_native(path: str | os.PathLike, *, stateful: bool = False, **bilm_kwarg
     except Exception as exc:  # safetensors raises its own error type for truncated or foreign files
         raise WeightsError(f"{weights} is not a readable safetensors file ({exc}): re-save or re-download it") from None
     model = BiLM(config, **bilm_kwargs)
-    load_state_checked(model, {k: v for k, v in tensors.items() if not k.startswith("softmax.")}, str(weights))
+    load_state_checked(model, {k: v for k, v in tensors.items() if not k.startswith(("softmax.", "start_state."))},
+                       str(weights))
+    if START_C in tensors or START_H in tensors:
+        if not (START_C in tensors and START_H in tensors):
+            raise WeightsError(f"{weights} holds only one of {START_C} and {START_H}: a start state needs both")
+        from safetensors import safe_open
+
+        with safe_open(str(weights), framework="pt") as fh:
+            source = (fh.metadata() or {}).get("start_state")
+        try:
+            model.set_start_state((tensors[START_C], tensors[START_H]), source=source)
+        except InputError as exc:
+            raise WeightsError(f"{weights}: its start state does not fit the model ({exc})") from None
     if config.char_cnn.char_vocab_size is not None:
         chars = path / CHARS_NAME
         if not chars.is_file():

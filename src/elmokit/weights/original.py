@@ -191,13 +191,22 @@ def export_original(model: BiLM, out_dir: str | os.PathLike, *, options_name: st
     :func:`load_original`. Returns the two paths.
 
     Raises:
-        ConfigError: a character-vocabulary model (the original format only knows UTF-8 byte ids).
+        ConfigError: a character-vocabulary model (the original format only knows UTF-8 byte ids), or a model with a
+            stored non-zero start state (:attr:`~elmokit.modules.bilm.BiLM.start_state`, which a window-trained model
+            reads every sentence from): the original format has no place for it, and its readers start from zeros,
+            so the export would give other vectors and perplexities than the model.
     """
     config = model.config
     if config.char_cnn.char_vocab_size is not None:
         raise ConfigError("this model reads a character vocabulary (char_vocab_size="
                           f"{config.char_cnn.char_vocab_size}), which the original options.json + HDF5 format cannot "
                           "express: share the native folder (config.json + model.safetensors + chars.txt) instead")
+    if getattr(model, "start_state", None) is not None:
+        source = getattr(model, "start_state_source", None)
+        raise ConfigError(f"this model starts every sentence from a stored non-zero LSTM start state"
+                          f"{f' ({source})' if source else ''}, which the original options.json + HDF5 format cannot "
+                          "hold (its readers start from zeros and would give other vectors): share the native folder "
+                          "(config.json + model.safetensors) instead")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
