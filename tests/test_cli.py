@@ -538,7 +538,8 @@ def test_every_help_shows_defaults_and_describes_positionals():
     import argparse
 
     _, commands = _subparsers()
-    assert set(commands) == {"embed", "convert", "export", "info", "train", "perplexity", "score", "quickstart", "zoo"}
+    assert set(commands) == {"embed", "convert", "export", "info", "train", "perplexity", "score", "quickstart", "zoo",
+                             "similar"}
     for name, sub in commands.items():
         for action in sub._actions:
             if isinstance(action, argparse._HelpAction):

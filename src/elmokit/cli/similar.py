@@ -1,0 +1,255 @@
+"""``elmokit similar MODEL SENTENCES --word W``: how a word's contextual vectors differ between its occurrences.
+
+Prints, per layer beside layer 0 (the static, context-free token layer), the pairwise cosine similarity of the
+word's occurrences (the matrix when there are few, a summary always), with labels (``label<TAB>sentence`` lines and
+``--labels``) the mean similarity within and across labels; ``--corpus`` adds the nearest contextual neighbours of
+each occurrence; ``--png`` draws the 2-D PCA projection of the occurrences per layer, coloured by label. See
+:mod:`elmokit.polysemy` for how a word is matched (whole tokens; for CJK words also a run of tokens, e.g. characters,
+whose vectors are averaged).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import DataError, UsageError
+from .common import (DEVICE_HELP, RELEASED_HELP, check_input_file, check_model, check_output_file, non_negative_int,
+                     path_arg, positive_int, resolve_cli_device, text_arg)
+
+__all__ = ["register", "cmd_similar"]
+
+_TOKENIZERS = {"whitespace": "whitespace", "sacremoses": "moses", "moses": "moses", "jieba": "jieba"}
+
+
+def _layers_arg(text: str) -> list[int | str]:
+    """argparse type for --layers: ``all`` or comma-separated layer numbers and/or ``average``."""
+    if text.strip() == "all":
+        return ["all"]
+    out: list[int | str] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part == "average":
+            out.append("average")
+        elif part.isdigit():
+            out.append(int(part))
+        else:
+            raise argparse.ArgumentTypeError(f"must be 'all' or comma-separated layer numbers and/or 'average', "
+                                             f"got {text!r}")
+    if not out:
+        raise argparse.ArgumentTypeError("must name at least one layer")
+    return out
+
+
+def _read_sentences(path: Path, tokenize, labelled: bool) -> tuple[list[int], list[list[str]], list[str | None]]:
+    """(line numbers, token lists, labels) of the non-blank lines."""
+    from ..data.corpus import read_lines
+
+    numbers, sentences, labels = [], [], []
+    for number, text in read_lines(path):
+        if not text.strip():
+            continue
+        label = None
+        if labelled:
+            label, sep, text = text.partition("\t")
+            label = label.strip()
+            if not sep or not label:
+                raise DataError(f"{path}:{number}: with --labels each line is 'label<TAB>sentence'; this line has "
+                                f"{'no tab' if not sep else 'an empty label'}")
+        numbers.append(number)
+        sentences.append(tokenize(text))
+        labels.append(label)
+    if not sentences:
+        raise DataError(f"{path} holds no sentences (every line is blank)")
+    return numbers, sentences, labels
+
+
+def _snippet(tokens: list[str], start: int, end: int, width: int = 6, joiner: str = " ") -> str:
+    a, b = max(0, start - width), min(len(tokens), end + width)
+    left = ("… " if a > 0 else "") + joiner.join(tokens[a:start])
+    right = joiner.join(tokens[end:b]) + (" …" if b < len(tokens) else "")
+    return f"{left}{joiner if left else ''}[{joiner.join(tokens[start:end])}]{joiner if right else ''}{right}".strip()
+
+
+def _fmt(x) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def cmd_similar(args: argparse.Namespace) -> int:
+    """Check the arguments (model, input, output, corpus), load the model, find the occurrences, print."""
+    import numpy as np
+
+    from ..embed_output import make_tokenizer
+    from ..embedding import Embedder
+    from ..polysemy import (find_occurrences, is_cjk, label_similarity, layer_names, layer_similarities,
+                            nearest_neighbours, occurrence_vectors, plot_occurrences)
+    from ..weights.native import load_pretrained_bilm, resolve_model_name
+
+    word = args.word
+    if not word or word != word.strip() or len(word.split()) != 1:
+        raise UsageError(f"--word must be one word without whitespace, got {word!r}")
+    if args.neighbours and args.corpus is None:
+        raise UsageError("--neighbours needs --corpus FILE (the text to search for neighbours)")
+    args.model = str(resolve_model_name(args.model))
+    check_model(args.model)
+    check_input_file(args.sentences, "sentences file")
+    if args.corpus is not None:
+        check_input_file(args.corpus, "--corpus file")
+    if args.png is not None:
+        check_output_file(args.png, {"sentences file": args.sentences,
+                                     **({"--corpus file": args.corpus} if args.corpus else {})})
+    tokenize = make_tokenizer(_TOKENIZERS[args.tokenize])
+    numbers, sentences, labels = _read_sentences(args.sentences, tokenize, args.labels)
+    occurrences = find_occurrences(sentences, word, args.match, labels if args.labels else None)
+    match = args.match if args.match != "auto" else ("span" if is_cjk(word) else "token")
+    how = "as a whole token" if match == "token" else "as a run of whole tokens (e.g. characters)"
+    if not occurrences:
+        raise UsageError(f"the word {word!r} occurs in none of the {len(sentences)} sentences of {args.sentences} "
+                         f"(matched {how}, after --tokenize {args.tokenize}; check the spelling, case and "
+                         "tokenisation)")
+    bilm = load_pretrained_bilm(args.model)
+    embedder = Embedder(bilm, batch_size=args.batch_size, device=resolve_cli_device(args.device))
+    n_layers = embedder.num_layers
+    wanted = list(range(n_layers)) + ["average"] if args.layers == ["all"] else args.layers
+    for layer in wanted:
+        if layer != "average" and not 0 <= layer < n_layers:
+            raise UsageError(f"--layers {layer} is not a layer of this model (0..{n_layers - 1}, or average)")
+    vectors = occurrence_vectors(embedder, sentences, occurrences, context=args.context)
+    sims = layer_similarities(vectors)  # layers 0..L, then the average
+    names = layer_names(n_layers)
+    rows = [(names[n_layers] if k == "average" else names[k], sims[n_layers if k == "average" else k])
+            for k in wanted]
+    occ_labels = [o.label for o in occurrences] if args.labels else None
+    joiner = "" if is_cjk(word) and match == "span" else " "
+    result = {
+        "word": word, "model": args.model, "sentences_file": str(args.sentences), "match": match,
+        "occurrences": [{"id": i, "line": numbers[o.sentence], "start": o.start, "end": o.end, "label": o.label,
+                         "snippet": _snippet(sentences[o.sentence], o.start, o.end, joiner=joiner)}
+                        for i, o in enumerate(occurrences)],
+        "layers": {name: {"summary": label_similarity(m, occ_labels)} for name, m in rows},
+    }
+    show_matrix = len(occurrences) <= args.max_matrix
+    if show_matrix or args.json:
+        for name, m in rows:
+            result["layers"][name]["cosine"] = np.round(m, 6).tolist()
+    neighbours = None
+    if args.corpus is not None and args.neighbours:
+        nl = args.neighbour_layer
+        layer_index = n_layers - 1 if nl == "top" else nl
+        if layer_index != "average" and not 0 <= int(layer_index) < n_layers:
+            raise UsageError(f"--neighbour-layer {nl} is not a layer of this model (0..{n_layers - 1}, top, average)")
+        q = vectors.mean(axis=1) if layer_index == "average" else vectors[:, int(layer_index)]
+        same_file = args.corpus.resolve() == args.sentences.resolve()  # then its labels are not text
+        corpus = sentences if same_file else _read_sentences(args.corpus, tokenize, False)[1]
+        exclude = [{(tuple(sentences[o.sentence]), p) for p in range(o.start, o.end)} for o in occurrences]
+        neighbours = nearest_neighbours(embedder, q, corpus, args.neighbours, layer=layer_index, exclude=exclude)
+        result["neighbours"] = {"layer": nl, "corpus": str(args.corpus), "k": args.neighbours, "lists": [
+            [{"score": nb.score, "token": nb.token, "corpus_line": nb.sentence + 1,
+              "snippet": _snippet(corpus[nb.sentence], nb.position, nb.position + 1, joiner=joiner)}
+             for nb in row] for row in neighbours]}
+    if args.png is not None:
+        panels = [k for k in wanted]
+        plot_occurrences(vectors, args.png, occ_labels, layers=panels,
+                         title=f"{word}: {len(occurrences)} occurrences, {Path(args.model).name}")
+        result["png"] = str(args.png)
+    if args.json:
+        from .common import print_json_line
+
+        print_json_line(result)
+        return 0
+    n_lines = len({o.sentence for o in occurrences})
+    print(f"{word!r}: {len(occurrences)} occurrence(s) in {n_lines} of {len(sentences)} sentences of "
+          f"{args.sentences} (matched {how}); model {args.model}")
+    for occ in result["occurrences"]:
+        lab = f" <{occ['label']}>" if occ["label"] is not None else ""
+        print(f"  #{occ['id']:<3} line {occ['line']}{lab}: {occ['snippet']}")
+    if show_matrix:
+        for name, m in rows:
+            print(f"\nlayer {name}: cosine similarity")
+            print("      " + "".join(f"{'#' + str(j):>7}" for j in range(len(m))))
+            for i, r in enumerate(m):
+                print(f"  {'#' + str(i):<4}" + "".join(f"{v:7.3f}" for v in r))
+    else:
+        print(f"\n({len(occurrences)} occurrences: matrices left out above --max-matrix {args.max_matrix}; "
+              "--json prints them)")
+    head = f"\n{'layer':<12}{'pairs':>7}{'mean':>8}{'min':>8}{'max':>8}"
+    if args.labels:
+        head += f"{'within':>8}{'across':>8}{'gap':>8}"
+    print(head)
+    for name, _ in rows:
+        s = result["layers"][name]["summary"]
+        line = f"{name:<12}{s['pairs']:>7}{_fmt(s['mean']):>8}{_fmt(s['min']):>8}{_fmt(s['max']):>8}"
+        if args.labels:
+            line += f"{_fmt(s['within']):>8}{_fmt(s['across']):>8}{_fmt(s['gap']):>8}"
+        print(line)
+    if neighbours is not None:
+        print(f"\nnearest contextual neighbours in {args.corpus} (layer {args.neighbour_layer}, cosine):")
+        for i, row in enumerate(result["neighbours"]["lists"]):
+            print(f"  #{i}:")
+            for nb in row:
+                print(f"      {nb['score']:.3f}  {nb['token']}  (line {nb['corpus_line']}: {nb['snippet']})")
+    if args.png is not None:
+        print(f"\nplot → {args.png}")
+    return 0
+
+
+def _neighbour_layer(text: str):
+    if text in ("top", "average"):
+        return text
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"must be a layer number, top or average, got {text!r}")
+
+
+def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """Register ``elmokit similar``."""
+    p = sub.add_parser(
+        "similar", parents=parents, help="a word's contextual similarity across its occurrences, per layer",
+        description="Find the occurrences of --word in SENTENCES (one sentence per line, UTF-8) and print the "
+                    "pairwise cosine similarity of their vectors in each layer beside layer 0 (the static, "
+                    "context-free token layer, where every occurrence of a one-token word is the same vector); with "
+                    "--labels, the mean similarity within and across labels; with --corpus, each occurrence's "
+                    "nearest contextual neighbours; with --png, a 2-D PCA plot per layer. A CJK word also matches a "
+                    "run of whole tokens spelling it (per-character input); its vector is the mean of those tokens'.")
+    p.add_argument("model", type=text_arg, help=f"{RELEASED_HELP}, or elmokit-en / elmokit-zh")
+    p.add_argument("sentences", type=path_arg, help="text file, one sentence per line (label<TAB>sentence with "
+                                                    "--labels); blank lines are skipped")
+    p.add_argument("--word", required=True, type=text_arg, help="the word to look at, e.g. bank or 苹果")
+    p.add_argument("--labels", action="store_true",
+                   help="each line is label<TAB>sentence: colours the plot, adds within/across-label means "
+                        "(default: unlabelled)")
+    p.add_argument("--tokenize", "--tokenizer", dest="tokenize", choices=sorted(_TOKENIZERS), default="whitespace",
+                   help="how lines become tokens: whitespace (pre-tokenised), sacremoses (= moses; English), jieba "
+                        "(Chinese words); per-character Chinese input: separate the characters by spaces and use "
+                        "whitespace (default: %(default)s)")
+    p.add_argument("--match", choices=["auto", "token", "span"], default="auto",
+                   help="token: the word is one token; span: a run of whole tokens spelling it; auto: span for CJK "
+                        "words, token otherwise (default: %(default)s)")
+    p.add_argument("--layers", type=_layers_arg, default=["all"], metavar="LAYERS",
+                   help="layers to print and plot: all, or comma-separated numbers and/or average, e.g. 0,2,average "
+                        "(default: all = every layer and the average)")
+    p.add_argument("--context", type=non_negative_int, default=None, metavar="N",
+                   help="cut each sentence to N tokens on each side of the occurrence before embedding (default: "
+                        "whole sentences)")
+    p.add_argument("--corpus", type=path_arg, default=None, metavar="FILE",
+                   help="text file (one sentence per line, same --tokenize) searched for nearest contextual "
+                        "neighbours (default: none)")
+    p.add_argument("--neighbours", "--neighbors", dest="neighbours", type=positive_int, default=None, metavar="K",
+                   help="neighbours per occurrence, with --corpus (default: 5 when --corpus is given)")
+    p.add_argument("--neighbour-layer", type=_neighbour_layer, default="top",
+                   help="layer compared for neighbours: a number, top or average (default: %(default)s)")
+    p.add_argument("--png", type=path_arg, default=None, metavar="OUT.png",
+                   help="write the 2-D PCA projection of the occurrences, one panel per layer (default: none)")
+    p.add_argument("--max-matrix", type=positive_int, default=12, metavar="N",
+                   help="print the full cosine matrices up to N occurrences, a summary above (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON line with everything instead of text "
+                                                       "(default: text)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per forward pass "
+                                                                         "(default: %(default)s)")
+    p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
+    p.set_defaults(func=_cmd, interrupted_note=lambda args: "nothing was written")
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    if args.corpus is not None and args.neighbours is None:
+        args.neighbours = 5
+    return cmd_similar(args)
