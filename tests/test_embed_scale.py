@@ -446,6 +446,11 @@ def test_two_torchrun_processes_give_the_one_process_output_and_resume(bilm, tmp
     first = subprocess.run([sys.executable] + args, env=_env(ELMOKIT_TEST_EMBED_KILL_AT="after_part:2"),
                            capture_output=True)
     assert first.returncode == -9
+    # without --resume: process 0's usage error, reported as such by both processes (not a gloo "internal error")
+    res = subprocess.run(torchrun + args, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert res.stderr.count("holds the parts of an interrupted run") == 2, res.stderr[-2000:]
+    assert "process 0 stopped" in res.stderr and "internal error" not in res.stderr
     res = subprocess.run(torchrun + args + ["--resume"], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     _assert_same(_read_all(out), _read_all(reference))

@@ -353,6 +353,34 @@ class _RankGroup:
 
         dist.barrier()
 
+    def on_main(self, rank: int, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on process 0 and share its outcome: when it raised (a usage error such as a folder that is not
+        ours, or an interrupted run without ``--resume``), every other process raises the same kind of elmokit error
+        with process 0's message instead of failing later on a closed connection. Returns ``fn``'s result on process
+        0, ``None`` elsewhere."""
+        import torch.distributed as dist
+
+        from . import errors
+
+        result, failure = None, None
+        if rank == 0:
+            try:
+                result = fn()
+            except BaseException as exc:  # noqa: BLE001 — shared, then re-raised
+                failure = (type(exc).__name__, str(exc))
+                with contextlib.suppress(Exception):
+                    dist.broadcast_object_list([failure], src=0)
+                raise
+        box = [failure]
+        dist.broadcast_object_list(box, src=0)
+        if rank != 0 and box[0] is not None:
+            name, message = box[0]
+            cls = getattr(errors, name, None)
+            if not (isinstance(cls, type) and issubclass(cls, errors.ElmoError)):
+                cls = EmbedWorkerError
+            raise cls(f"process 0 stopped: {message}")
+        return result
+
     def close(self) -> None:
         import torch.distributed as dist
 
@@ -547,8 +575,7 @@ class EmbedJob:
             done = self._prepare_folder(scan, fingerprint)
         else:  # process 0 prepares (or checks, for --resume) the folder; then every process takes every world-th part
             group = _RankGroup(world)
-            done = self._prepare_folder(scan, fingerprint) if rank == 0 else set()
-            group.barrier()
+            done = group.on_main(rank, lambda: self._prepare_folder(scan, fingerprint)) or set()
             if rank != 0:
                 done = {k for k in range(scan.parts) if (self.folder / part_name(k)).is_file()
                         and self._part_ok(self.folder / part_name(k), k, scan)}

@@ -443,6 +443,10 @@ class Trainer:
 
         corpus = TextCorpus(list(self.config.train_files), errors=self.config.decode_errors)
         state, samples = mean_start_state(self.lm, corpus.sentences(0))
+        if state is None and self.dist.is_main:
+            logger.warning("batching='windows' but the training text has too few sentences for a start state "
+                           "(%d sentence start(s) seen after the first of a stream): the model is read from zeros",
+                           samples)
         self.lm.bilm.set_start_state(state, describe(samples))
         self._start_state_step = self.step
 
