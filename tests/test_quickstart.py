@@ -182,3 +182,22 @@ def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
     final = json.loads((tmp_path / "quickstart.json").read_text())["perplexity"]
     assert records[-1]["valid_ppl"] == pytest.approx(final["average"], rel=1e-9)
     assert records[-1]["valid_ppl_fwd"] == pytest.approx(final["forward"], rel=1e-9)
+
+
+def test_english_job_keeps_its_settings_and_unknown_languages_are_refused(tmp_path):
+    """The shared protocol (run_job) runs the English job with the settings run_quickstart had before --lang."""
+    from elmokit.quickstart import DEFAULT_MINUTES, quickstart_job, run_quickstart
+
+    job = quickstart_job("en")
+    assert job.train == dict(min_count=2, batching="sentences", batch_size=32, unroll_steps=20, n_epochs=1000,
+                             optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0,
+                             checkpoint_every=10_000, log_every=10, valid_every=10_000)
+    assert job.probes is BANK_SENTENCES and job.probe_key == "bank" and job.margin == SEPARATION_MARGIN
+    assert job.model().char_cnn.max_characters_per_token == 50 and DEFAULT_MINUTES["en"] == 5.0
+    train, held, info = job.load_corpus()
+    assert (train, held) == load_lee_corpus() and info == {}
+    assert job.describe_corpus(train, held, info).startswith(f"corpus: gensim lee_background.cor — {len(train)} "
+                                                             "training sentences")
+    with pytest.raises(UsageError, match="--lang must be one of en, zh, got 'fr'"):
+        run_quickstart(tmp_path / "qs", steps=1, lang="fr")
+    assert not (tmp_path / "qs").exists()
