@@ -12,6 +12,7 @@ from elmokit import Embedder
 from elmokit.cli import main as cli_main
 from elmokit.config import elmo_tiny
 from elmokit.errors import InputError, UsageError
+from elmokit.weights.native import RELEASED
 from elmokit.modules.bilm import BiLM
 from elmokit.polysemy import (Occurrence, context_window, cosine_matrix, find_occurrences, find_spans, is_cjk,
                               label_similarity, layer_similarities, nearest_neighbours, occurrence_vectors, pca_2d,
@@ -103,6 +104,21 @@ def test_label_similarity_hand_case():
     assert one["across"] is None and one["gap"] is None
     with pytest.raises(InputError):
         label_similarity(sim, ["a"])
+
+
+def test_label_similarity_leaves_unlabelled_entries_out():
+    # the one pair has an unlabelled entry: neither within nor across (it counted as "across" before)
+    s = label_similarity(np.ones((2, 2)), ["a", None])
+    assert (s["pairs"], s["mean"]) == (1, 1.0)
+    assert s["within"] is None and s["across"] is None and s["gap"] is None
+    sim = np.array([[1.0, 0.2, 0.6],
+                    [0.2, 1.0, 0.4],
+                    [0.6, 0.4, 1.0]])
+    s = label_similarity(sim, ["a", None, "a"])
+    assert s["within"] == pytest.approx(0.6) and s["across"] is None and s["mean"] == pytest.approx(0.4)
+    # an empty-string label is a label, not "unlabelled" (numpy turned the old "\0" sentinel into "")
+    s = label_similarity(sim, ["", "x", ""])
+    assert s["within"] == pytest.approx(0.6) and s["across"] == pytest.approx(0.3)
 
 
 def test_occurrence_vectors_are_span_means_of_embed_sentence(embedder):
@@ -242,3 +258,93 @@ def test_cli_similar_errors(tiny_model, tmp_path, capsys, extra, status, message
 def test_cli_similar_missing_sentences_file(tiny_model, tmp_path, capsys):
     assert cli_main(["similar", str(tiny_model), str(tmp_path / "nope.txt"), "--word", "a"]) == 2
     assert "nope.txt" in capsys.readouterr().err
+
+
+def test_cli_similar_png_inside_the_model_folder_is_refused(tiny_model, tmp_path, capsys):
+    sents = _write(tmp_path / "s.txt", "a b\nc a\n")
+    for name in ("model.safetensors", "config.json", "new.png", "."):
+        target = tiny_model / name
+        before = target.read_bytes() if target.is_file() else None
+        assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a", "--png", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert "inside the model folder" in err and "internal error" not in err
+        assert (target.read_bytes() if target.is_file() else None) == before  # the weights were overwritten before
+    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a", "--png", str(sents)]) == 2
+    assert "is the sentences file" in capsys.readouterr().err
+    assert sents.read_text() == "a b\nc a\n"
+    # a folder: a PNG example path, not the embed default ".hdf5"
+    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a", "--png", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"e.g. {tmp_path / 'similar.png'}" in err and ".hdf5" not in err
+
+
+def test_cli_similar_png_inside_a_zoo_or_released_model_folder_is_refused(tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    zoo = save_pretrained(tiny_random_bilm(0), cache / "zoo" / "elmokit-en")
+    (zoo / "card.json").write_text("{}")
+    (zoo / "word2vec").mkdir()
+    vectors = zoo / "word2vec" / "vectors.bin"
+    vectors.write_bytes(b"keep me")
+    released = cache / sorted(RELEASED)[0]
+    released.mkdir()
+    monkeypatch.setenv("ELMOKIT_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+    sents = _write(tmp_path / "s.txt", "a b\n")
+    # the zoo name resolves to its folder; a file in a subfolder of it is refused too
+    assert cli_main(["similar", "elmokit-en", str(sents), "--word", "a", "--png", str(vectors)]) == 2
+    assert "inside the model folder" in capsys.readouterr().err
+    assert vectors.read_bytes() == b"keep me"
+    # a released name: its download folder in the cache (refused before anything is downloaded)
+    assert cli_main(["similar", released.name, str(sents), "--word", "a", "--png", str(released / "w.hdf5")]) == 2
+    assert "inside the model folder" in capsys.readouterr().err
+    assert not (released / "w.hdf5").exists()
+
+
+def test_cli_similar_decode_errors_option(tiny_model, tmp_path, capsys):
+    sents = tmp_path / "bad.txt"
+    sents.write_bytes(b"a b\n\xff a\nc a\n")
+    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a"]) == 1
+    assert "--decode-errors" in capsys.readouterr().err  # the option the message names now exists
+    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a", "--decode-errors", "skip", "--json"]) == 0
+    assert [o["line"] for o in json.loads(capsys.readouterr().out)["occurrences"]] == [1, 3]
+    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a", "--decode-errors", "replace",
+                     "--json"]) == 0
+    assert [o["line"] for o in json.loads(capsys.readouterr().out)["occurrences"]] == [1, 2, 3]
+
+
+def test_cli_similar_repeated_layers_refused(tiny_model, tmp_path, capsys):
+    sents = _write(tmp_path / "s.txt", "a b\nc a\n")
+    for layers in ("0,0,1", "average,1,average"):
+        assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a", "--layers", layers]) == 2
+        err = capsys.readouterr().err
+        assert "more than once" in err and "internal error" not in err
+
+
+def test_cli_similar_warns_once_about_tabs_without_labels(tiny_model, tmp_path, capsys):
+    sents = _write(tmp_path / "s.txt", "x\ta b\ny\tc a\n")
+    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("lines contain a TAB: pass --labels if the first field is a label") == 1
+    assert f"{sents}:1" in err
+    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a", "--labels"]) == 0
+    assert "TAB" not in capsys.readouterr().err
+
+
+def test_cli_similar_jieba_wording_and_raw_cjk_hint(tiny_model, tmp_path, capsys):
+    sents = _write(tmp_path / "zh.txt", "我爱吃苹果\n苹果手机很贵\n")
+    # raw Chinese split on whitespace: no token is 苹果; the error says to segment it
+    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "苹果"]) == 2
+    err = capsys.readouterr().err
+    assert "occurs in none" in err and "--tokenize jieba" in err
+    # --tokenizer (embed's spelling) is the same option; jieba words match as one token each
+    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "苹果", "--tokenizer", "jieba"]) == 0
+    out = capsys.readouterr().out
+    assert "2 occurrence(s) in 2 of 2 sentences" in out
+    assert "(matched as one whole jieba word)" in out and "e.g. characters" not in out
+
+
+def test_cli_similar_empty_sentences_file_is_a_usage_error(tiny_model, tmp_path, capsys):
+    sents = _write(tmp_path / "empty.txt", "\n  \n")
+    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no sentences" in err and str(sents) in err

@@ -123,14 +123,56 @@ def test_cv_folds_keep_groups_apart():
     for tr, te in folds:
         assert not {ex[i].group for i in tr} & {ex[i].group for i in te}
     assert sorted(np.concatenate([te for _, te in folds]).tolist()) == list(range(len(ex)))
-    with pytest.raises(UsageError):
+    with pytest.raises(DataError, match="at least 2 groups"):
         cv_folds(["a"], ["g"], 5)
+    with pytest.raises(UsageError, match="folds >= 2"):
+        cv_folds([e.label for e in ex], [e.group for e in ex], 1)
+
+
+def _labelled(counts):
+    """labels, groups: ``counts[label]`` examples of each label, each example its own group."""
+    labels = [label for label, n in counts.items() for _ in range(n)]
+    return labels, [f"g{i}" for i in range(len(labels))]
+
+
+def test_cv_folds_lowered_to_the_rarest_sense():
+    # every sense has fewer examples than folds=5: scikit-learn raised "n_splits=5 cannot be greater than the number
+    # of members in each class"; now 3 folds (the rarest sense's 3 groups), each test fold holding both senses
+    labels, groups = _labelled({"a": 4, "b": 3})
+    folds = cv_folds(labels, groups, 5, 0)
+    assert len(folds) == 3
+    for _, te in folds:
+        assert {labels[i] for i in te} == {"a", "b"}
+    assert sorted(np.concatenate([te for _, te in folds]).tolist()) == list(range(7))
+    # a rare sense beside a common one: 3 folds, not 5 with two test folds lacking the rare sense
+    labels, groups = _labelled({"a": 10, "b": 3})
+    folds = cv_folds(labels, groups, 5, 0)
+    assert len(folds) == 3 and all("b" in {labels[i] for i in te} for _, te in folds)
+    # groups, not examples, count: sense b has 4 examples but only 2 groups → 2 folds
+    labels = ["a"] * 6 + ["b"] * 4
+    groups = [f"a{i}" for i in range(6)] + ["b0", "b0", "b1", "b1"]
+    assert len(cv_folds(labels, groups, 5, 0)) == 2
+    # never below 2: a sense with a single group
+    labels, groups = _labelled({"a": 6, "b": 1})
+    assert len(cv_folds(labels, groups, 5, 0)) == 2
+    # impossible: no sense with 2 examples
+    with pytest.raises(DataError, match="at least 2 examples"):
+        cv_folds(*_labelled({"a": 1, "b": 1}), 5, 0)
+    with pytest.raises(UsageError):
+        cv_folds(["a", "b"], ["g"], 2)
 
 
 # ---------------------------------------------------------------------------------------------- casing
 def test_truecase_and_recase():
-    table = truecase_table({"Java": 5, "java": 2, "the": 9, "The": 3, "Bank": 1, "bank": 1}.items())
+    counts = {"Java": 5, "java": 2, "the": 9, "The": 3, "Bank": 1, "bank": 1}
+    table = truecase_table(counts.items())
     assert table == {"java": "Java", "the": "the", "bank": "Bank"}  # a tie: the spelling that sorts first
+    # any mapping of counts, not only a Counter (a dict raised "too many values to unpack")
+    assert truecase_table(counts) == table
+    assert truecase_table({"London": 5, "london": 1}) == {"london": "London"}
+    from types import MappingProxyType
+
+    assert truecase_table(MappingProxyType({"London": 1, "london": 3})) == {"london": "london"}
     toks = ("the", "java", "island")
     assert recase(toks, "lower") == toks
     assert recase(toks, "first") == ("The", "java", "island")
@@ -176,6 +218,16 @@ def test_choose_static_settings_uses_the_memory_only_and_picks_the_window_that_s
     best = choose_static_settings(kv, mem, ["fin", "riv"], grid=grid, folds=3)
     assert best["1nn"]["settings"] == {"window": 2, "include_target": False}
     assert best["centroid"]["cv_macro_f1"] == 1.0
+
+
+def test_choose_static_settings_with_a_rare_sense(kv):
+    # 4 + 3 examples, folds=5: scikit-learn's "n_splits=5 cannot be greater than the number of members in each
+    # class" crashed this; the folds are now lowered to 3 (the rare sense's groups)
+    mem = [SenseExample(("money", "x", "bank", "x", "loan"), 2, 3, "fin", f"f{g}") for g in range(4)]
+    mem += [SenseExample(("water", "x", "bank", "x", "River"), 2, 3, "riv", f"r{g}") for g in range(3)]
+    grid = [{"window": 1, "include_target": False}, {"window": 2, "include_target": False}]
+    best = choose_static_settings(kv, mem, ["fin", "riv"], grid=grid, folds=5)
+    assert best["1nn"] == {"settings": {"window": 2, "include_target": False}, "cv_macro_f1": 1.0}
 
 
 # ---------------------------------------------------------------------------------------------- readers

@@ -209,8 +209,8 @@ def layer_similarities(vectors: np.ndarray, average: bool = True) -> np.ndarray:
 def label_similarity(sim: np.ndarray, labels: Sequence[object] | None = None) -> dict[str, float | int | None]:
     """Summary of one (N, N) cosine matrix over its off-diagonal pairs i < j: ``pairs``, ``mean``, ``min``, ``max``;
     with ``labels``, ``within`` (mean over pairs with the same label), ``across`` (different labels) and
-    ``gap = within - across`` (``None`` where no such pair exists; unlabelled entries (``None``) are left out of
-    within/across).
+    ``gap = within - across`` (``None`` where no such pair exists). Unlabelled entries (``None``) are left out of
+    within/across: a pair counts only when both of its entries have a label; labels are compared as ``str``.
 
     Raises:
         InputError: ``sim`` not square, or ``labels`` of another length."""
@@ -229,8 +229,11 @@ def label_similarity(sim: np.ndarray, labels: Sequence[object] | None = None) ->
     if labels is not None:
         if len(labels) != n:
             raise InputError(f"label_similarity: {len(labels)} labels for {n} occurrences")
-        lab = np.array([str(x) if x is not None else "\0" for x in labels], dtype=object)
-        known = (lab[iu[0]] != "\0") & (lab[iu[1]] != "\0")
+        # integer codes, -1 for unlabelled: comparing an object array with a sentinel string such as "\0" does not
+        # work (numpy turns "\0" into "" before comparing), and a real label must never equal the sentinel
+        codes: dict[str, int] = {}
+        lab = np.array([-1 if x is None else codes.setdefault(str(x), len(codes)) for x in labels], dtype=np.int64)
+        known = (lab[iu[0]] >= 0) & (lab[iu[1]] >= 0)
         same = (lab[iu[0]] == lab[iu[1]]) & known
         diff = (lab[iu[0]] != lab[iu[1]]) & known
         out["within"] = float(vals[same].mean()) if same.any() else None

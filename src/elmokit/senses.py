@@ -37,7 +37,7 @@ import logging
 import re
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,11 +183,14 @@ def read_coarsewsd_baselines(source_md: str | Path) -> dict:
 CASINGS = ("lower", "first", "truecase")
 
 
-def truecase_table(counts: Counter[str] | Iterable[tuple[str, int]]) -> dict[str, str]:
+def truecase_table(counts: Mapping[str, int] | Iterable[tuple[str, int]]) -> dict[str, str]:
     """Token counts (of the model's training text) → ``{lower-cased form: most frequent spelling}`` (ties: the
-    spelling that sorts first, so the table does not depend on the counts' order)."""
+    spelling that sorts first, so the table does not depend on the counts' order).
+
+    ``counts`` is any mapping of token → count (a ``Counter``, a ``dict``) or an iterable of ``(token, count)``
+    pairs."""
     best: dict[str, tuple[int, str]] = {}
-    items = counts.items() if isinstance(counts, Counter) else counts
+    items = counts.items() if isinstance(counts, Mapping) else counts
     for tok, n in items:
         key = tok.lower()
         cur = best.get(key)
@@ -476,19 +479,39 @@ def static_context_vectors(kv, examples: Sequence[SenseExample], window: int | N
 def cv_folds(labels: Sequence[str], groups: Sequence[str], folds: int = 5, seed: int = 0
              ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Stratified group k-fold (scikit-learn ``StratifiedGroupKFold``, shuffled with ``seed``): ``[(train_idx,
-    test_idx), ...]``, a group never on both sides. ``folds`` is lowered to the number of groups when fewer.
+    test_idx), ...]``, a group never on both sides.
 
-    Raises: UsageError: ``folds`` < 2 or fewer than 2 groups."""
+    The number of folds is ``folds`` lowered, where needed, to what the data allow: at most the number of groups,
+    and at most the number of groups of the rarest label (a label's groups are the distinct groups of its
+    examples), so that every label can appear in every test fold; but never below 2 (a label with a single group
+    then sits in one test fold only). With enough groups per label (as in the CoarseWSD-20 and 苹果 memories)
+    ``folds`` is used as given.
+
+    Raises:
+        UsageError: ``folds`` < 2, or ``labels`` and ``groups`` of different lengths.
+        DataError: not even 2 folds are possible: fewer than 2 groups, or no label with 2 or more examples."""
     from sklearn.model_selection import StratifiedGroupKFold
 
+    if folds < 2:
+        raise UsageError(f"cross-validation needs folds >= 2, got folds={folds}")
+    labels, groups = list(labels), list(groups)
+    if len(labels) != len(groups):
+        raise UsageError(f"cv_folds: {len(labels)} labels but {len(groups)} groups")
     n_groups = len(set(groups))
-    if folds < 2 or n_groups < 2:
-        raise UsageError(f"cross-validation needs folds >= 2 and at least 2 groups, got folds={folds}, "
-                         f"{n_groups} group(s)")
-    splitter = StratifiedGroupKFold(n_splits=min(folds, n_groups), shuffle=True, random_state=seed)
+    if n_groups < 2:
+        raise DataError(f"cross-validation needs at least 2 groups, got {n_groups} group(s) in {len(labels)} "
+                        "example(s)")
+    groups_of: dict[str, set[str]] = {}
+    for label, group in zip(labels, groups):
+        groups_of.setdefault(label, set()).add(group)
+    n_splits = max(2, min(folds, n_groups, min(len(g) for g in groups_of.values())))
+    if max(Counter(labels).values()) < n_splits:  # scikit-learn refuses: every label has fewer examples than folds
+        raise DataError(f"cross-validation needs a label with at least {n_splits} examples, got "
+                        f"{dict(Counter(labels))}")
+    splitter = StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "the least populated class has fewer members than n_splits"
-        return [(tr, te) for tr, te in splitter.split(np.zeros(len(labels)), list(labels), list(groups))]
+        warnings.simplefilter("ignore")  # "the least populated class has fewer members than n_splits" (a 1-group label)
+        return [(tr, te) for tr, te in splitter.split(np.zeros(len(labels)), labels, groups)]
 
 
 def cv_score(vectors: np.ndarray, examples: Sequence[SenseExample], senses: Sequence[str] | None,
@@ -508,7 +531,9 @@ def choose_static_settings(kv, memory: Sequence[SenseExample], senses: Sequence[
 
     Returns ``{"1nn": {"settings": {...}, "cv_macro_f1": x}, "centroid": {...}}``.
 
-    Raises: UsageError: fewer than 2 groups in the memory."""
+    The folds are :func:`cv_folds` (lowered where a sense has fewer groups than ``folds``).
+
+    Raises: UsageError: ``folds`` < 2. DataError: fewer than 2 groups in the memory (see :func:`cv_folds`)."""
     grid = STATIC_GRID if grid is None else list(grid)
     split = cv_folds([e.label for e in memory], [e.group for e in memory], folds, seed)
     best: dict[str, dict] = {}

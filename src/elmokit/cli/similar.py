@@ -10,15 +10,18 @@ whose vectors are averaged).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from ..errors import DataError, UsageError
-from .common import (DEVICE_HELP, RELEASED_HELP, check_input_file, check_model, check_output_file, non_negative_int,
-                     path_arg, positive_int, resolve_cli_device, text_arg)
+from ..errors import DataError, InputError, UsageError
+from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, check_input_file, check_model, check_output_file,
+                     non_negative_int, path_arg, positive_int, resolve_cli_device, text_arg)
 
 __all__ = ["register", "cmd_similar"]
 
 _TOKENIZERS = {"whitespace": "whitespace", "sacremoses": "moses", "moses": "moses", "jieba": "jieba"}
+#: What one token is, per tokenizer (for the "matched as ..." wording).
+_TOKEN_KIND = {"whitespace": "token", "moses": "Moses token", "jieba": "jieba word"}
 
 
 def _layers_arg(text: str) -> list[int | str]:
@@ -40,15 +43,28 @@ def _layers_arg(text: str) -> list[int | str]:
     return out
 
 
-def _read_sentences(path: Path, tokenize, labelled: bool) -> tuple[list[int], list[list[str]], list[str | None]]:
-    """(line numbers, token lists, labels) of the non-blank lines."""
+def _read_sentences(path: Path, tokenize, labelled: bool, decode_errors: str = "strict", *,
+                    what: str = "sentences file", warn_tabs: bool = False
+                    ) -> tuple[list[int], list[list[str]], list[str | None], list[str]]:
+    """(line numbers, token lists, labels, raw texts) of the non-blank lines (lines that are not valid UTF-8: as
+    ``decode_errors``, :func:`elmokit.data.corpus.read_lines`). With ``warn_tabs`` (an unlabelled read), the first
+    line holding a TAB prints one warning on stderr (the file is probably labelled).
+
+    Raises:
+        InputError: no non-blank line (exit 2: the file given is not a sentences file).
+        DataError: with ``labelled``, a line without a TAB or with an empty label; invalid UTF-8 with ``strict``."""
     from ..data.corpus import read_lines
 
-    numbers, sentences, labels = [], [], []
-    for number, text in read_lines(path):
+    numbers, sentences, labels, texts = [], [], [], []
+    warned = not warn_tabs
+    for number, text in read_lines(path, decode_errors):
         if not text.strip():
             continue
         label = None
+        if not labelled and not warned and "\t" in text:
+            warned = True
+            print(f"elmokit similar: warning: {path}:{number}: lines contain a TAB: pass --labels if the first field "
+                  "is a label (label<TAB>sentence)", file=sys.stderr)
         if labelled:
             label, sep, text = text.partition("\t")
             label = label.strip()
@@ -58,9 +74,53 @@ def _read_sentences(path: Path, tokenize, labelled: bool) -> tuple[list[int], li
         numbers.append(number)
         sentences.append(tokenize(text))
         labels.append(label)
+        texts.append(text)
     if not sentences:
-        raise DataError(f"{path} holds no sentences (every line is blank)")
-    return numbers, sentences, labels
+        skipped = " or skipped (--decode-errors skip)" if decode_errors == "skip" else ""
+        raise InputError(f"the {what} {path} holds no sentences (every line is blank{skipped}): give a text file, one "
+                         "sentence per line")
+    return numbers, sentences, labels, texts
+
+
+def _model_folder(model: str) -> Path | None:
+    """The folder the model argument (already through ``resolve_model_name``) is read from: the folder itself, or a
+    released model's download folder in the cache; ``None`` when neither exists."""
+    from ..weights.native import RELEASED, cache_dir
+
+    path = Path(model)
+    if path.is_dir():
+        return path
+    if model.lower() in RELEASED:
+        return cache_dir() / model.lower()
+    return None
+
+
+def _check_png(png: Path, model: str, inputs: dict[str, Path]) -> None:
+    """--png: a file path (a PNG example when a folder is given), not an input, in an existing folder, and nowhere
+    inside the model folder (its weights, config, vocabulary or any file of a zoo folder would be overwritten).
+
+    Raises: UsageError (folder, an input, inside the model folder); MissingFileError (its folder is missing)."""
+    folder = _model_folder(model)
+    if folder is not None and png.resolve().is_relative_to(folder.resolve()):
+        raise UsageError(f"--png {png} is inside the model folder {folder}: write the plot elsewhere")
+    if png.is_dir():  # before check_output_file, whose example is embed's vectors.hdf5
+        raise UsageError(f"--png {png} is a folder: give a file path, e.g. {png / 'similar.png'}")
+    check_output_file(png, inputs)
+
+
+def _how_matched(match: str, tokenizer: str, lengths: list[int] | None = None) -> str:
+    """Words for how the word was matched: by ``match`` mode and tokenizer, and with ``lengths`` (tokens per found
+    occurrence) what actually matched."""
+    kind = _TOKEN_KIND[tokenizer]
+    if match == "token" or (lengths is not None and lengths and max(lengths) == 1):
+        return f"as one whole {kind}"
+    runs = f"a run of whole {kind}s" + (" (e.g. characters)" if tokenizer == "whitespace" else "")
+    if lengths is None:
+        return f"as one whole {kind} or {runs}"
+    single = sum(1 for n in lengths if n == 1)
+    if not single:
+        return f"as {runs}"
+    return f"as one whole {kind} ({single}) or {runs} ({len(lengths) - single})"
 
 
 def _snippet(tokens: list[str], start: int, end: int, width: int = 6, joiner: str = " ") -> str:
@@ -87,6 +147,9 @@ def cmd_similar(args: argparse.Namespace) -> int:
     word = args.word
     if not word or word != word.strip() or len(word.split()) != 1:
         raise UsageError(f"--word must be one word without whitespace, got {word!r}")
+    repeated = sorted({str(k) for k in args.layers if args.layers.count(k) > 1})
+    if repeated:
+        raise UsageError(f"--layers names {', '.join(repeated)} more than once: name each layer once")
     if args.neighbours and args.corpus is None:
         raise UsageError("--neighbours needs --corpus FILE (the text to search for neighbours)")
     args.model = str(resolve_model_name(args.model))
@@ -95,17 +158,22 @@ def cmd_similar(args: argparse.Namespace) -> int:
     if args.corpus is not None:
         check_input_file(args.corpus, "--corpus file")
     if args.png is not None:
-        check_output_file(args.png, {"sentences file": args.sentences,
-                                     **({"--corpus file": args.corpus} if args.corpus else {})})
-    tokenize = make_tokenizer(_TOKENIZERS[args.tokenize])
-    numbers, sentences, labels = _read_sentences(args.sentences, tokenize, args.labels)
+        _check_png(args.png, args.model, {"sentences file": args.sentences,
+                                          **({"--corpus file": args.corpus} if args.corpus else {})})
+    tokenizer = _TOKENIZERS[args.tokenize]
+    tokenize = make_tokenizer(tokenizer)
+    numbers, sentences, labels, texts = _read_sentences(args.sentences, tokenize, args.labels, args.decode_errors,
+                                                        warn_tabs=not args.labels)
     occurrences = find_occurrences(sentences, word, args.match, labels if args.labels else None)
     match = args.match if args.match != "auto" else ("span" if is_cjk(word) else "token")
-    how = "as a whole token" if match == "token" else "as a run of whole tokens (e.g. characters)"
     if not occurrences:
+        hint = "check the spelling, case and tokenisation"
+        if tokenizer == "whitespace" and is_cjk(word) and any(word in t for t in texts):
+            hint = ("it only appears inside longer tokens: this looks like raw (unsegmented) Chinese text; use "
+                    "--tokenize jieba (word segmentation) or separate the characters by spaces")
         raise UsageError(f"the word {word!r} occurs in none of the {len(sentences)} sentences of {args.sentences} "
-                         f"(matched {how}, after --tokenize {args.tokenize}; check the spelling, case and "
-                         "tokenisation)")
+                         f"(matched {_how_matched(match, tokenizer)}, after --tokenize {args.tokenize}; {hint})")
+    how = _how_matched(match, tokenizer, [o.end - o.start for o in occurrences])
     bilm = load_pretrained_bilm(args.model)
     embedder = Embedder(bilm, batch_size=args.batch_size, device=resolve_cli_device(args.device))
     n_layers = embedder.num_layers
@@ -139,7 +207,8 @@ def cmd_similar(args: argparse.Namespace) -> int:
             raise UsageError(f"--neighbour-layer {nl} is not a layer of this model (0..{n_layers - 1}, top, average)")
         q = vectors.mean(axis=1) if layer_index == "average" else vectors[:, int(layer_index)]
         same_file = args.corpus.resolve() == args.sentences.resolve()  # then its labels are not text
-        corpus = sentences if same_file else _read_sentences(args.corpus, tokenize, False)[1]
+        corpus = sentences if same_file else _read_sentences(args.corpus, tokenize, False, args.decode_errors,
+                                                             what="--corpus file")[1]
         exclude = [{(tuple(sentences[o.sentence]), p) for p in range(o.start, o.end)} for o in occurrences]
         neighbours = nearest_neighbours(embedder, q, corpus, args.neighbours, layer=layer_index, exclude=exclude)
         result["neighbours"] = {"layer": nl, "corpus": str(args.corpus), "k": args.neighbours, "lists": [
@@ -218,15 +287,19 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                    help="each line is label<TAB>sentence: colours the plot, adds within/across-label means "
                         "(default: unlabelled)")
     p.add_argument("--tokenize", "--tokenizer", dest="tokenize", choices=sorted(_TOKENIZERS), default="whitespace",
-                   help="how lines become tokens: whitespace (pre-tokenised), sacremoses (= moses; English), jieba "
-                        "(Chinese words); per-character Chinese input: separate the characters by spaces and use "
-                        "whitespace (default: %(default)s)")
+                   help="how lines become tokens (--tokenizer is the same option, spelt as embed spells it): "
+                        "whitespace (pre-tokenised), sacremoses (= moses; English), jieba (Chinese words); "
+                        "per-character Chinese input: separate the characters by spaces and use whitespace "
+                        "(default: %(default)s)")
+    p.add_argument("--decode-errors", choices=DECODE_CHOICES, default="strict",
+                   help="invalid UTF-8 in SENTENCES or --corpus: stop naming the file and line (strict), replace or "
+                        "ignore the bad bytes, or skip the line (default: %(default)s)")
     p.add_argument("--match", choices=["auto", "token", "span"], default="auto",
                    help="token: the word is one token; span: a run of whole tokens spelling it; auto: span for CJK "
                         "words, token otherwise (default: %(default)s)")
     p.add_argument("--layers", type=_layers_arg, default=["all"], metavar="LAYERS",
-                   help="layers to print and plot: all, or comma-separated numbers and/or average, e.g. 0,2,average "
-                        "(default: all = every layer and the average)")
+                   help="layers to print and plot: all, or comma-separated numbers and/or average, each at most "
+                        "once, e.g. 0,2,average (default: all = every layer and the average)")
     p.add_argument("--context", type=non_negative_int, default=None, metavar="N",
                    help="cut each sentence to N tokens on each side of the occurrence before embedding (default: "
                         "whole sentences)")
