@@ -473,3 +473,13 @@ def test_parts_folder_rules(bilm, tmp_path):
         emb.embed_file(src, _write(tmp_path / "f.txt", ["a"]), format="parts", progress=False)
     with pytest.raises(UsageError, match="format must be"):
         emb.embed_file(src, tmp_path / "x.h5", format="npz")
+
+
+def test_embed_refuses_an_output_anywhere_inside_the_model_folder(bilm, tmp_path):
+    """Not only beside the weights: a sub-folder of the model folder (a zoo folder's word2vec/) is refused too."""
+    save_pretrained(bilm, tmp_path / "m")
+    (tmp_path / "m" / "word2vec").mkdir()
+    src = _write(tmp_path / "in.txt", LINES[:3])
+    for out in (tmp_path / "m" / "v.h5", tmp_path / "m" / "word2vec" / "vectors.bin"):
+        assert cli_main(["embed", str(tmp_path / "m"), str(src), str(out), "--no-progress"]) == 2
+        assert not out.exists()

@@ -171,6 +171,20 @@ def check_model(name_or_path: str) -> None:
                                f"model name ({', '.join(known_model_names())})")
 
 
+def model_folder(model: str) -> Path | None:
+    """The folder a model argument is read from: a zoo name's folder (``elmokit-en`` → ``$ELMOKIT_CACHE/zoo/…``), the
+    folder itself, or a released model's download folder in the cache; ``None`` when it is none of these (an
+    options.json given as a file). Outputs must never be written inside it (they would replace the model's files)."""
+    from ..weights.native import RELEASED, cache_dir, resolve_model_name
+
+    path = Path(resolve_model_name(model))
+    if path.is_dir():
+        return path
+    if str(model).lower() in RELEASED:
+        return cache_dir() / str(model).lower()
+    return None
+
+
 def check_output_file(output: Path, inputs: dict[str, Path]) -> None:
     """An output file path: not a folder, not one of the inputs, in a folder that exists.
 

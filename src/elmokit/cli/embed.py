@@ -7,7 +7,7 @@ from pathlib import Path
 from .. import embed_output
 from ..errors import UsageError
 from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, check_input_file, check_model, check_output_file,
-                     path_arg, positive_int, resolve_cli_device, text_arg)
+                     model_folder, path_arg, positive_int, resolve_cli_device, text_arg)
 
 __all__ = ["register", "cmd_embed"]
 
@@ -47,7 +47,7 @@ def _layers(args: argparse.Namespace):
 
 
 def _check_output(args: argparse.Namespace) -> None:
-    model_dir = Path(args.model)
+    model_dir = model_folder(args.model)
     if args.format == "parts":
         if args.output.exists() and not args.output.is_dir():
             raise UsageError(f"the output {args.output} is a file; --format parts writes a folder")
@@ -58,11 +58,11 @@ def _check_output(args: argparse.Namespace) -> None:
             from ..errors import MissingFileError
 
             raise MissingFileError(f"the output {args.output}: its folder {parent} does not exist (create it first)")
-        if model_dir.is_dir() and model_dir.resolve() in (args.output.resolve(), parent):
+        if model_dir is not None and args.output.resolve().is_relative_to(model_dir.resolve()):
             raise UsageError(f"the output {args.output} is inside the model folder {args.model}: write it elsewhere")
         return
     check_output_file(args.output, {"input file": args.input})
-    if model_dir.is_dir() and args.output.resolve().parent == model_dir.resolve():
+    if model_dir is not None and args.output.resolve().is_relative_to(model_dir.resolve()):
         raise UsageError(f"the output {args.output} is inside the model folder {args.model}: write it elsewhere")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import DataError, InputError, UsageError
 from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, check_input_file, check_model, check_output_file,
-                     non_negative_int, path_arg, positive_int, resolve_cli_device, text_arg)
+                     model_folder, non_negative_int, path_arg, positive_int, resolve_cli_device, text_arg)
 
 __all__ = ["register", "cmd_similar"]
 
@@ -82,25 +82,12 @@ def _read_sentences(path: Path, tokenize, labelled: bool, decode_errors: str = "
     return numbers, sentences, labels, texts
 
 
-def _model_folder(model: str) -> Path | None:
-    """The folder the model argument (already through ``resolve_model_name``) is read from: the folder itself, or a
-    released model's download folder in the cache; ``None`` when neither exists."""
-    from ..weights.native import RELEASED, cache_dir
-
-    path = Path(model)
-    if path.is_dir():
-        return path
-    if model.lower() in RELEASED:
-        return cache_dir() / model.lower()
-    return None
-
-
 def _check_png(png: Path, model: str, inputs: dict[str, Path]) -> None:
     """--png: a file path (a PNG example when a folder is given), not an input, in an existing folder, and nowhere
     inside the model folder (its weights, config, vocabulary or any file of a zoo folder would be overwritten).
 
     Raises: UsageError (folder, an input, inside the model folder); MissingFileError (its folder is missing)."""
-    folder = _model_folder(model)
+    folder = model_folder(model)
     if folder is not None and png.resolve().is_relative_to(folder.resolve()):
         raise UsageError(f"--png {png} is inside the model folder {folder}: write the plot elsewhere")
     if png.is_dir():  # before check_output_file, whose example is embed's vectors.hdf5
