@@ -539,7 +539,7 @@ def test_every_help_shows_defaults_and_describes_positionals():
 
     _, commands = _subparsers()
     assert set(commands) == {"embed", "convert", "export", "info", "train", "perplexity", "score", "quickstart", "zoo",
-                             "similar"}
+                             "tag", "classify", "similar"}
     for name, sub in commands.items():
         for action in sub._actions:
             if isinstance(action, argparse._HelpAction):

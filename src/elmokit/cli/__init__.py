@@ -60,7 +60,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``elmokit`` parser with every command registered (each command's ``func`` set as a default)."""
-    from . import embed, models, quickstart, similar, train, zoo
+    from . import embed, models, quickstart, similar, tasks, train, zoo
 
     global_flags = _Parser(add_help=False)
     # SUPPRESS: when the flag is not repeated after the command, the value parsed before it stays
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.register(sub, parents)
     quickstart.register(sub, parents)
     zoo.register(sub, parents)
+    tasks.register(sub, parents)
     similar.register(sub, parents)
     return parser
 
