@@ -49,7 +49,10 @@ ROWS = {
     "static + char CNN": {"bilm.model": "none", "bilm.at_output": False, "char_cnn.enabled": True},
     "static + ELMo": {},
     "static + random biLM": {"bilm.model": "random"},
+    # the paper's setting: ELMo added to a baseline that has character features (run with --rows, not by default)
+    "static + char CNN + ELMo": {"char_cnn.enabled": True},
 }
+DEFAULT_ROWS = ["static", "static + char CNN", "static + ELMo", "static + random biLM"]
 
 
 def say(text: str) -> None:
@@ -94,11 +97,56 @@ def plot_rows(task: str, rows: list[dict], out: Path, n_seeds: int) -> None:
                            f"{SHORT[task]}: layer weights ({n_seeds} seeds)")
 
 
+SUMMARY_ORDER = ["conll2003", "ewt", "sst2", "sst5", "weibo"]
+
+
+def summary_table(results: Path) -> str:
+    """One Markdown table of the five tasks' test scores (mean ± std over seeds) from their saved JSON, with each
+    task's epochs, training sentences and total minutes: the README's downstream table."""
+    import json
+
+    from elmokit.tasks.report import format_mean_std
+
+    head = (["task (metric; budget)"] + list(ROWS)
+            + ["ELMo vs static", "ELMo vs char CNN", "ELMo vs random biLM", "char CNN + ELMo vs char CNN"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for task in SUMMARY_ORDER:
+        path = results / f"downstream-{task}.json"
+        if not path.is_file():
+            continue
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        rows = {r["row"]: r for r in saved["rows"]}
+        meta = saved["meta"]
+        epochs = {r["epochs_run"] for row in saved["rows"] for r in row["runs"]}
+        sub = meta.get("train_sentences", "")
+        train = f"first {sub.split()[2]} train sentences" if sub.startswith("the first ") else "all train sentences"
+        budget = (f"≤ {max(epochs)} epochs, {train}, {meta.get('total_minutes')} min for {len(rows)} rows × "
+                  f"{len(meta.get('seeds', []))} seeds")
+        cells = [f"{TASKS[task][1]} ({TASKS[task][2]}; {budget})"]
+        cells += [format_mean_std(rows[r]["test"]["mean"], rows[r]["test"]["std"]) if r in rows else "—" for r in ROWS]
+
+        def versus(other: str, mine: str = "static + ELMo") -> str:
+            a, b = rows.get(mine), rows.get(other)
+            if a is None or b is None:
+                return "—"
+            delta = a["test"]["mean"] - b["test"]["mean"]
+            beyond = abs(delta) > a["test"]["std"] + b["test"]["std"]
+            return f"{delta:+.1f}" + (" (beyond spread)" if beyond else " (within)")
+
+        cells += [versus("static"), versus("static + char CNN"), versus("static + random biLM"),
+                  versus("static + char CNN", "static + char CNN + ELMo")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", required=True, choices=sorted(TASKS))
+    parser.add_argument("--task", choices=sorted(TASKS), help="the table to make (required unless --summary)")
+    parser.add_argument("--summary", action="store_true",
+                        help="print the README's one-table summary of the five tasks from their JSON (no training)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), metavar="ROW")
+    parser.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=list(ROWS), metavar="ROW",
+                        help=f"rows to run (default: the four of the issue; also {list(ROWS)[-1]!r})")
     parser.add_argument("--epochs", type=int, default=None, help="override train.epochs of the config")
     parser.add_argument("--max-train-sentences", type=int, default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
@@ -107,6 +155,11 @@ def main(argv=None) -> int:
     parser.add_argument("--replot", action="store_true",
                         help="only redraw the layer-weight PNG from the table's JSON (no training)")
     args = parser.parse_args(argv)
+    if args.summary:
+        print(summary_table(args.out))
+        return 0
+    if args.task is None:
+        parser.error("--task is required (or --summary)")
     torch.set_num_threads(args.threads)
     if args.replot:
         import json
@@ -148,7 +201,8 @@ def main(argv=None) -> int:
         table_rows.append(row)
     claims = []
     for a, b in (("static + ELMo", "static"), ("static + ELMo", "static + char CNN"),
-                 ("static + ELMo", "static + random biLM"), ("static + random biLM", "static")):
+                 ("static + ELMo", "static + random biLM"), ("static + random biLM", "static"),
+                 ("static + char CNN + ELMo", "static + char CNN")):
         if a in stats and b in stats:
             (ma, sa), (mb, sb) = stats[a], stats[b]
             verdict = "gain beyond the spread" if ma - mb > sa + sb else (
