@@ -102,28 +102,37 @@ def _peak_rss_mb() -> float:
 
 
 # ---------------------------------------------------------------------------------------------- child side
+def import_elmo(side: str):
+    """``(Elmo, batch_to_ids)`` of ``side`` (``"elmokit"`` or ``"allennlp"``). AllenNLP 2.10.1 is imported as
+    ``peer-allennlp.md`` says: spacy and transformers first, and a stand-in ``torchvision`` module while its import
+    runs when the real one cannot be imported beside torch 2.13."""
+    if side != "allennlp":
+        from elmokit import Elmo, batch_to_ids
+
+        return Elmo, batch_to_ids
+    import types
+
+    import spacy  # noqa: F401
+    import transformers  # noqa: F401
+
+    fake = None
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        fake = sys.modules["torchvision"] = types.ModuleType("torchvision")
+    from allennlp.modules.elmo import Elmo, batch_to_ids
+
+    if fake is not None:
+        sys.modules.pop("torchvision", None)
+    return Elmo, batch_to_ids
+
+
 def child(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
 
     torch.set_num_threads(args.threads)
-    if args.child == "allennlp":
-        import types
-
-        import spacy  # noqa: F401  (imported first, as peer-allennlp.md says)
-        import transformers  # noqa: F401
-
-        fake = None
-        try:
-            import torchvision  # noqa: F401
-        except Exception:
-            fake = sys.modules["torchvision"] = types.ModuleType("torchvision")
-        from allennlp.modules.elmo import Elmo, batch_to_ids
-
-        if fake is not None:
-            sys.modules.pop("torchvision", None)
-    else:
-        from elmokit import Elmo, batch_to_ids
+    Elmo, batch_to_ids = import_elmo(args.child)
     baseline = _rss_mb()
     sentences = json.loads(Path(args.sentences).read_text(encoding="utf-8"))
     elmo = Elmo(args.options, args.weights, 1, dropout=0.0).eval()

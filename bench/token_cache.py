@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from inference import EWT_DEV, ROOT, _peak_rss_mb, make_weights, read_conllu_forms  # noqa: E402
+from inference import EWT_DEV, ROOT, _peak_rss_mb, import_elmo, make_weights, read_conllu_forms  # noqa: E402
 
 PADDING = "@@PADDING@@"
 
@@ -59,26 +59,11 @@ def cache_vocab(sentences: list[list[str]]) -> list[str]:
 # ---------------------------------------------------------------------------------------------- child side
 def _import_side(side: str):
     """``(Elmo, batch_to_ids, build_cache)`` of one side; ``build_cache(elmo, vocab)`` rebuilds its token cache."""
+    Elmo, batch_to_ids = import_elmo(side)
     if side == "allennlp":
-        import types
-
-        import spacy  # noqa: F401  (imported first, as peer-allennlp.md says)
-        import transformers  # noqa: F401
-
-        fake = None
-        try:
-            import torchvision  # noqa: F401
-        except Exception:
-            fake = sys.modules["torchvision"] = types.ModuleType("torchvision")
-        from allennlp.modules.elmo import Elmo, batch_to_ids
-
-        if fake is not None:
-            sys.modules.pop("torchvision", None)
-
         def build_cache(elmo, vocab):
             elmo._elmo_lstm.create_cached_cnn_embeddings(vocab)
     else:
-        from elmokit import Elmo, batch_to_ids
         from elmokit.elmo import TokenVectorCache
 
         def build_cache(elmo, vocab):
