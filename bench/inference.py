@@ -216,14 +216,14 @@ def make_weights(folder: Path, preset: str, seed: int) -> tuple[Path, Path, dict
     return options, weights, json.loads(options.read_text())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def bench_parser(description: str, repeats: int, repeats_help: str) -> argparse.ArgumentParser:
+    """The options every elmokit-vs-AllenNLP bench takes (and the hidden ones of its child processes)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--peer-python", help="python of a venv with AllenNLP 2.10.1 (../shared/docs/peer-allennlp.md)")
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2, help="timed passes per ordering (the best is reported)")
-    ap.add_argument("--latency-repeats", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
     ap.add_argument("--preset", default="small")
     ap.add_argument("--seed", type=int, default=0)
     # child mode (internal)
@@ -233,15 +233,14 @@ def main() -> None:
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--outputs", help=argparse.SUPPRESS)
     ap.add_argument("--sentences-file", dest="sentences_path", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        args.sentences = args.sentences_path
-        child(args)
-        return
+    return ap
 
-    import numpy as np
 
-    tmp = Path(tempfile.mkdtemp(prefix="elmokit-bench-"))
+def run_sides(script: str, args: argparse.Namespace, prefix: str, outputs: str, extra: list[str]):
+    """Write the random weights and the sentences once, run ``script`` as a child per side (elmokit here, AllenNLP
+    with ``--peer-python``), and return ``(results per side, sentences, tmp folder, options dict)``; ``outputs`` is
+    the child's output path under the folder (``{side}`` is replaced), ``extra`` more child arguments."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     options, weights, opts = make_weights(tmp, args.preset, args.seed)
     sentences = read_conllu_forms(EWT_DEV, args.sentences)
     (tmp / "sentences.json").write_text(json.dumps(sentences))
@@ -251,14 +250,29 @@ def main() -> None:
         env = dict(os.environ)
         if side == "elmokit":
             env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [python, __file__, "--child", side, "--options", str(options), "--weights", str(weights),
+        cmd = [python, script, "--child", side, "--options", str(options), "--weights", str(weights),
                "--sentences-file", str(tmp / "sentences.json"), "--result", str(tmp / f"{side}.json"),
-               "--outputs", str(tmp / f"{side}.npy"), "--threads", str(args.threads),
-               "--batch-size", str(args.batch_size), "--repeats", str(args.repeats),
-               "--latency-repeats", str(args.latency_repeats)]
+               "--outputs", str(tmp / outputs.format(side=side)), "--threads", str(args.threads),
+               "--batch-size", str(args.batch_size), "--repeats", str(args.repeats), *extra]
         subprocess.run(cmd, check=True, env=env)
         results[side] = json.loads((tmp / f"{side}.json").read_text())
         print(f"{side}: {json.dumps(results[side])}", flush=True)
+    return results, sentences, tmp, opts
+
+
+def main() -> None:
+    ap = bench_parser(__doc__.split("\n")[0], 2, "timed passes per ordering (the best is reported)")
+    ap.add_argument("--latency-repeats", type=int, default=30)
+    args = ap.parse_args()
+    if args.child:
+        args.sentences = args.sentences_path
+        child(args)
+        return
+
+    import numpy as np
+
+    results, sentences, tmp, opts = run_sides(__file__, args, "elmokit-bench-", "{side}.npy",
+                                              ["--latency-repeats", str(args.latency_repeats)])
     gflops = matmul_gflops(args.threads)
     flops = useful_flops_per_token(opts)
     summary = {"preset": args.preset, "sentences": len(sentences), "tokens": results["elmokit"]["tokens"],

@@ -38,15 +38,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from inference import EWT_DEV, ROOT, _peak_rss_mb, import_elmo, make_weights, read_conllu_forms  # noqa: E402
+from inference import _peak_rss_mb, bench_parser, import_elmo, run_sides  # noqa: E402
 
 PADDING = "@@PADDING@@"
 
@@ -193,22 +190,8 @@ def table(summary: dict, sides: list[str]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--peer-python", help="python of a venv with AllenNLP 2.10.1 (../shared/docs/peer-allennlp.md)")
-    ap.add_argument("--sentences", type=int, default=1000)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3, help="timed passes per mode (the best is reported)")
+    ap = bench_parser(__doc__.split("\n")[0], 3, "timed passes per mode (the best is reported)")
     ap.add_argument("--build-repeats", type=int, default=5, help="timed cache rebuilds (the best is reported)")
-    ap.add_argument("--preset", default="small")
-    ap.add_argument("--seed", type=int, default=0)
-    # child mode (internal)
-    ap.add_argument("--child", choices=["elmokit", "allennlp"], help=argparse.SUPPRESS)
-    ap.add_argument("--options", help=argparse.SUPPRESS)
-    ap.add_argument("--weights", help=argparse.SUPPRESS)
-    ap.add_argument("--result", help=argparse.SUPPRESS)
-    ap.add_argument("--outputs", help=argparse.SUPPRESS)
-    ap.add_argument("--sentences-file", dest="sentences_path", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         args.sentences = args.sentences_path
@@ -217,24 +200,8 @@ def main() -> None:
 
     import numpy as np
 
-    tmp = Path(tempfile.mkdtemp(prefix="elmokit-bench-cache-"))
-    options, weights, _ = make_weights(tmp, args.preset, args.seed)
-    sentences = read_conllu_forms(EWT_DEV, args.sentences)
-    (tmp / "sentences.json").write_text(json.dumps(sentences))
-    sides = [("elmokit", sys.executable)] + ([("allennlp", args.peer_python)] if args.peer_python else [])
-    results = {}
-    for side, python in sides:
-        env = dict(os.environ)
-        if side == "elmokit":
-            env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [python, __file__, "--child", side, "--options", str(options), "--weights", str(weights),
-               "--sentences-file", str(tmp / "sentences.json"), "--result", str(tmp / f"{side}.json"),
-               "--outputs", str(tmp / side), "--threads", str(args.threads),
-               "--batch-size", str(args.batch_size), "--repeats", str(args.repeats),
-               "--build-repeats", str(args.build_repeats)]
-        subprocess.run(cmd, check=True, env=env)
-        results[side] = json.loads((tmp / f"{side}.json").read_text())
-        print(f"{side}: {json.dumps(results[side])}", flush=True)
+    results, sentences, tmp, _ = run_sides(__file__, args, "elmokit-bench-cache-", "{side}",
+                                           ["--build-repeats", str(args.build_repeats)])
     summary = {"preset": args.preset, "sentences": len(sentences), "tokens": results["elmokit"]["tokens"],
                "vocab_size": results["elmokit"]["vocab_size"], "batch_size": args.batch_size,
                "threads": args.threads, "repeats": args.repeats}

@@ -313,7 +313,7 @@ def _fsync(path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- torchrun ranks
-def _torchrun_rank() -> tuple[int, int]:
+def torchrun_rank() -> tuple[int, int]:
     """(RANK, WORLD_SIZE) from torchrun's environment; (0, 1) without it.
 
     Raises:
@@ -569,7 +569,7 @@ class EmbedJob:
             shown = ", ".join(map(str, scan.skipped[:10])) + (" ..." if len(scan.skipped) > 10 else "")
             logger.warning("%s: skipped %d line(s) that are not valid UTF-8 (line %s); their datasets are empty",
                            self.input_path, len(scan.skipped), shown)
-        rank, world = _torchrun_rank()
+        rank, world = torchrun_rank()
         fingerprint = model_fingerprint(self.embedder.bilm)
         if world == 1:
             done = self._prepare_folder(scan, fingerprint)

@@ -88,7 +88,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
                             use_sentence_keys=args.use_sentence_keys, forget_sentences=args.forget_sentences,
                             tokenizer=args.tokenizer, resume=args.resume, workers=args.workers,
                             worker_threads=args.worker_threads, part_size=args.part_size, model_name=args.model)
-    rank, world = embed_output._torchrun_rank()
+    rank, world = embed_output.torchrun_rank()
     if rank != 0:  # under torchrun: process 0 merges and reports
         return 0
     skipped = embedder.skipped_lines
