@@ -32,6 +32,44 @@ def test_im2col_char_cnn_equals_conv1d_values_and_gradients():
         assert torch.allclose(g_fast, g_ref, atol=1e-5 * float(g_ref.abs().max()) + 1e-7)
 
 
+def test_char_cnn_tail_starts_hand_cases():
+    ids = torch.tensor([[259, 5, 6, 260, 261, 261, 261],   # run of 261 from position 4
+                        [259, 5, 6, 7, 8, 9, 260],           # last id appears once: run starts at 6
+                        [7, 7, 7, 7, 7, 7, 7],                 # one id throughout: 0
+                        [259, 261, 261, 261, 261, 261, 261]])  # run from 1
+    assert CharCNN.tail_starts(ids).tolist() == [4, 6, 0, 1]
+
+
+def test_char_cnn_skipping_repeated_pad_windows_is_exact_on_real_words():
+    """Real words of every length 1 … 50 bytes (the ELMo byte ids: <bow> bytes <eow> then the pad id), in shuffled
+    order and several chunks: only the windows that can differ are computed, yet values and gradients equal Conv1d
+    with a max over all C − w + 1 windows."""
+    from elmokit.characters import batch_to_ids
+
+    cnn = _char_cnn()
+    cnn.chunk_size = 9
+    g = torch.Generator().manual_seed(3)
+    letters = "abcdefghijklmnopqrstuvwxyzé"
+    words = ["".join(letters[int(i)] for i in torch.randint(0, len(letters), (n,), generator=g))
+             for n in [1, 2, 3, 5, 8, 13, 21, 34, 47, 48, 49, 60] * 3]
+    ids = batch_to_ids([words])[0]  # (N, 50)
+    ids = ids[torch.randperm(ids.shape[0], generator=g)]
+    tails = CharCNN.tail_starts(ids)
+    assert int(tails.min()) <= 4 and int(tails.max()) >= 49  # short words skip most windows, long ones none
+    fast, ref = cnn(ids), cnn.forward_conv1d(ids)
+    assert torch.allclose(fast, ref, atol=1e-6, rtol=0)
+    weights = torch.randn_like(ref)
+    grads = []
+    for forward in (cnn.forward, cnn.forward_conv1d):
+        cnn.zero_grad()
+        (forward(ids) * weights).sum().backward()
+        grads.append([p.grad.clone() for p in cnn.parameters()])
+    for g_fast, g_ref in zip(*grads):
+        assert torch.allclose(g_fast, g_ref, atol=1e-5 * float(g_ref.abs().max()) + 1e-7)
+    with torch.no_grad():  # the inference path (amax) as well
+        assert torch.allclose(cnn(ids), ref, atol=1e-6, rtol=0)
+
+
 def _reference_layer(lstm: BiLSTM, k: int, x: torch.Tensor, lengths: torch.Tensor,
                      clipped: list | None = None) -> torch.Tensor:
     """The cell equations of BiLSTM's docstring, one row and one step at a time (no batching tricks); appends

@@ -62,22 +62,58 @@ class CharCNN(nn.Module):
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
         """``char_ids`` (N, C) long → (N, F) float.
 
-        Each convolution runs as one GEMM over unfolded windows (im2col: (N·(C − w + 1), D·w) × (D·w, n)), in chunks of
-        :attr:`chunk_size` tokens, with the bias added after the max (max(x + b) = max(x) + b). The result equals
-        ``Conv1d`` followed by a max up to float rounding (≤ 1e-6 in the tests).
+        Each convolution runs as one GEMM over unfolded windows (im2col: (N·L, D·w) × (D·w, n)), in chunks of
+        :attr:`chunk_size` tokens, with the bias added after the max (max(x + b) = max(x) + b).
+
+        **Only the windows that can differ are computed** (exact): a token's ids end in a run of one repeated id (the
+        pad character after end-of-word, in every scheme); every window lying wholly inside that run holds the same
+        characters, so it gives the same convolution output as the first such window. For a token whose run starts at
+        position t, the windows starting at 0 … t are enough (0 … C − w when no window fits in the run). Tokens are
+        sorted by t and each chunk computes ``min(max t + 1, C − w + 1)`` windows per width: an English word of 5
+        letters needs 8 of the 44–50 windows. The result equals ``Conv1d`` followed by a max over all windows up to
+        float rounding (≤ 1e-6 in ``tests/test_fast_paths.py``), with autograd too.
+
+        Source of the semantics: bilm-tf ``_build_word_char_embeddings`` (valid convolution, max over all C − w + 1
+        positions, then the activation).
         """
+        if char_ids.dim() != 2:
+            raise ConfigError(f"char_ids must be (N, C), got shape {tuple(char_ids.shape)}")
+        n, c = char_ids.shape
         x = F.embedding(char_ids, self.embedding_table())  # (N, C, D)
-        n = x.shape[0]
-        if n <= self.chunk_size:
-            out = self._pooled(x)
-        else:
-            # split, not slices: its backward is one concatenation (each slice's backward would zero-fill a gradient
-            # the size of all of x, quadratic in the number of chunks)
-            out = torch.cat([self._pooled(part) for part in x.split(self.chunk_size)], dim=0)
+        if n == 0:
+            return x.new_zeros(0, self.output_dim)
+        tails = self.tail_starts(char_ids)
+        order = torch.argsort(tails, stable=True)
+        sorted_tails = tails[order].tolist()
+        identity = bool((order == torch.arange(n, device=order.device)).all())
+        xs = x if identity else x.index_select(0, order)
+        # split, not slices: its backward is one concatenation (each slice's backward would zero-fill a gradient the
+        # size of all of x, quadratic in the number of chunks)
+        parts = xs.split(self.chunk_size)
+        outs = []
+        for i, part in enumerate(parts):
+            last = sorted_tails[min((i + 1) * self.chunk_size, n) - 1]  # the chunk's largest run start
+            outs.append(self._pooled(part, last))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+        if not identity:
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(n, device=order.device)
+            out = out.index_select(0, inverse)
         return torch.relu(out) if self.activation == "relu" else torch.tanh(out)
 
-    def _pooled(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, C, D) char embeddings → (N, F) max-pooled convolution outputs before the activation."""
+    @staticmethod
+    def tail_starts(char_ids: torch.Tensor) -> torch.Tensor:
+        """(N, C) ids → (N,) long: the first position of each row's final run of one repeated id (its last id), i.e.
+        1 + the last position whose id differs from the row's last id (0 when the whole row is one id)."""
+        c = char_ids.shape[1]
+        differs = char_ids != char_ids[:, -1:]
+        positions = torch.arange(1, c + 1, device=char_ids.device)
+        return torch.where(differs, positions, 0).amax(dim=1)
+
+    def _pooled(self, x: torch.Tensor, run_start: int) -> torch.Tensor:
+        """(N, C, D) char embeddings → (N, F) max-pooled convolution outputs before the activation, computing for each
+        width w only the windows starting at 0 … min(run_start, C − w) (``run_start`` ≥ every row's
+        :meth:`tail_starts`; see :meth:`forward`)."""
         n, c, d = x.shape
         # With autograd, max with indices: its backward writes the gradient at the argmax (one zero fill and a
         # scatter), where amax's backward compares, counts and divides over all (N, L, n) outputs; ties (all-padding
@@ -87,8 +123,9 @@ class CharCNN(nn.Module):
         grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         pooled = []
         for (w, count), conv in zip(self.filters, self.convolutions):
-            positions = c - w + 1
-            cols = x.unfold(1, w, 1).reshape(n * positions, d * w)  # (N·L, D·w), window order matches conv.weight
+            positions = min(run_start + 1, c - w + 1)
+            xw = x if positions == c - w + 1 else x[:, : positions + w - 1]
+            cols = xw.unfold(1, w, 1).reshape(n * positions, d * w)  # (N·L, D·w), window order matches conv.weight
             y = torch.mm(cols, conv.weight.reshape(count, d * w).t()).view(n, positions, count)
             pooled.append((y.max(dim=1).values if grad else y.amax(dim=1)) + conv.bias)
         return torch.cat(pooled, dim=-1)
