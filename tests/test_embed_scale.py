@@ -140,11 +140,14 @@ def test_token_cache_equals_the_character_path(bilm):
     encoded = []
     original = cached.bilm.token_encoder.encode_unique
     cached.bilm.token_encoder.encode_unique = lambda ids: (encoded.append(ids.shape[0]), original(ids))[1]
+    cached.bilm._derived.clear()  # the <S> </S> vectors are encoded once per model, then cached
     try:
         got = cached.embed_batch(sentences)
+        assert encoded == [2, 2]  # only "unknown" and "zzz" went through the character CNN, then the <S> </S> rows
+        cached.embed_batch(sentences)
+        assert encoded == [2, 2, 2]  # the boundary vectors were not encoded again
     finally:
         cached.bilm.token_encoder.encode_unique = original
-    assert encoded == [2, 2]  # only "unknown" and "zzz" went through the character CNN, then the <S> </S> rows
     for a, b in zip(got, plain.embed_batch(sentences)):
         np.testing.assert_allclose(a, b, atol=1e-6)
     # a ready TokenVectorCache is accepted too; one from another model is refused
@@ -186,6 +189,7 @@ def test_a_long_sentence_runs_the_character_cnn_in_chunks(bilm):
     sizes = []
     original = emb.bilm.token_encoder.encode_unique
     emb.bilm.token_encoder.encode_unique = lambda ids: (sizes.append(ids.shape[0]), original(ids))[1]
+    emb.bilm._derived.clear()  # the <S> </S> vectors are encoded once per model, then cached
     try:
         got = emb.embed_sentence(sentence, layers="top")
     finally:

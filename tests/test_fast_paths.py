@@ -167,3 +167,118 @@ def test_token_encoder_inference_chunks_equal_one_piece(monkeypatch):
     out = encoder(ids)  # grad enabled: one piece even above the threshold
     out.sum().backward()
     assert encoder.projection.weight.grad is not None
+
+
+def test_torchscript_step_loop_equals_the_eager_loop(monkeypatch):
+    """Without autograd the recurrent loop runs compiled by TorchScript; it gives the eager loop's values (clips
+    firing, rows ending at different steps, a zero-length row) and the same final state."""
+    import elmokit.modules.lstm as lstm_module
+
+    lstm = _lstm()
+    x = torch.randn(2, 4, 6, 5) * 2
+    lengths = torch.tensor([6, 5, 3, 0])
+    state = (torch.randn(2, 1, 4, 12) * 0.1, torch.randn(2, 1, 4, 5) * 0.1)
+    compiled = lstm_module.inference_steps()
+    assert isinstance(compiled, torch.jit.ScriptFunction)  # this torch has TorchScript: the compiled loop is used
+    with torch.no_grad():
+        outs, (c, h) = lstm(x, lengths, state)
+        monkeypatch.setattr(lstm_module, "_compiled_steps", False)  # the eager fallback
+        assert lstm_module.inference_steps() is lstm_module._steps_in_place
+        ref_outs, (ref_c, ref_h) = lstm(x, lengths, state)
+    assert torch.equal(outs[0], ref_outs[0])
+    assert torch.equal(c, ref_c) and torch.equal(h, ref_h)
+    with torch.no_grad():  # and from zeros, the cell equations
+        assert torch.allclose(lstm(x, lengths)[0][0], _reference_layer(lstm, 0, x, lengths), atol=1e-6)
+
+
+def test_skipping_the_boundary_steps_is_exact_for_every_kept_position():
+    """boundary_steps=False (Elmo, Embedder) skips the forward stack's </S> step and the backward stack's <S> step:
+    every position between the boundaries is unchanged, the state is not returned, the tops are zero at the
+    skipped positions."""
+    from elmokit import batch_to_ids
+
+    from helpers import tiny_random_bilm
+
+    bilm = tiny_random_bilm(seed=5)
+    ids = batch_to_ids([["a", "bank", "of", "the", "river"], ["x"], [], ["two", "words"]])
+    with torch.no_grad():
+        full = bilm(ids, keep_sentence_boundaries=True)
+        fast = bilm(ids, keep_sentence_boundaries=True, boundary_steps=False)
+        stripped = bilm(ids, boundary_steps=False)
+    assert fast.state is None and full.state is not None
+    lengths = full.mask.sum(1)
+    for row, n in enumerate(lengths.tolist()):
+        inner = slice(1, n - 1)
+        assert torch.allclose(fast.layers[row, :, inner], full.layers[row, :, inner], atol=1e-6, rtol=0)
+        assert torch.allclose(fast.layers[row, 0, :n], full.layers[row, 0, :n], atol=1e-6, rtol=0)  # layer 0
+        assert float(fast.forward_top[row, n - 1].abs().max()) == 0.0  # the forward stack never read </S>
+        assert float(fast.backward_top[row, 0].abs().max()) == 0.0  # the backward stack never read <S>
+    plain = bilm(ids)
+    assert torch.allclose(stripped.layers, plain.layers, atol=1e-6, rtol=0)
+    assert torch.equal(stripped.mask, plain.mask)
+
+
+def test_elmo_skips_the_boundary_steps_only_when_nothing_reads_them(monkeypatch):
+    from elmokit import Elmo, batch_to_ids
+    from elmokit.modules.bilm import BiLM
+
+    from helpers import tiny_random_bilm
+
+    seen = []
+    forward = BiLM.forward
+    monkeypatch.setattr(BiLM, "forward", lambda self, *a, **k: (seen.append(k.get("boundary_steps", True)),
+                                                                forward(self, *a, **k))[1])
+    ids = batch_to_ids([["a", "bank"], ["x"]])
+    outputs = []
+    for options in ({}, {"do_layer_norm": True}, {"do_layer_norm": True, "layer_norm_mask": "tokens"},
+                    {"keep_sentence_boundaries": True}):
+        elmo = Elmo(num_output_representations=1, dropout=0.0, bilm=tiny_random_bilm(seed=2), **options).eval()
+        with torch.no_grad():
+            outputs.append(elmo(ids)["elmo_representations"][0])
+    assert seen == [False, True, False, True]
+    monkeypatch.setattr(BiLM, "forward", forward)
+    with torch.no_grad():  # the skipped steps change nothing the caller sees
+        plain = Elmo(num_output_representations=1, dropout=0.0, bilm=tiny_random_bilm(seed=2)).eval()
+        assert torch.allclose(plain(ids)["elmo_representations"][0],
+                              outputs[0], atol=1e-6)
+
+
+def test_packed_highway_for_single_sentences_equals_the_plain_gemm():
+    """2 … packed_rows tokens go through MKL's packed GEMM (where this torch has it): same values as the autograd
+    path for every row count around the limit, and remade when a weight changes."""
+    from elmokit.modules.highway import Highway
+
+    torch.manual_seed(0)
+    hw = Highway(64, 2)
+    for n in (1, 2, 5, hw.packed_rows, hw.packed_rows + 1, 40):
+        x = torch.randn(n, 64)
+        with torch.no_grad():
+            fast = hw(x)
+        reference = hw(x.clone().requires_grad_(True)).detach()
+        assert torch.allclose(fast, reference, atol=1e-5, rtol=0), n
+    if Highway._packed_ok:
+        assert hw._use_packed(torch.randn(5, 64)) and not hw._use_packed(torch.randn(1, 64))
+        assert "packed0" in hw._derived._entries
+    with torch.no_grad():
+        hw.transforms[0].weight.mul_(0.5)
+        x = torch.randn(5, 64)
+        changed = hw(x)
+    assert torch.allclose(changed, hw(x.clone().requires_grad_(True)).detach(), atol=1e-5, rtol=0)
+
+
+def test_derived_weights_follow_in_place_changes_and_are_not_copied():
+    import copy
+    import pickle
+
+    from elmokit.modules.derived import DerivedWeights
+
+    w = torch.ones(3)
+    cache = DerivedWeights()
+    builds = []
+    get = lambda: cache.get("twice", (w,), lambda: (builds.append(1), w * 2)[1])  # noqa: E731
+    assert torch.equal(get(), torch.full((3,), 2.0)) and torch.equal(get(), torch.full((3,), 2.0))
+    assert len(builds) == 1
+    with torch.no_grad():
+        w.add_(1)  # bumps the version counter
+    assert torch.equal(get(), torch.full((3,), 4.0)) and len(builds) == 2
+    assert pickle.loads(pickle.dumps(cache))._entries == {} and copy.deepcopy(cache)._entries == {}

@@ -95,7 +95,7 @@ class TokenVectorCache(nn.Module):
         return F.embedding(word_ids.long(), self.vectors), word_ids > 0
 
     def run(self, bilm: BiLM | StatefulBiLM, char_ids: torch.Tensor | None, word_ids: torch.Tensor, *,
-            keep_sentence_boundaries: bool = False) -> BiLMOutput:
+            keep_sentence_boundaries: bool = False, **options) -> BiLMOutput:
         """Run ``bilm`` (a :class:`BiLM`, or a :class:`StatefulBiLM` carrying its state) on the cached vectors of
         (B, T) ``word_ids``. When an id is outside the cache and ``char_ids`` (B, T, C) are given, they are used
         instead (AllenNLP's fallback); without them the :class:`InputError` stands."""
@@ -105,10 +105,10 @@ class TokenVectorCache(nn.Module):
             if char_ids is None:
                 raise
             logger.info("%s: using the character ids instead", exc)
-            return bilm(char_ids, keep_sentence_boundaries=keep_sentence_boundaries)
+            return bilm(char_ids, keep_sentence_boundaries=keep_sentence_boundaries, **options)
         if vectors.dim() != 3:
             raise InputError(f"word_inputs must have shape (B, T), got {tuple(word_ids.shape)}")
-        return bilm.forward_token_vectors(vectors, mask, keep_sentence_boundaries=keep_sentence_boundaries)
+        return bilm.forward_token_vectors(vectors, mask, keep_sentence_boundaries=keep_sentence_boundaries, **options)
 
 
 class Elmo(nn.Module):
@@ -290,10 +290,16 @@ class Elmo(nn.Module):
                 raise UsageError(f"module {type(module).__name__} did not return AllenNLP's "
                                  f"{{'activations': [tensors], 'mask': tensor}} ({exc})") from None
             return layers, mask
+        # A stateless BiLM whose boundary positions are dropped after mixing (and not in any layer norm's statistics)
+        # skips each direction's last step (exact for every kept position; BiLM.forward's boundary_steps).
+        options = {}
+        if isinstance(module, BiLM) and not self._keep_sentence_boundaries and (
+                self._layer_norm_mask == "tokens" or not any(mix.do_layer_norm for mix in self.scalar_mixes)):
+            options["boundary_steps"] = False
         if word_inputs is not None:
-            out = self._word_cache.run(module, inputs, word_inputs, keep_sentence_boundaries=True)
+            out = self._word_cache.run(module, inputs, word_inputs, keep_sentence_boundaries=True, **options)
         else:
-            out = module(inputs, keep_sentence_boundaries=True)
+            out = module(inputs, keep_sentence_boundaries=True, **options)
         return out.layers, out.mask
 
     def forward(self, inputs: torch.Tensor | None, word_inputs: torch.Tensor | None = None) -> dict:

@@ -230,8 +230,10 @@ class Embedder:
             return []
         with torch.inference_mode():
             vectors, mask = self.token_vectors(batch)
+            # without the boundary positions in the output, each direction's last step is skipped (exact)
             out = self.bilm.forward_token_vectors(vectors, mask,
-                                                  keep_sentence_boundaries=spec.keep_sentence_boundaries)
+                                                  keep_sentence_boundaries=spec.keep_sentence_boundaries,
+                                                  boundary_steps=spec.keep_sentence_boundaries)
             return spec.apply(out.layers, out.mask)
 
     def _batches(self, lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:

@@ -9,6 +9,7 @@ from torch import nn
 from ..characters import boundary_char_ids
 from ..config import ElmoConfig
 from ..errors import InputError
+from .derived import DerivedWeights
 from .lstm import BiLSTM, LSTMState
 from .token_encoder import TokenEncoder
 
@@ -162,6 +163,7 @@ class BiLM(nn.Module):
         #: the character vocabulary of a model trained in the character-vocabulary mode (``config.char_cnn.char_vocab_size``
         #: set); attached by the loaders from ``chars.txt``. ``None`` for the UTF-8 byte scheme.
         self.char_vocab = None
+        self._derived = DerivedWeights()  # inference-time copies (the boundary token vectors)
 
     @property
     def num_layers(self) -> int:
@@ -265,7 +267,8 @@ class BiLM(nn.Module):
         return mask
 
     def forward(self, char_ids: torch.Tensor, state: LSTMState | None = None, *,
-                keep_sentence_boundaries: bool = False, add_boundaries: bool = True) -> BiLMOutput:
+                keep_sentence_boundaries: bool = False, add_boundaries: bool = True,
+                boundary_steps: bool = True) -> BiLMOutput:
         """Compute all L+1 layer representations.
 
         Args:
@@ -276,38 +279,70 @@ class BiLM(nn.Module):
             keep_sentence_boundaries: keep the ``<S>``/``</S>`` positions in ``layers`` and ``mask``.
             add_boundaries: wrap rows in ``<S> … </S>`` (default). ``False`` runs on ``char_ids`` as given (it must
                 already contain boundaries if wanted, e.g. in LM training windows).
+            boundary_steps: ``False`` skips each direction's last step (the forward stack reading ``</S>``, the
+                backward stack reading ``<S>``): exact for every other position, but the LSTM layers are then zero
+                at those two positions, :attr:`BiLMOutput.state` is ``None`` and the tops at the boundaries are zero.
+                For callers that drop the boundary positions and do not carry the state (``Elmo`` without layer norm
+                over the boundaries, ``Embedder``): one step fewer per layer. Needs ``add_boundaries``.
 
         Returns:
-            :class:`BiLMOutput`, its ``state`` the (c, h) reached.
+            :class:`BiLMOutput`, its ``state`` the (c, h) reached (``None`` with ``boundary_steps=False``).
 
         Raises:
             InputError: bad ``char_ids`` (see :meth:`check_char_ids`) or a ``state`` of the wrong shape.
         """
         mask = self.check_char_ids(char_ids)
         char_ids = char_ids.long()
-        if add_boundaries:
+        if not add_boundaries:
+            return self._contextualise(self.token_encoder(char_ids), mask, strip=False, state=state)
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.token_encoder.parameters()):
+            # training through the boundary rows: encode them with the batch (their gradient flows)
             ids, mask = add_sentence_boundaries(char_ids, self._bos, self._eos)
+            tokens = self.token_encoder(ids)  # (B, T', P)
         else:
-            ids = char_ids
-        tokens = self.token_encoder(ids)  # (B, T', P)
-        return self._contextualise(tokens, mask, strip=add_boundaries and not keep_sentence_boundaries, state=state)
+            # the boundary vectors are constants of the model: cached, not re-encoded in every batch
+            tokens, mask = self._add_boundary_vectors(self.token_encoder(char_ids), mask)
+        return self._contextualise(tokens, mask, strip=not keep_sentence_boundaries, state=state,
+                                   boundary_steps=boundary_steps)
 
     def boundary_vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``<S>`` and ``</S>`` token vectors, each (P,) (the token encoder applied to the boundary rows)."""
+        """The ``<S>`` and ``</S>`` token vectors, each (P,) (the token encoder applied to the boundary rows).
+
+        Without autograd they are computed once and cached until a token-encoder weight changes
+        (:class:`~elmokit.modules.derived.DerivedWeights`)."""
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.token_encoder.parameters()):
+            return self._encode_boundaries()
+        return self._derived.get("boundaries", tuple(self.token_encoder.parameters()), self._encode_boundaries)
+
+    def _encode_boundaries(self) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.token_encoder.projection.weight.device
         rows = torch.tensor([self._bos, self._eos], dtype=torch.long, device=device)
         vectors = self.token_encoder.encode_unique(rows)
         return vectors[0], vectors[1]
 
+    def _add_boundary_vectors(self, token_vectors: torch.Tensor, mask: torch.Tensor,
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, P) token vectors and their (B, T) mask → (B, T + 2, P) with ``<S>`` first and ``</S>`` after each
+        row's last real token (zeros at padding), and the (B, T + 2) mask."""
+        b, t, p = token_vectors.shape
+        bos, eos = self.boundary_vectors()
+        lengths = mask.sum(1)
+        tokens = token_vectors.new_zeros((b, t + 2, p))
+        tokens[:, 1: t + 1] = token_vectors * mask.unsqueeze(-1).to(token_vectors.dtype)
+        tokens[:, 0] = bos.to(token_vectors.dtype)
+        tokens[torch.arange(b, device=tokens.device), lengths + 1] = eos.to(token_vectors.dtype)
+        new_mask = torch.arange(t + 2, device=mask.device).unsqueeze(0) < (lengths + 2).unsqueeze(1)
+        return tokens, new_mask
+
     def forward_token_vectors(self, token_vectors: torch.Tensor, mask: torch.Tensor, state: LSTMState | None = None,
-                              *, keep_sentence_boundaries: bool = False) -> BiLMOutput:
+                              *, keep_sentence_boundaries: bool = False, boundary_steps: bool = True) -> BiLMOutput:
         """Like :meth:`forward`, from precomputed layer-0 token vectors instead of character ids (AllenNLP's cached
         char-CNN path, ``vocab_to_cache``): the ``<S>``/``</S>`` vectors are added here, then both LSTM stacks run.
 
         Args:
             token_vectors: (B, T, P) float, as :meth:`TokenEncoder.forward` gives (values at padding are ignored).
             mask: (B, T) bool, True = real token; real tokens first in each row.
-            state: as in :meth:`forward`.
+            state, boundary_steps: as in :meth:`forward`.
 
         Raises:
             InputError: wrong shapes or dtypes, padding before a row's last real token, or a bad ``state``.
@@ -324,15 +359,9 @@ class BiLM(nn.Module):
             raise InputError(f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got {shape}")
         mask = mask.bool()
         _check_left_aligned(mask, "mask")
-        b, t, _ = token_vectors.shape
-        bos, eos = self.boundary_vectors()
-        lengths = mask.sum(1)
-        tokens = token_vectors.new_zeros((b, t + 2, p))
-        tokens[:, 1 : t + 1] = token_vectors * mask.unsqueeze(-1).to(token_vectors.dtype)
-        tokens[:, 0] = bos.to(token_vectors.dtype)
-        tokens[torch.arange(b, device=tokens.device), lengths + 1] = eos.to(token_vectors.dtype)
-        new_mask = torch.arange(t + 2, device=mask.device).unsqueeze(0) < (lengths + 2).unsqueeze(1)
-        return self._contextualise(tokens, new_mask, strip=not keep_sentence_boundaries, state=state)
+        tokens, new_mask = self._add_boundary_vectors(token_vectors, mask)
+        return self._contextualise(tokens, new_mask, strip=not keep_sentence_boundaries, state=state,
+                                   boundary_steps=boundary_steps)
 
     def check_state(self, state: LSTMState, batch_size: int) -> None:
         """Raise :class:`InputError` unless ``state`` is (c (2, L, B, H), h (2, L, B, P)) float tensors, B = batch_size."""
@@ -347,7 +376,7 @@ class BiLM(nn.Module):
                              f"(2 directions, L layers, B rows), got {got}")
 
     def _contextualise(self, tokens: torch.Tensor, mask: torch.Tensor, *, strip: bool,
-                       state: LSTMState | None) -> BiLMOutput:
+                       state: LSTMState | None, boundary_steps: bool = True) -> BiLMOutput:
         b = tokens.shape[0]
         lengths = mask.sum(1)
         if state is not None:
@@ -355,7 +384,10 @@ class BiLM(nn.Module):
             state = (state[0].to(tokens.dtype), state[1].to(tokens.dtype))
         elif self.start_c is not None:
             state = tuple(t.to(tokens.dtype) for t in self.initial_state(b))
-        layer_outputs, final_state = self.run_lstm(tokens, lengths, state)
+        layer_outputs, final_state = self.run_lstm(tokens, lengths, state,
+                                                   steps=None if boundary_steps else lengths - 1)
+        if not boundary_steps:
+            final_state = None
         m = mask.unsqueeze(-1).to(tokens.dtype)
         layers = [torch.cat([tokens, tokens], dim=-1) * m]
         layers.extend(torch.cat([fwd, bwd], dim=-1) for fwd, bwd in layer_outputs)
@@ -367,17 +399,19 @@ class BiLM(nn.Module):
             out_layers, out_mask = stacked, mask
         return BiLMOutput(out_layers, out_mask, tokens, fwd_top, bwd_top, mask, final_state)
 
-    def run_lstm(self, tokens: torch.Tensor, lengths: torch.Tensor, initial_state: LSTMState | None = None,
-                 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], LSTMState]:
+    def run_lstm(self, tokens: torch.Tensor, lengths: torch.Tensor, initial_state: LSTMState | None = None, *,
+                 steps: torch.Tensor | None = None) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], LSTMState]:
         """Run both directions over left-aligned token vectors (B, T, P) in sentence order.
 
         The backward stack sees each row reversed within its length. Returns per layer (forward (B, T, P),
         backward (B, T, P)) in sentence order, and the final (c, h) state (backward: the state after consuming the
         first token, i.e. ``<S>``). ``initial_state=None`` is zeros here (the stored :attr:`start_state` is applied
-        by :meth:`forward`, not by this low-level runner, which the training loop uses).
+        by :meth:`forward`, not by this low-level runner, which the training loop uses). ``steps`` (B,) ≤ lengths:
+        run each direction only that many steps of its own reading order (the outputs beyond are zero, the state is
+        the one reached after them); ``None`` = ``lengths``.
         """
         backward_in = reverse_padded(tokens, lengths)
-        outputs, state = self.run_streams(tokens, backward_in, lengths, initial_state)
+        outputs, state = self.run_streams(tokens, backward_in, lengths if steps is None else steps, initial_state)
         return [(fwd, reverse_padded(bwd, lengths)) for fwd, bwd in outputs], state
 
     def run_streams(self, forward_in: torch.Tensor, backward_in: torch.Tensor, lengths: torch.Tensor,
