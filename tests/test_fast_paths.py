@@ -243,29 +243,6 @@ def test_elmo_skips_the_boundary_steps_only_when_nothing_reads_them(monkeypatch)
                               outputs[0], atol=1e-6)
 
 
-def test_packed_highway_for_single_sentences_equals_the_plain_gemm():
-    """2 … packed_rows tokens go through MKL's packed GEMM (where this torch has it): same values as the autograd
-    path for every row count around the limit, and remade when a weight changes."""
-    from elmokit.modules.highway import Highway
-
-    torch.manual_seed(0)
-    hw = Highway(64, 2)
-    for n in (1, 2, 5, hw.packed_rows, hw.packed_rows + 1, 40):
-        x = torch.randn(n, 64)
-        with torch.no_grad():
-            fast = hw(x)
-        reference = hw(x.clone().requires_grad_(True)).detach()
-        assert torch.allclose(fast, reference, atol=1e-5, rtol=0), n
-    if Highway._packed_ok:
-        assert hw._use_packed(torch.randn(5, 64)) and not hw._use_packed(torch.randn(1, 64))
-        assert "packed0" in hw._derived._entries
-    with torch.no_grad():
-        hw.transforms[0].weight.mul_(0.5)
-        x = torch.randn(5, 64)
-        changed = hw(x)
-    assert torch.allclose(changed, hw(x.clone().requires_grad_(True)).detach(), atol=1e-5, rtol=0)
-
-
 def test_derived_weights_follow_in_place_changes_and_are_not_copied():
     import copy
     import pickle

@@ -42,18 +42,20 @@ def _steps_in_place(xw: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h
     """The recurrent loop of one layer without autograd (both directions at once; see :meth:`BiLSTM._run_layer`).
 
     Args:
-        xw: (2, N, 4H) input contributions x·W_ih + b (forget bias included) of the packed time-major positions;
-            overwritten (the gate math runs in place on each step's slice).
+        xw: (2, N, 4H) input contributions x·W_ih + b (forget bias included) of the packed time-major positions, gate
+            columns in the order **i, f, o, j** (see :meth:`BiLSTM._inference_weights`); overwritten (the gate math
+            runs in place on each step's slice).
         batch_sizes: running rows per step (non-increasing; rows sorted by length).
-        c, h: (2, B, H), (2, B, P) start state.
-        w_hh: (2, P, 4H); w_proj: (2, H, P).
+        c, h: (2, B, H), (2, B, P) start state (not modified).
+        w_hh: (2, P, 4H), gate columns i, f, o, j; w_proj: (2, H, P).
         cell_clip, proj_clip: ≤ 0 means no clipping.
 
     Returns:
         (out (2, N, P), final c (2, B, H), final h (2, B, P)).
 
     Written in the TorchScript subset: :func:`inference_steps` runs it compiled, which removes the Python interpreter
-    from the per-step loop (≈ 10 ops a step; at batch 1 the interpreter was ≈ 15 % of the LSTM's time).
+    from the per-step loop. With the three sigmoid gates side by side one ``sigmoid_`` covers them, and ``narrow``
+    (one op) replaces multi-dimensional slicing (an op per dimension): at batch 1 the per-step cost is op overhead.
     """
     hd = hidden_dim
     steps: List[torch.Tensor] = []
@@ -63,22 +65,23 @@ def _steps_in_place(xw: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h
     offset = 0
     for n in batch_sizes:
         if n < n_prev:
-            done_c.insert(0, c[:, n:n_prev])
-            done_h.insert(0, h[:, n:n_prev])
-            c = c[:, :n]
-            h = h[:, :n]
+            done_c.insert(0, c.narrow(1, n, n_prev - n))
+            done_h.insert(0, h.narrow(1, n, n_prev - n))
+            c = c.narrow(1, 0, n)
+            h = h.narrow(1, 0, n)
             n_prev = n
         if n == 0:
             break
-        z = torch.baddbmm(xw[:, offset: offset + n], h, w_hh)  # gates i, j, f, o (forget bias included)
+        z = torch.baddbmm(xw.narrow(1, offset, n), h, w_hh)  # (2, n, 4H): gates i, f, o, j (forget bias included)
         offset += n
-        j = z[:, :, hd: 2 * hd].tanh()
-        z.sigmoid_()
-        j.mul_(z[:, :, :hd])  # σ(i) · tanh(j)
-        c = torch.addcmul(j, z[:, :, 2 * hd: 3 * hd], c)
+        z.narrow(2, 0, 3 * hd).sigmoid_()
+        j = z.narrow(2, 3 * hd, hd).tanh_()
+        j.mul_(z.narrow(2, 0, hd))  # σ(i) · tanh(j)
+        c = torch.addcmul(j, z.narrow(2, hd, hd), c)  # + σ(f) · c
         if cell_clip > 0:
             c.clamp_(-cell_clip, cell_clip)
-        h = torch.bmm(z[:, :, 3 * hd:].mul_(torch.tanh(c)), w_proj)
+        m = torch.tanh(c).mul_(z.narrow(2, 2 * hd, hd))  # σ(o) · tanh(c)
+        h = torch.bmm(m, w_proj)
         if proj_clip > 0:
             h.clamp_(-proj_clip, proj_clip)
         steps.append(h)
@@ -248,17 +251,14 @@ class BiLSTM(nn.Module):
             v.requires_grad for v in (x, c, h, w_hh, w_proj, self.weight_ih[k], self.bias[k])))
         # Input contribution for all real positions at once, with the forget bias 1.0 folded in: (2, N, 4H)
         # The bias enters as one more input column ((x | 1) · (W_ih ; b)): no separate pass broadcasting it over xw.
-        # Without autograd the (2, P + 1, 4H) (W_ih ; b) is a cached copy (remade when either changes).
-        if in_place:
-            w_in = self._derived.get(f"w_in{k}", (self.weight_ih[k], self.bias[k]), lambda: self._input_weight(k))
-        else:
-            w_in = self._input_weight(k)
         x1 = torch.cat([x, x.new_ones(x.shape[0], x.shape[1], 1)], dim=2)  # (2, N, P + 1)
-        xw = torch.bmm(x1, w_in)
         if in_place:
-            out, final_c, final_h = inference_steps()(xw, batch_sizes, c, h, w_hh, w_proj, hd,
+            w_in, w_hh_ifoj = self._derived.get(f"inference{k}", (self.weight_ih[k], self.bias[k], w_hh),
+                                                lambda: self._inference_weights(k))
+            out, final_c, final_h = inference_steps()(torch.bmm(x1, w_in), batch_sizes, c, h, w_hh_ifoj, w_proj, hd,
                                                       float(cell_clip or 0.0), float(proj_clip or 0.0))
             return out, (final_c, final_h)
+        xw = torch.bmm(x1, self._input_weight(k))
         # one split (its backward is one concatenation) rather than a slice per step (each slice's backward would
         # zero-fill a gradient the size of the whole of xw)
         xw_steps = xw.split([n for n in batch_sizes if n > 0], dim=1)
@@ -297,3 +297,13 @@ class BiLSTM(nn.Module):
         """Layer k's (2, P + 1, 4H) input weight with the bias (forget bias 1.0 folded in) as its last row."""
         bias = self.bias[k] + self._forget_bias(self.hidden_dim, self.bias[k])
         return torch.cat([self.weight_ih[k], bias.unsqueeze(1)], dim=1)
+
+    def _inference_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer k's (W_ih ; b) as :meth:`_input_weight` and W_hh, both with their gate columns reordered from the
+        stored i, j, f, o to i, f, o, j (the three sigmoid gates side by side, for :func:`_steps_in_place`);
+        contiguous copies, cached by :meth:`_run_layer`. Reordering columns changes no value."""
+        hd = self.hidden_dim
+        order = torch.cat([torch.arange(0, hd), torch.arange(2 * hd, 4 * hd), torch.arange(hd, 2 * hd)])
+        order = order.to(self.weight_hh[k].device)
+        return (self._input_weight(k).index_select(2, order).contiguous(),
+                self.weight_hh[k].index_select(2, order).contiguous())
