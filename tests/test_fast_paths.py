@@ -2,6 +2,7 @@
 equations written out one gate at a time (values and gradients)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from elmokit.config import LSTMConfig
@@ -40,10 +41,12 @@ def test_char_cnn_tail_starts_hand_cases():
     assert CharCNN.tail_starts(ids).tolist() == [4, 6, 0, 1]
 
 
-def test_char_cnn_skipping_repeated_pad_windows_is_exact_on_real_words():
-    """Real words of every length 1 … 50 bytes (the ELMo byte ids: <bow> bytes <eow> then the pad id), in shuffled
-    order and several chunks: only the windows that can differ are computed, yet values and gradients equal Conv1d
-    with a max over all C − w + 1 windows."""
+@pytest.mark.parametrize("width", [50, 10])
+def test_char_cnn_skipping_repeated_pad_windows_is_exact_on_real_words(width):
+    """Real words of every length 1 … C bytes (the ELMo byte ids: <bow> bytes <eow> then the pad id), in shuffled
+    order and several chunks: only the windows that can differ are computed (one GEMM for all widths in chunks of
+    short words, one per width in chunks holding a long one), yet values and gradients equal Conv1d with a max over
+    all C − w + 1 windows. C = 10 as the character-vocabulary mode's tokens."""
     from elmokit.characters import batch_to_ids
 
     cnn = _char_cnn()
@@ -52,10 +55,10 @@ def test_char_cnn_skipping_repeated_pad_windows_is_exact_on_real_words():
     letters = "abcdefghijklmnopqrstuvwxyzé"
     words = ["".join(letters[int(i)] for i in torch.randint(0, len(letters), (n,), generator=g))
              for n in [1, 2, 3, 5, 8, 13, 21, 34, 47, 48, 49, 60] * 3]
-    ids = batch_to_ids([words])[0]  # (N, 50)
+    ids = batch_to_ids([words], width, on_long_token="truncate")[0]  # (N, C)
     ids = ids[torch.randperm(ids.shape[0], generator=g)]
     tails = CharCNN.tail_starts(ids)
-    assert int(tails.min()) <= 4 and int(tails.max()) >= 49  # short words skip most windows, long ones none
+    assert int(tails.min()) <= 4 and int(tails.max()) >= width - 1  # short words skip most windows, long ones none
     fast, ref = cnn(ids), cnn.forward_conv1d(ids)
     assert torch.allclose(fast, ref, atol=1e-6, rtol=0)
     weights = torch.randn_like(ref)

@@ -126,41 +126,37 @@ class CharCNN(nn.Module):
         width w only the windows starting at 0 … min(run_start, C − w) (``run_start`` ≥ every row's
         :meth:`tail_starts`; see :meth:`forward`).
 
-        All widths run as **one** GEMM: windows of the widest filter (w_max characters) at each start position,
-        times every filter zero-padded to w_max characters ((N·S, D·w_max) × (D·w_max, F)); the zero weights add
-        exact zeros. Start positions a width does not have (s > C − w, only when the chunk holds a token whose
-        final run starts past C − w_max) are excluded from its max; characters beyond C (zeros) only ever meet zero
-        weights or excluded positions.
+        When every width has all of those start positions (``run_start`` ≤ C − w_max: all but very long tokens in
+        the byte scheme), all widths run as **one** GEMM: windows of the widest filter (w_max characters) at each
+        start, times every filter zero-padded to w_max characters ((N·S, D·w_max) × (D·w_max, F)); the zero weights
+        add exact zeros. Otherwise (a chunk with a long token, or a short C as the character-vocabulary mode's 10)
+        each width is its own GEMM over its own windows.
         """
         n, c, d = x.shape
         # With autograd, max with indices: its backward writes the gradient at the argmax (one zero fill and a
-        # scatter), where amax's backward compares, counts and divides over all (N, S, F) outputs; ties (all-padding
+        # scatter), where amax's backward compares, counts and divides over all (N, S, n) outputs; ties (all-padding
         # windows hold identical values) then send the whole gradient to one of the equal windows instead of
         # splitting it, which gives the same parameter gradients because tied windows hold the same characters.
         # Measured on bilm-tf's training settings: amax's backward was ≈ 30 % of a step.
         grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-        widths = [w for w, _ in self.filters]
-        w_max, w_min = max(widths), min(widths)
-        positions = min(run_start + 1, c - w_min + 1)
-        span = positions + w_max - 1
-        xs = x[:, :span] if span <= c else F.pad(x, (0, 0, 0, span - c))
-        cols = xs.unfold(1, w_max, 1).reshape(n * positions, d * w_max)  # window order matches conv.weight
-        if grad:
-            weight, bias = self._all_widths_weight()
-        else:
-            weight, bias = self._derived.get("all_widths", tuple(self.parameters()), self._all_widths_weight)
-        y = torch.mm(cols, weight.t()).view(n, positions, -1)
-        if positions > c - w_max + 1:  # some widths lack the last start positions: keep them out of the max
-            y = y + self._missing_positions(positions, c, y.dtype, y.device)
-        pooled = y.max(dim=1).values if grad else y.amax(dim=1)
-        return pooled + bias
-
-    def _missing_positions(self, positions: int, c: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """(positions, F): −inf where start position s does not exist for the filter's width (s > C − w), else 0."""
-        start = torch.arange(positions, device=device).unsqueeze(1)
-        last = torch.cat([torch.full((count,), c - w, device=device) for w, count in self.filters]).unsqueeze(0)
-        return torch.zeros((positions, self.output_dim), dtype=dtype, device=device).masked_fill_(
-            start > last, float("-inf"))
+        w_max = max(w for w, _ in self.filters)
+        if run_start + 1 <= c - w_max + 1:
+            positions = run_start + 1
+            cols = x[:, : positions + w_max - 1].unfold(1, w_max, 1).reshape(n * positions, d * w_max)
+            if grad:
+                weight, bias = self._all_widths_weight()
+            else:
+                weight, bias = self._derived.get("all_widths", tuple(self.parameters()), self._all_widths_weight)
+            y = torch.mm(cols, weight.t()).view(n, positions, -1)
+            return (y.max(dim=1).values if grad else y.amax(dim=1)) + bias
+        pooled = []
+        for (w, count), conv in zip(self.filters, self.convolutions):
+            positions = min(run_start + 1, c - w + 1)
+            xw = x if positions == c - w + 1 else x[:, : positions + w - 1]
+            cols = xw.unfold(1, w, 1).reshape(n * positions, d * w)  # (N·L, D·w), window order matches conv.weight
+            y = torch.mm(cols, conv.weight.reshape(count, d * w).t()).view(n, positions, count)
+            pooled.append((y.max(dim=1).values if grad else y.amax(dim=1)) + conv.bias)
+        return torch.cat(pooled, dim=-1)
 
     def forward_conv1d(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Reference path with ``nn.Conv1d`` (what :meth:`forward` must equal); (N, C) long → (N, F)."""

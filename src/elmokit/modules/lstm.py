@@ -12,7 +12,11 @@ written out one gate at a time):
   batches of 64 (small configuration, 1 thread) this halved the LSTM time (4.0 s → 1.9 s): a batch padded to its
   longest sentence is mostly padding.
 * the forget bias is folded into the input projection's bias; without autograd the gate non-linearities run in place
-  on the step's (2, n, 4H) pre-activations.
+  on the step's (2, n, 4H) pre-activations, in a loop compiled by TorchScript (:func:`inference_steps`, eager
+  fallback) over cached weight copies whose gate columns are reordered i, f, o, j (one ``sigmoid_`` per step);
+  at batch 1 this took the LSTMs of the small configuration from ≈ 4.2 to ≈ 3.4 ms for 12 tokens (2 threads).
+* all rows of one length (always so for a single sentence) skip the gather into and the scatter out of the packed
+  layout: time-major is then a transpose.
 """
 from __future__ import annotations
 
