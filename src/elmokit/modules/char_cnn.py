@@ -64,8 +64,9 @@ class CharCNN(nn.Module):
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
         """``char_ids`` (N, C) long → (N, F) float.
 
-        Each convolution runs as one GEMM over unfolded windows (im2col: (N·L, D·w) × (D·w, n)), in chunks of
-        :attr:`chunk_size` tokens, with the bias added after the max (max(x + b) = max(x) + b).
+        The convolutions run as GEMMs over unfolded windows (im2col), in chunks of :attr:`chunk_size` tokens: all
+        widths in one GEMM where possible, else one per width (see :meth:`_pooled`), with the bias added after the
+        max (max(x + b) = max(x) + b).
 
         **Only the windows that can differ are computed** (exact): a token's ids end in a run of one repeated id (the
         pad character after end-of-word, in every scheme); every window lying wholly inside that run holds the same
