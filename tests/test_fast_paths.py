@@ -15,14 +15,12 @@ def _char_cnn() -> CharCNN:
     return CharCNN(261, 8, [(1, 4), (2, 8), (3, 16), (5, 32), (7, 64)], activation="tanh")
 
 
-def test_im2col_char_cnn_equals_conv1d_values_and_gradients():
-    cnn = _char_cnn()
-    cnn.chunk_size = 7  # several chunks, the last one partial
-    ids = torch.randint(1, 262, (30, 50))
-    ids[:5, 10:] = 261  # in-word padding: repeated windows, ties in the max
+def _assert_equals_conv1d(cnn: CharCNN, ids: torch.Tensor) -> None:
+    """The fast char CNN equals its Conv1d reference: values with and without autograd, and parameter gradients."""
     fast, ref = cnn(ids), cnn.forward_conv1d(ids)
-    assert fast.shape == (30, 4 + 8 + 16 + 32 + 64)
     assert torch.allclose(fast, ref, atol=1e-6, rtol=0)
+    with torch.no_grad():  # the inference path (amax, cached weights)
+        assert torch.allclose(cnn(ids), ref, atol=1e-6, rtol=0)
     weights = torch.randn_like(ref)
     grads = []
     for forward in (cnn.forward, cnn.forward_conv1d):
@@ -31,6 +29,15 @@ def test_im2col_char_cnn_equals_conv1d_values_and_gradients():
         grads.append([p.grad.clone() for p in cnn.parameters()])
     for g_fast, g_ref in zip(*grads):
         assert torch.allclose(g_fast, g_ref, atol=1e-5 * float(g_ref.abs().max()) + 1e-7)
+
+
+def test_im2col_char_cnn_equals_conv1d_values_and_gradients():
+    cnn = _char_cnn()
+    cnn.chunk_size = 7  # several chunks, the last one partial
+    ids = torch.randint(1, 262, (30, 50))
+    ids[:5, 10:] = 261  # in-word padding: repeated windows, ties in the max
+    assert cnn(ids).shape == (30, 4 + 8 + 16 + 32 + 64)
+    _assert_equals_conv1d(cnn, ids)
 
 
 def test_char_cnn_tail_starts_hand_cases():
@@ -59,18 +66,7 @@ def test_char_cnn_skipping_repeated_pad_windows_is_exact_on_real_words(width):
     ids = ids[torch.randperm(ids.shape[0], generator=g)]
     tails = CharCNN.tail_starts(ids)
     assert int(tails.min()) <= 4 and int(tails.max()) >= width - 1  # short words skip most windows, long ones none
-    fast, ref = cnn(ids), cnn.forward_conv1d(ids)
-    assert torch.allclose(fast, ref, atol=1e-6, rtol=0)
-    weights = torch.randn_like(ref)
-    grads = []
-    for forward in (cnn.forward, cnn.forward_conv1d):
-        cnn.zero_grad()
-        (forward(ids) * weights).sum().backward()
-        grads.append([p.grad.clone() for p in cnn.parameters()])
-    for g_fast, g_ref in zip(*grads):
-        assert torch.allclose(g_fast, g_ref, atol=1e-5 * float(g_ref.abs().max()) + 1e-7)
-    with torch.no_grad():  # the inference path (amax) as well
-        assert torch.allclose(cnn(ids), ref, atol=1e-6, rtol=0)
+    _assert_equals_conv1d(cnn, ids)
 
 
 def _reference_layer(lstm: BiLSTM, k: int, x: torch.Tensor, lengths: torch.Tensor,
