@@ -258,3 +258,33 @@ def test_derived_weights_follow_in_place_changes_and_are_not_copied():
         w.add_(1)  # bumps the version counter
     assert torch.equal(get(), torch.full((3,), 4.0)) and len(builds) == 2
     assert pickle.loads(pickle.dumps(cache))._entries == {} and copy.deepcopy(cache)._entries == {}
+
+
+def test_writes_through_data_are_seen_after_eval_or_clear_derived_weights():
+    """``w.data.mul_`` does not bump the version counter, so the inference copies cannot see it by themselves: eval()
+    (any train/eval switch) and clear_derived_weights() drop them."""
+    from elmokit import batch_to_ids
+
+    from helpers import tiny_random_bilm
+
+    bilm = tiny_random_bilm(seed=4)
+    ids = batch_to_ids([["a", "bank", "of", "the", "river"]])
+    with torch.no_grad():
+        before = bilm(ids).layers
+        for w in (bilm.token_encoder.highway.gates[0].weight, bilm.bilstm.weight_hh[0]):
+            w.data.mul_(3.0)  # invisible to the version counter
+        stale = bilm(ids).layers
+        assert torch.equal(stale, before)  # the copies are stale here: the documented limitation
+        bilm.eval()
+        fresh = bilm(ids).layers
+        reference = bilm(ids.clone()).layers
+    assert not torch.allclose(fresh, before, atol=1e-4)
+    with torch.enable_grad():  # the autograd path reads the parameters themselves
+        assert torch.allclose(bilm.train()(ids).layers.detach(), fresh, atol=1e-5)
+    bilm.eval()
+    with torch.no_grad():
+        assert torch.allclose(bilm(ids).layers, reference, atol=1e-6)  # the copies are made again here
+        bilm.bilstm.weight_hh[1].data.mul_(0.5)  # a cached (reordered) copy
+        assert torch.equal(bilm(ids).layers, reference)  # stale until cleared
+        bilm.clear_derived_weights()
+        assert not torch.allclose(bilm(ids).layers, reference, atol=1e-4)

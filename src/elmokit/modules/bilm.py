@@ -165,6 +165,25 @@ class BiLM(nn.Module):
         self.char_vocab = None
         self._derived = DerivedWeights()  # inference-time copies (the boundary token vectors)
 
+    def clear_derived_weights(self) -> None:
+        """Drop every inference-time weight copy of this model (:class:`~elmokit.modules.derived.DerivedWeights`:
+        the highway's fused matrix, the LSTMs' reordered weights, the char CNN's all-widths matrix, the boundary
+        vectors); they are remade on the next call. Copies follow every in-place change that bumps a tensor's
+        version counter (``load_state_dict``, optimiser steps, ``with torch.no_grad(): w.mul_(…)``), but not writes
+        through ``w.data`` (``w.data.copy_(…)``), which PyTorch does not count: call this after such writes.
+        :meth:`train` and :meth:`eval` call it too."""
+        for module in self.modules():
+            derived = getattr(module, "_derived", None)
+            if isinstance(derived, DerivedWeights):
+                derived.clear()
+
+    def train(self, mode: bool = True) -> "BiLM":
+        """As :meth:`torch.nn.Module.train`, and drops the inference-time weight copies
+        (:meth:`clear_derived_weights`): switching between training and evaluation never reads stale copies."""
+        super().train(mode)
+        self.clear_derived_weights()
+        return self
+
     @property
     def num_layers(self) -> int:
         """L + 1."""

@@ -4,7 +4,8 @@ The token encoder and the LSTMs run without autograd on weights rearranged once 
 the bias as one more row, an MKL-packed matrix). Such a copy must never go stale: it is keyed on every source
 tensor's storage pointer, version counter (bumped by each in-place change: ``load_state_dict``, an optimiser step,
 ``mul_``), dtype and device, and rebuilt on any difference. It is not part of the state dict, and a pickled or
-deep-copied module gets an empty cache.
+deep-copied module gets an empty cache. Writes through ``tensor.data`` (``w.data.copy_(…)``) do not bump the version
+counter: after such writes call :meth:`elmokit.BiLM.clear_derived_weights` (``BiLM.train()``/``eval()`` do).
 """
 from __future__ import annotations
 
