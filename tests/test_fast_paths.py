@@ -261,8 +261,8 @@ def test_derived_weights_follow_in_place_changes_and_are_not_copied():
 
 
 def test_writes_through_data_are_seen_after_eval_or_clear_derived_weights():
-    """``w.data.mul_`` does not bump the version counter, so the inference copies cannot see it by themselves: eval()
-    (any train/eval switch) and clear_derived_weights() drop them."""
+    """``w.data.mul_`` does not bump the version counter, so the inference copies cannot see it by themselves: a
+    train/eval switch and clear_derived_weights() drop them; eval() on a model already in eval mode keeps them."""
     from elmokit import batch_to_ids
 
     from helpers import tiny_random_bilm
@@ -275,7 +275,10 @@ def test_writes_through_data_are_seen_after_eval_or_clear_derived_weights():
             w.data.mul_(3.0)  # invisible to the version counter
         stale = bilm(ids).layers
         assert torch.equal(stale, before)  # the copies are stale here: the documented limitation
-        bilm.eval()
+        bilm.eval()  # already in eval mode: no switch, the copies are kept
+        assert torch.equal(bilm(ids).layers, before)
+        bilm.train()
+        bilm.eval()  # a switch: the copies are dropped
         fresh = bilm(ids).layers
         reference = bilm(ids.clone()).layers
     assert not torch.allclose(fresh, before, atol=1e-4)

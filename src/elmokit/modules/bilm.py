@@ -170,18 +170,21 @@ class BiLM(nn.Module):
         the highway's fused matrix, the LSTMs' reordered weights, the char CNN's all-widths matrix, the boundary
         vectors); they are remade on the next call. Copies follow every in-place change that bumps a tensor's
         version counter (``load_state_dict``, optimiser steps, ``with torch.no_grad(): w.mul_(…)``), but not writes
-        through ``w.data`` (``w.data.copy_(…)``), which PyTorch does not count: call this after such writes.
-        :meth:`train` and :meth:`eval` call it too."""
+        through ``w.data`` (``w.data.copy_(…)``), which PyTorch does not count: call this after such writes. A switch
+        between training and evaluation mode (:meth:`train` / :meth:`eval`) calls it too."""
         for module in self.modules():
             derived = getattr(module, "_derived", None)
             if isinstance(derived, DerivedWeights):
                 derived.clear()
 
     def train(self, mode: bool = True) -> "BiLM":
-        """As :meth:`torch.nn.Module.train`, and drops the inference-time weight copies
-        (:meth:`clear_derived_weights`): switching between training and evaluation never reads stale copies."""
+        """As :meth:`torch.nn.Module.train`; a change of mode also drops the inference-time weight copies
+        (:meth:`clear_derived_weights`), so evaluating after training never reads stale copies (calling ``eval()`` on a
+        model already in eval mode, e.g. before every batch, keeps them)."""
+        changed = self.training != mode
         super().train(mode)
-        self.clear_derived_weights()
+        if changed:
+            self.clear_derived_weights()
         return self
 
     @property

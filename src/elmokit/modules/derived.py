@@ -5,7 +5,8 @@ the bias as one more row, an MKL-packed matrix). Such a copy must never go stale
 tensor's storage pointer, version counter (bumped by each in-place change: ``load_state_dict``, an optimiser step,
 ``mul_``), dtype and device, and rebuilt on any difference. It is not part of the state dict, and a pickled or
 deep-copied module gets an empty cache. Writes through ``tensor.data`` (``w.data.copy_(…)``) do not bump the version
-counter: after such writes call :meth:`elmokit.BiLM.clear_derived_weights` (``BiLM.train()``/``eval()`` do).
+counter: after such writes call :meth:`elmokit.BiLM.clear_derived_weights` (a switch between ``BiLM.train()`` and
+``eval()`` does).
 """
 from __future__ import annotations
 
