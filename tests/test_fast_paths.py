@@ -291,3 +291,85 @@ def test_writes_through_data_are_seen_after_eval_or_clear_derived_weights():
         assert torch.equal(bilm(ids).layers, reference)  # stale until cleared
         bilm.clear_derived_weights()
         assert not torch.allclose(bilm(ids).layers, reference, atol=1e-4)
+
+
+def test_inference_copies_follow_fused_optimizer_steps_and_fresh_tensors():
+    """Fused optimiser steps do not bump version counters, and torch.func.functional_call hands in fresh tensors that
+    may reuse a freed tensor's address: neither may ever read a stale inference copy."""
+    from elmokit import batch_to_ids
+
+    from helpers import tiny_random_bilm
+
+    bilm = tiny_random_bilm(seed=6)
+    ids = batch_to_ids([["a", "bank", "of", "the", "river"], ["x"]])
+
+    def plain() -> torch.Tensor:  # the autograd path reads the parameters themselves
+        with torch.enable_grad():
+            return bilm(ids).layers.detach()
+
+    with torch.no_grad():
+        bilm(ids)  # fill the copies
+    optimizer = torch.optim.Adam(bilm.parameters(), lr=0.05, fused=True)
+    before = [p.detach().clone() for p in bilm.parameters()]
+    for _ in range(3):
+        optimizer.zero_grad()
+        bilm(ids).layers.sum().backward()
+        optimizer.step()
+    assert any(not torch.equal(a, b) for a, b in zip(before, bilm.parameters()))
+    with torch.no_grad():
+        assert torch.allclose(bilm(ids).layers, plain(), atol=1e-5)
+    # functional_call with interpolated weights: fresh tensors every call
+    from torch.func import functional_call
+
+    start = {k: v.detach().clone() for k, v in bilm.named_parameters()}
+    for alpha in (0.0, 0.5, 1.0):
+        params = {k: v * alpha for k, v in start.items()}
+        with torch.no_grad():
+            fast = functional_call(bilm, params, (ids,)).layers
+        with torch.enable_grad():
+            reference = functional_call(bilm, {k: v.requires_grad_(True) for k, v in params.items()},
+                                        (ids,)).layers.detach()
+        assert torch.allclose(fast, reference, atol=1e-5), alpha
+
+
+def test_a_model_made_under_inference_mode_embeds():
+    """Tensors made under torch.inference_mode have no version counter: nothing is cached for them, and the values
+    equal a model made outside it."""
+    from elmokit import batch_to_ids
+
+    from helpers import tiny_random_bilm
+
+    ids = batch_to_ids([["a", "bank"], ["the", "river", "bank"]])
+    outside = tiny_random_bilm(seed=7)
+    with torch.inference_mode():
+        inside = tiny_random_bilm(seed=7)
+        assert torch.allclose(inside(ids).layers, outside(ids).layers, atol=1e-6)
+        assert inside.token_encoder.highway._derived._entries == {}
+
+
+def test_boundary_steps_needs_the_boundaries_this_call_adds():
+    import pytest
+
+    from elmokit import batch_to_ids
+    from elmokit.errors import UsageError
+
+    from helpers import tiny_random_bilm
+
+    with pytest.raises(UsageError, match="add_boundaries"):
+        tiny_random_bilm(seed=1)(batch_to_ids([["a"]]), add_boundaries=False, boundary_steps=False)
+
+
+def test_derived_weights_never_match_another_tensor_at_the_same_address():
+    """Another tensor object with the cached source's address and version counter (here a second view of one
+    buffer; a freed block handed out again gives the same, as torch.func.functional_call's fresh tensors can) is not
+    the cached source: the copy is rebuilt."""
+    from elmokit.modules.derived import DerivedWeights
+
+    buffer = torch.zeros(8)
+    cache = DerivedWeights()
+    first = buffer[:]
+    assert float(cache.get("w", (first,), lambda: first + 1.0)[0]) == 1.0
+    second = buffer[:]
+    assert second is not first and second.data_ptr() == first.data_ptr() and second._version == first._version
+    assert float(cache.get("w", (second,), lambda: second + 2.0)[0]) == 2.0
+    assert float(cache.get("w", (second,), lambda: second + 3.0)[0]) == 2.0  # and then cached for it

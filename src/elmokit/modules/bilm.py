@@ -8,7 +8,7 @@ from torch import nn
 
 from ..characters import boundary_char_ids
 from ..config import ElmoConfig
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from .derived import DerivedWeights
 from .lstm import BiLSTM, LSTMState
 from .token_encoder import TokenEncoder
@@ -312,10 +312,14 @@ class BiLM(nn.Module):
 
         Raises:
             InputError: bad ``char_ids`` (see :meth:`check_char_ids`) or a ``state`` of the wrong shape.
+            UsageError: ``boundary_steps=False`` with ``add_boundaries=False``.
         """
         mask = self.check_char_ids(char_ids)
         char_ids = char_ids.long()
         if not add_boundaries:
+            if not boundary_steps:
+                raise UsageError("boundary_steps=False skips the steps that read the <S>/</S> this call adds: it needs "
+                                 "add_boundaries=True")
             return self._contextualise(self.token_encoder(char_ids), mask, strip=False, state=state)
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.token_encoder.parameters()):
             # training through the boundary rows: encode them with the batch (their gradient flows)

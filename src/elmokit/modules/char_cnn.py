@@ -82,6 +82,9 @@ class CharCNN(nn.Module):
         if char_ids.dim() != 2:
             raise InputError(f"char_ids must be (N, C), got shape {tuple(char_ids.shape)}")
         n, c = char_ids.shape
+        w_max = max(w for w, _ in self.filters)
+        if c < w_max:
+            raise InputError(f"char_ids have {c} characters per token, fewer than the widest filter ({w_max})")
         x = F.embedding(char_ids, self.embedding_table())  # (N, C, D)
         if n == 0:
             return x.new_zeros(0, self.output_dim)
@@ -135,9 +138,11 @@ class CharCNN(nn.Module):
         """
         n, c, d = x.shape
         # With autograd, max with indices: its backward writes the gradient at the argmax (one zero fill and a
-        # scatter), where amax's backward compares, counts and divides over all (N, S, n) outputs; ties (all-padding
-        # windows hold identical values) then send the whole gradient to one of the equal windows instead of
-        # splitting it, which gives the same parameter gradients because tied windows hold the same characters.
+        # scatter), where amax's backward compares, counts and divides over all (N, S, n) outputs; ties then send
+        # the whole gradient to one of the equal windows instead of splitting it. Windows that tie because they hold
+        # the same characters (repeated pad windows) give the same parameter gradients either way; windows with
+        # different characters tie only when a filter's outputs are exactly equal (e.g. an all-zero filter), and then
+        # the gradient is another valid subgradient than Conv1d's (the value is the same).
         # Measured on bilm-tf's training settings: amax's backward was ≈ 30 % of a step.
         grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         w_max = max(w for w, _ in self.filters)

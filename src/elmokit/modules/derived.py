@@ -1,49 +1,99 @@
 """Inference-time copies of weights in a faster layout, remade whenever a weight changes.
 
-The token encoder and the LSTMs run without autograd on weights rearranged once (a contiguous (in, out) matrix with
-the bias as one more row, an MKL-packed matrix). Such a copy must never go stale: it is keyed on every source
-tensor's storage pointer, version counter (bumped by each in-place change: ``load_state_dict``, an optimiser step,
-``mul_``), dtype and device, and rebuilt on any difference. It is not part of the state dict, and a pickled or
-deep-copied module gets an empty cache. Writes through ``tensor.data`` (``w.data.copy_(…)``) do not bump the version
-counter: after such writes call :meth:`elmokit.BiLM.clear_derived_weights` (a switch between ``BiLM.train()`` and
-``eval()`` does).
+The token encoder and the LSTMs run without autograd on weights rearranged once (a contiguous (in, out) matrix, the
+gates of the LSTMs reordered, the char CNN's filters side by side) and on the constant ``<S>``/``</S>`` vectors. Such a
+copy must never go stale. An entry is used again only when, for every source tensor, all of these still hold:
+
+* it is the **same tensor object** (held by a weak reference, so a new tensor that happens to get a freed tensor's
+  address, as with ``torch.func.functional_call``, never matches);
+* its storage pointer, **version counter** (bumped by each in-place change: ``load_state_dict``, ``mul_`` under
+  ``no_grad``, foreach and for-loop optimiser steps), dtype and device are unchanged;
+* no ``torch.optim`` optimiser has stepped since (a global step hook: **fused** optimiser steps, ``fused=True``, do
+  not bump version counters).
+
+Tensors without a version counter or storage (made under ``torch.inference_mode``; ``vmap``'s batched tensors) are
+never cached: the copy is built for that call only. Not seen: writes through ``tensor.data`` (``w.data.copy_(…)``,
+``torch.nn.utils.vector_to_parameters`` into a reused buffer) and writes by another process into shared memory;
+after those call :meth:`elmokit.BiLM.clear_derived_weights` (a switch between ``BiLM.train()`` and ``eval()`` does).
+The copies are not part of the state dict; a pickled or deep-copied module gets an empty cache.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
 
-__all__ = ["DerivedWeights"]
+__all__ = ["DerivedWeights", "optimizer_steps"]
+
+_optimizer_steps = 0
+
+
+def _count_step(optimizer, args, kwargs) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+try:  # one global hook: every torch.optim step (fused ones included) invalidates every cached copy
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(_count_step)
+except ImportError:  # a torch without global optimiser hooks: version counters only
+    pass
+
+
+def optimizer_steps() -> int:
+    """How many ``torch.optim`` optimiser steps this process has taken (part of every cache key)."""
+    return _optimizer_steps
 
 
 class DerivedWeights:
     """A small cache of tensors computed from parameters, one entry per ``name``.
 
     ``get(name, sources, build)`` returns ``build()`` (run under ``torch.no_grad``), cached until one of ``sources``
-    changes (see the module docstring). An entry is replaced whole, so threads racing to fill one both compute the
-    same value and either result is kept: safe without a lock.
+    changes (see the module docstring); sources that cannot be tracked give an uncached ``build()``. An entry is
+    replaced whole, so threads racing to fill one both compute the same value and either result is kept: safe
+    without a lock.
     """
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[tuple, object]] = {}
 
     @staticmethod
-    def _key(sources: tuple[torch.Tensor, ...]) -> tuple:
-        return tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
+    def _key(sources: tuple[torch.Tensor, ...]) -> tuple | None:
+        """The identity of ``sources`` as they are now, or ``None`` when one cannot be tracked."""
+        try:
+            state = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
+            refs = tuple(weakref.ref(t) for t in sources)
+        except (RuntimeError, TypeError):  # inference-mode tensors (no version counter), storage-less tensors
+            return None
+        return refs, state, _optimizer_steps
+
+    @staticmethod
+    def _same(key: tuple, cached: tuple) -> bool:
+        refs, state, steps = key
+        old_refs, old_state, old_steps = cached
+        return (steps == old_steps and state == old_state
+                and all(new() is old() for new, old in zip(refs, old_refs)))
+
+    def cacheable(self, sources: tuple[torch.Tensor, ...]) -> bool:
+        """Whether copies of ``sources`` can be cached (every source has a storage and a version counter)."""
+        return self._key(sources) is not None
 
     def get(self, name: str, sources: tuple[torch.Tensor, ...], build: Callable[[], object]):
         key = self._key(sources)
+        if key is None:
+            with torch.no_grad():
+                return build()
         hit = self._entries.get(name)
-        if hit is not None and hit[0] == key:
+        if hit is not None and self._same(key, hit[0]):
             return hit[1]
         with torch.no_grad():
             value = build()
         self._entries[name] = (key, value)
         return value
 
-    # A copy (pickling to a worker process, copy.deepcopy) starts empty: the entries are remade on first use, and
-    # some (MKL-packed matrices) cannot be pickled at all.
+    # A copy (pickling to a worker process, copy.deepcopy) starts empty: the entries are remade on first use.
     def __getstate__(self) -> dict:
         return {"_entries": {}}
 

@@ -58,6 +58,12 @@ class Highway(nn.Module):
         if x.dim() != 2:
             return self._forward_fused(x.reshape(-1, x.shape[-1])).view(x.shape)
         for k in range(len(self.transforms)):
+            if not self._derived.cacheable(self._params(k)):
+                # weights that cannot be tracked (made under inference_mode, vmap's batched tensors): no copy that
+                # would have to be remade every call, the two linear maps as they are
+                t = torch.sigmoid(self.gates[k](x))
+                x = torch.addcmul(x, t, torch.relu(self.transforms[k](x)) - x)
+                continue
             weight, bias = self._fused_weights(k)
             both = torch.addmm(bias, x, weight)  # (N, 2F): [transform | gate] pre-activations
             h, t = both[:, : self.dim].relu_(), both[:, self.dim:].sigmoid_()

@@ -283,10 +283,10 @@ class BiLSTM(nn.Module):
             # chunk, not slices: one backward concatenation instead of four zero-filled gradients of z's size
             zi, zj, zf, zo = z.chunk(4, dim=-1)
             c = torch.addcmul(torch.sigmoid(zi) * torch.tanh(zj), torch.sigmoid(zf), c)
-            if cell_clip:
+            if cell_clip and cell_clip > 0:  # as the inference loop: ≤ 0 or None = no clipping
                 c = c.clamp(-cell_clip, cell_clip)
             h = torch.bmm(torch.sigmoid(zo) * torch.tanh(c), w_proj)
-            if proj_clip:
+            if proj_clip and proj_clip > 0:
                 h = h.clamp(-proj_clip, proj_clip)
             steps.append(h)
         if n_prev > 0:
