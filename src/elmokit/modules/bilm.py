@@ -321,7 +321,7 @@ class BiLM(nn.Module):
                 raise UsageError("boundary_steps=False skips the steps that read the <S>/</S> this call adds: it needs "
                                  "add_boundaries=True")
             return self._contextualise(self.token_encoder(char_ids), mask, strip=False, state=state)
-        if torch.is_grad_enabled() and any(p.requires_grad for p in self.token_encoder.parameters()):
+        if self._encoder_needs_grad():
             # training through the boundary rows: encode them with the batch (their gradient flows)
             ids, mask = add_sentence_boundaries(char_ids, self._bos, self._eos)
             tokens = self.token_encoder(ids)  # (B, T', P)
@@ -336,9 +336,13 @@ class BiLM(nn.Module):
 
         Without autograd they are computed once and cached until a token-encoder weight changes
         (:class:`~elmokit.modules.derived.DerivedWeights`)."""
-        if torch.is_grad_enabled() and any(p.requires_grad for p in self.token_encoder.parameters()):
+        if self._encoder_needs_grad():
             return self._encode_boundaries()
         return self._derived.get("boundaries", tuple(self.token_encoder.parameters()), self._encode_boundaries)
+
+    def _encoder_needs_grad(self) -> bool:
+        """Whether autograd is on and the token encoder has trainable parameters."""
+        return torch.is_grad_enabled() and any(p.requires_grad for p in self.token_encoder.parameters())
 
     def _encode_boundaries(self) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.token_encoder.projection.weight.device

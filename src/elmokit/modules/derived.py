@@ -76,21 +76,25 @@ class DerivedWeights:
         return (steps == old_steps and state == old_state
                 and all(new() is old() for new, old in zip(refs, old_refs)))
 
-    def cacheable(self, sources: tuple[torch.Tensor, ...]) -> bool:
-        """Whether copies of ``sources`` can be cached (every source has a storage and a version counter)."""
-        return self._key(sources) is not None
-
-    def get(self, name: str, sources: tuple[torch.Tensor, ...], build: Callable[[], object]):
+    def cached(self, name: str, sources: tuple[torch.Tensor, ...], build: Callable[[], object]):
+        """``build()`` cached under ``name`` as :meth:`get`, or ``None`` (nothing built) when ``sources`` cannot be
+        tracked — for callers with a cheaper path than an uncached copy."""
         key = self._key(sources)
         if key is None:
-            with torch.no_grad():
-                return build()
+            return None
         hit = self._entries.get(name)
         if hit is not None and self._same(key, hit[0]):
             return hit[1]
         with torch.no_grad():
             value = build()
         self._entries[name] = (key, value)
+        return value
+
+    def get(self, name: str, sources: tuple[torch.Tensor, ...], build: Callable[[], object]):
+        value = self.cached(name, sources, build)
+        if value is None:  # untracked sources: built for this call only
+            with torch.no_grad():
+                value = build()
         return value
 
     # A copy (pickling to a worker process, copy.deepcopy) starts empty: the entries are remade on first use.

@@ -48,23 +48,24 @@ class Highway(nn.Module):
     def _params(self, k: int) -> tuple[torch.Tensor, ...]:
         return (self.transforms[k].weight, self.transforms[k].bias, self.gates[k].weight, self.gates[k].bias)
 
-    def _fused_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer k's (F, 2F) weight [W_hᵀ | W_gᵀ] and (2F,) bias [b_h | b_g], cached (see the class docstring)."""
+    def _fused_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer k's (F, 2F) weight [W_hᵀ | W_gᵀ] and (2F,) bias [b_h | b_g], cached (see the class docstring);
+        ``None`` for weights that cannot be tracked (made under inference_mode, vmap's batched tensors)."""
         params = self._params(k)
-        return self._derived.get(f"fused{k}", params, lambda: (
+        return self._derived.cached(f"fused{k}", params, lambda: (
             torch.cat([params[0].t(), params[2].t()], dim=1).contiguous(), torch.cat([params[1], params[3]])))
 
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return self._forward_fused(x.reshape(-1, x.shape[-1])).view(x.shape)
         for k in range(len(self.transforms)):
-            if not self._derived.cacheable(self._params(k)):
-                # weights that cannot be tracked (made under inference_mode, vmap's batched tensors): no copy that
-                # would have to be remade every call, the two linear maps as they are
+            fused = self._fused_weights(k)
+            if fused is None:
+                # untracked weights: rather than a copy remade every call, the two linear maps as they are
                 t = torch.sigmoid(self.gates[k](x))
                 x = torch.addcmul(x, t, torch.relu(self.transforms[k](x)) - x)
                 continue
-            weight, bias = self._fused_weights(k)
+            weight, bias = fused
             both = torch.addmm(bias, x, weight)  # (N, 2F): [transform | gate] pre-activations
             h, t = both[:, : self.dim].relu_(), both[:, self.dim:].sigmoid_()
             x = torch.addcmul(x, t, h - x)  # t·h + (1 − t)·x
