@@ -5,7 +5,8 @@ embed the first 1,000 sentences of UD English-EWT dev (``../shared/data/ud-engli
 their ``Elmo`` module (one ScalarMix, dropout 0, fp32), each in its own child process so that memory is its own:
 
 * tokens/s (real tokens only) with consecutive batches of 64 in file order, and with length-sorted batches of 64;
-* single-sentence latency (10 tokens, batch 1; median of repeated calls);
+* single-sentence latency (10 tokens, batch 1; median of repeated calls), with elmokit's native kernels where they
+  build (``native_kernels`` in elmokit's result; ``ELMOKIT_NATIVE=0`` measures without them);
 * memory: peak RSS, and peak RSS above the child's own post-import baseline (after ``import torch`` and the library,
   before the model is built);
 * the max abs difference of the two sides' outputs (AllenNLP's state reset before every batch, which makes it
@@ -193,6 +194,10 @@ def child(args: argparse.Namespace) -> None:
         "latency_ms_10_tokens": 1000 * lat[len(lat) // 2],
         "baseline_rss_mb": baseline, "peak_rss_mb": peak, "memory_above_baseline_mb": peak - baseline,
     }
+    if args.child != "allennlp":  # whether the batch-1 calls ran elmokit's C++ kernels (elmokit/modules/native.py)
+        from elmokit.modules import native
+
+        result["native_kernels"] = native.kernels() is not None
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -283,6 +288,8 @@ def main() -> None:
         summary[side] = {k: r[k] for k in ("tokens_per_s_file_order", "tokens_per_s_sorted", "latency_ms_10_tokens",
                                            "peak_rss_mb", "memory_above_baseline_mb")}
         summary[side]["fraction_of_matmul_limit"] = r["tokens_per_s_file_order"] * flops / (gflops * 1e9)
+        if "native_kernels" in r:
+            summary[side]["native_kernels"] = r["native_kernels"]
     if "allennlp" in results:
         e, a = results["elmokit"], results["allennlp"]
         summary["ratio_file_order"] = e["tokens_per_s_file_order"] / a["tokens_per_s_file_order"]

@@ -172,7 +172,9 @@ def test_torchscript_step_loop_equals_the_eager_loop(monkeypatch):
     """Without autograd the recurrent loop runs compiled by TorchScript; it gives the eager loop's values (clips
     firing, rows ending at different steps, a zero-length row) and the same final state."""
     import elmokit.modules.lstm as lstm_module
+    from elmokit.modules import native
 
+    monkeypatch.setattr(native, "_module", False)  # not the C++ kernel (tests/test_native.py compares it to this loop)
     lstm = _lstm()
     x = torch.randn(2, 4, 6, 5) * 2
     lengths = torch.tensor([6, 5, 3, 0])

@@ -112,7 +112,9 @@ def quickstart_config() -> ElmoConfig:
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
+    """Cosine similarity in float64, clipped to [−1, 1] (float32 rounding put identical vectors at 1 + 1e-7)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.clip(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12), -1.0, 1.0))
 
 
 def sense_similarities(embedder, sentences, margin: float = SEPARATION_MARGIN) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import native
 from .derived import DerivedWeights
 
 __all__ = ["Highway"]
@@ -28,6 +29,11 @@ class Highway(nn.Module):
     MKL's packed GEMM (``torch.ops.mkl._mkl_linear``) was tried for single sentences: 1.47 → 1.08 ms for 12 tokens
     when the call is repeated alone, but no faster inside a whole biLM call (6.2 vs 6.0–6.3 ms), where the 48 MB packed
     copy no longer stays in this machine's share of the cache; not used.
+
+    For at most :data:`~elmokit.modules.native.MAX_HIGHWAY_ROWS` tokens (one sentence), float32 on CPU, each layer is
+    one call of the native kernel (:func:`elmokit.modules.native.highway_layer`, on a copy packed in blocks of 16
+    units, also cached) where that extension could be built; it reads the weight once at close to the streaming rate
+    (``bench/latency_breakdown.py``: 10 tokens 1.45 → 0.9 ms inside whole calls). Same values up to float rounding.
     """
 
     def __init__(self, dim: int, n_layers: int) -> None:
@@ -58,7 +64,17 @@ class Highway(nn.Module):
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return self._forward_fused(x.reshape(-1, x.shape[-1])).view(x.shape)
+        module = None
+        if x.shape[0] <= native.MAX_HIGHWAY_ROWS and x.shape[0] > 0 and self.dim % 16 == 0 and native.usable(x):
+            module = native.kernels()
         for k in range(len(self.transforms)):
+            if module is not None:
+                params = self._params(k)
+                packed = self._derived.cached(f"packed{k}", params, lambda: native.pack_highway(
+                    torch.cat([params[0].t(), params[2].t()], dim=1), torch.cat([params[1], params[3]])))
+                if packed is not None:
+                    x = native.highway_layer(module, x, *packed)
+                    continue
             fused = self._fused_weights(k)
             if fused is None:
                 # untracked weights: rather than a copy remade every call, the two linear maps as they are

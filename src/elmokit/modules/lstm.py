@@ -17,6 +17,12 @@ written out one gate at a time):
   at batch 1 this took the LSTMs of the small configuration from ≈ 4.2 to ≈ 3.4 ms for 12 tokens (2 threads).
 * all rows of one length (always so for a single sentence) skip the gather into and the scatter out of the packed
   layout: time-major is then a transpose.
+* without autograd the loop runs **direction after direction** (each direction's recurrent weights stay in the
+  cores' L2 caches across its steps; see :func:`_steps_in_place`), and for at most
+  :data:`~elmokit.modules.native.MAX_LSTM_ROWS` rows in the C++ kernel of :mod:`elmokit.modules.native` where it
+  could be built (the same loop, each step's gate math fused into one pass): at batch 1 the LSTMs of the small
+  configuration went from ≈ 3.3 ms (both directions per step) to ≈ 2.3 (direction after direction) and ≈ 1.95 ms
+  (the kernel) for a 10-token sentence (``bench/latency_breakdown.py``).
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from torch import nn
 
 from ..config import LSTMConfig
 from ..errors import InputError
+from . import native
 from .derived import DerivedWeights
 
 __all__ = ["BiLSTM", "LSTMState", "inference_steps"]
@@ -40,61 +47,118 @@ log = logging.getLogger(__name__)
 LSTMState = tuple[torch.Tensor, torch.Tensor]
 
 
-def _steps_in_place(xw: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor,
-                    w_proj: torch.Tensor, hidden_dim: int, cell_clip: float,
-                    proj_clip: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The recurrent loop of one layer without autograd (both directions at once; see :meth:`BiLSTM._run_layer`).
+def _direction_steps(xw: torch.Tensor, sizes: List[int], c: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor,
+                     w_proj: torch.Tensor, hidden_dim: int, cell_clip: float, proj_clip: float, out: torch.Tensor,
+                     final_c: torch.Tensor, final_h: torch.Tensor) -> None:
+    """The recurrent loop of one direction of one layer without autograd (see :func:`_steps_in_place`).
 
     Args:
-        xw: (2, N, 4H) input contributions x·W_ih + b (forget bias included) of the packed time-major positions, gate
-            columns in the order **i, f, o, j** (see :meth:`BiLSTM._inference_weights`); overwritten (the gate math
-            runs in place on each step's slice).
-        batch_sizes: running rows per step (non-increasing; rows sorted by length).
+        xw: (N, 4H) input contributions x·W_ih + b (forget bias included) of the packed time-major positions, gate
+            columns **i, f, o, j**; read only.
+        sizes: running rows per step, all > 0, non-increasing (rows sorted by length); they sum to N.
+        c, h: (B, H), (B, P) start state; read only.
+        w_hh: (P, 4H), gate columns i, f, o, j; w_proj: (H, P).
+        cell_clip, proj_clip: ≤ 0 means no clipping.
+        out: (N, P), written: h_t of every position (the projection writes straight into it).
+        final_c, final_h: (B, H), (B, P), written: each row's state after its last step (its start state if it has
+            none).
+
+    Every step writes into buffers made once (``out=`` forms), and the gate views are re-cut only when rows end, so
+    a step is ten ops with no allocation: at batch 1 the per-step cost is op overhead.
+    """
+    hd = hidden_dim
+    b = c.shape[0]
+    n_prev = sizes[0] if len(sizes) > 0 else 0
+    if n_prev < b:  # rows with no step keep their start state
+        final_c.narrow(0, n_prev, b - n_prev).copy_(c.narrow(0, n_prev, b - n_prev))
+        final_h.narrow(0, n_prev, b - n_prev).copy_(h.narrow(0, n_prev, b - n_prev))
+    if n_prev == 0:
+        return
+    xw_steps = xw.split(sizes, 0)
+    out_steps = out.split(sizes, 0)
+    z = xw.new_empty(n_prev, 4 * hd)  # the step's gate pre-activations, then (in place) activations
+    m = xw.new_empty(n_prev, hd)  # σ(o) · tanh(c)
+    c_pair = xw.new_empty(2, n_prev, hd)  # the cell state alternates between these two buffers
+    c_now = c.narrow(0, 0, n_prev)
+    h_now = h.narrow(0, 0, n_prev)
+    c_next = c_pair[0]
+    c_spare = c_pair[1]
+    sig = z.narrow(1, 0, 3 * hd)  # views of z and the buffers, cut again only when rows end
+    g_i = z.narrow(1, 0, hd)
+    g_f = z.narrow(1, hd, hd)
+    g_o = z.narrow(1, 2 * hd, hd)
+    g_j = z.narrow(1, 3 * hd, hd)
+    for s in range(len(sizes)):
+        n = sizes[s]
+        if n < n_prev:  # rows n … n_prev − 1 ended at the previous step
+            final_c.narrow(0, n, n_prev - n).copy_(c_now.narrow(0, n, n_prev - n))
+            final_h.narrow(0, n, n_prev - n).copy_(h_now.narrow(0, n, n_prev - n))
+            c_now = c_now.narrow(0, 0, n)
+            h_now = h_now.narrow(0, 0, n)
+            c_next = c_next.narrow(0, 0, n)
+            c_spare = c_spare.narrow(0, 0, n)
+            z = z.narrow(0, 0, n)
+            m = m.narrow(0, 0, n)
+            sig = z.narrow(1, 0, 3 * hd)
+            g_i = z.narrow(1, 0, hd)
+            g_f = z.narrow(1, hd, hd)
+            g_o = z.narrow(1, 2 * hd, hd)
+            g_j = z.narrow(1, 3 * hd, hd)
+            n_prev = n
+        torch.addmm(xw_steps[s], h_now, w_hh, out=z)  # gates i, f, o, j
+        sig.sigmoid_()
+        g_j.tanh_()
+        g_j.mul_(g_i)  # σ(i) · tanh(j)
+        torch.addcmul(g_j, g_f, c_now, out=c_next)  # + σ(f) · c
+        if cell_clip > 0:
+            c_next.clamp_(-cell_clip, cell_clip)
+        torch.tanh(c_next, out=m)
+        m.mul_(g_o)  # σ(o) · tanh(c)
+        h_next = out_steps[s]
+        torch.mm(m, w_proj, out=h_next)
+        if proj_clip > 0:
+            h_next.clamp_(-proj_clip, proj_clip)
+        c_now = c_next
+        c_next, c_spare = c_spare, c_next  # the next step writes the other buffer
+        h_now = h_next
+    final_c.narrow(0, 0, n_prev).copy_(c_now)
+    final_h.narrow(0, 0, n_prev).copy_(h_now)
+
+
+def _steps_in_place(x: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor,
+                    bias: torch.Tensor, w_hh: torch.Tensor, w_proj: torch.Tensor, hidden_dim: int, cell_clip: float,
+                    proj_clip: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer without autograd, both directions (see :meth:`BiLSTM._run_layer`): the same cell equations as the
+    autograd loop.
+
+    Args:
+        x: (2, N, P) the layer's input at the packed time-major positions (step s = the next ``batch_sizes[s]``).
+        batch_sizes: running rows per step (non-increasing; rows sorted by length; zeros allowed).
         c, h: (2, B, H), (2, B, P) start state (not modified).
-        w_hh: (2, P, 4H), gate columns i, f, o, j; w_proj: (2, H, P).
+        w_ih: (2, P, 4H), bias: (2, 4H) (forget bias included), w_hh: (2, P, 4H), all with gate columns in the order
+            **i, f, o, j** (see :meth:`BiLSTM._inference_weights`); w_proj: (2, H, P).
         cell_clip, proj_clip: ≤ 0 means no clipping.
 
     Returns:
         (out (2, N, P), final c (2, B, H), final h (2, B, P)).
 
     Written in the TorchScript subset: :func:`inference_steps` runs it compiled, which removes the Python interpreter
-    from the per-step loop. With the three sigmoid gates side by side one ``sigmoid_`` covers them, and ``narrow``
-    (one op) replaces multi-dimensional slicing (an op per dimension): at batch 1 the per-step cost is op overhead.
+    from the per-step loop. The directions run **one after the other**, not as one batched product per step: with
+    2 threads each core then re-reads its half of one direction's W_hh and W_proj (1.25 MB of the small
+    configuration's 2.5 MB) every step, which stays in its 2 MB L2 cache; both directions' halves (2.5 MB) did not,
+    and every step re-read them from L3 (the LSTMs of a 10-token sentence: 3.3 → 2.3 ms, ``bench/latency_breakdown.py``).
     """
-    hd = hidden_dim
-    steps: List[torch.Tensor] = []
-    done_c: List[torch.Tensor] = []  # final states of rows that ended, latest-ending first
-    done_h: List[torch.Tensor] = []
-    n_prev = c.shape[1]
-    offset = 0
+    sizes: List[int] = []
     for n in batch_sizes:
-        if n < n_prev:
-            done_c.insert(0, c.narrow(1, n, n_prev - n))
-            done_h.insert(0, h.narrow(1, n, n_prev - n))
-            c = c.narrow(1, 0, n)
-            h = h.narrow(1, 0, n)
-            n_prev = n
-        if n == 0:
-            break
-        z = torch.baddbmm(xw.narrow(1, offset, n), h, w_hh)  # (2, n, 4H): gates i, f, o, j (forget bias included)
-        offset += n
-        z.narrow(2, 0, 3 * hd).sigmoid_()
-        j = z.narrow(2, 3 * hd, hd).tanh_()
-        j.mul_(z.narrow(2, 0, hd))  # σ(i) · tanh(j)
-        c = torch.addcmul(j, z.narrow(2, hd, hd), c)  # + σ(f) · c
-        if cell_clip > 0:
-            c.clamp_(-cell_clip, cell_clip)
-        m = torch.tanh(c).mul_(z.narrow(2, 2 * hd, hd))  # σ(o) · tanh(c)
-        h = torch.bmm(m, w_proj)
-        if proj_clip > 0:
-            h.clamp_(-proj_clip, proj_clip)
-        steps.append(h)
-    if n_prev > 0:
-        done_c.insert(0, c)
-        done_h.insert(0, h)
-    final_c = torch.cat(done_c, dim=1) if len(done_c) > 0 else c
-    final_h = torch.cat(done_h, dim=1) if len(done_h) > 0 else h
-    out = torch.cat(steps, dim=1) if len(steps) > 0 else xw.new_zeros(2, 0, w_proj.shape[2])
+        if n > 0:
+            sizes.append(n)
+    out = x.new_empty(2, x.shape[1], w_proj.shape[2])
+    final_c = torch.empty_like(c)
+    final_h = torch.empty_like(h)
+    for d in range(2):
+        xw = torch.addmm(bias[d], x[d], w_ih[d])  # (N, 4H), every step's input contribution in one GEMM
+        _direction_steps(xw, sizes, c[d], h[d], w_hh[d], w_proj[d], hidden_dim, cell_clip, proj_clip, out[d],
+                         final_c[d], final_h[d])
     return out, final_c, final_h
 
 
@@ -250,18 +314,26 @@ class BiLSTM(nn.Module):
         proj_clip = self.config.proj_clip
         w_hh = self.weight_hh[k]
         w_proj = self.weight_proj[k]
-        # without autograd the gate math runs in place on z (fewer passes over (2, n, 4H) per step)
+        # without autograd the gate math runs in place on the step's buffers (fewer passes, no allocation per step)
         in_place = not (torch.is_grad_enabled() and any(
             v.requires_grad for v in (x, c, h, w_hh, w_proj, self.weight_ih[k], self.bias[k])))
+        # without autograd: the compiled loop, direction after direction (see _steps_in_place)
+        if in_place:
+            w_ih, bias, w_hh_ifoj = self._derived.get(f"inference{k}", (self.weight_ih[k], self.bias[k], w_hh),
+                                                      lambda: self._inference_weights(k))
+            module = (native.kernels() if c.shape[1] <= native.MAX_LSTM_ROWS and native.usable(x, c, h, w_proj)
+                      else None)
+            if module is not None:  # a few rows: the C++ step loop (native.py)
+                out, final_c, final_h = native.lstm_layer(module, x, [n for n in batch_sizes if n > 0], c, h, w_ih,
+                                                          bias, w_hh_ifoj, w_proj, float(cell_clip or 0.0),
+                                                          float(proj_clip or 0.0))
+                return out, (final_c, final_h)
+            out, final_c, final_h = inference_steps()(x, batch_sizes, c, h, w_ih, bias, w_hh_ifoj, w_proj, hd,
+                                                      float(cell_clip or 0.0), float(proj_clip or 0.0))
+            return out, (final_c, final_h)
         # Input contribution for all real positions at once, with the forget bias 1.0 folded in: (2, N, 4H)
         # The bias enters as one more input column ((x | 1) · (W_ih ; b)): no separate pass broadcasting it over xw.
         x1 = torch.cat([x, x.new_ones(x.shape[0], x.shape[1], 1)], dim=2)  # (2, N, P + 1)
-        if in_place:
-            w_in, w_hh_ifoj = self._derived.get(f"inference{k}", (self.weight_ih[k], self.bias[k], w_hh),
-                                                lambda: self._inference_weights(k))
-            out, final_c, final_h = inference_steps()(torch.bmm(x1, w_in), batch_sizes, c, h, w_hh_ifoj, w_proj, hd,
-                                                      float(cell_clip or 0.0), float(proj_clip or 0.0))
-            return out, (final_c, final_h)
         xw = torch.bmm(x1, self._input_weight(k))
         # one split (its backward is one concatenation) rather than a slice per step (each slice's backward would
         # zero-fill a gradient the size of the whole of xw)
@@ -302,12 +374,14 @@ class BiLSTM(nn.Module):
         bias = self.bias[k] + self._forget_bias(self.hidden_dim, self.bias[k])
         return torch.cat([self.weight_ih[k], bias.unsqueeze(1)], dim=1)
 
-    def _inference_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer k's (W_ih ; b) as :meth:`_input_weight` and W_hh, both with their gate columns reordered from the
-        stored i, j, f, o to i, f, o, j (the three sigmoid gates side by side, for :func:`_steps_in_place`);
-        contiguous copies, cached by :meth:`_run_layer`. Reordering columns changes no value."""
+    def _inference_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer k's W_ih (2, P, 4H), bias (2, 4H) with the forget bias 1.0 folded in, and W_hh (2, P, 4H), all with
+        their gate columns reordered from the stored i, j, f, o to i, f, o, j (the three sigmoid gates side by side,
+        for :func:`_steps_in_place`); contiguous copies, cached by :meth:`_run_layer`. Reordering columns changes no
+        value."""
         hd = self.hidden_dim
         order = torch.cat([torch.arange(0, hd), torch.arange(2 * hd, 4 * hd), torch.arange(hd, 2 * hd)])
         order = order.to(self.weight_hh[k].device)
-        return (self._input_weight(k).index_select(2, order).contiguous(),
+        bias = self.bias[k] + self._forget_bias(hd, self.bias[k])
+        return (self.weight_ih[k].index_select(2, order).contiguous(), bias.index_select(1, order).contiguous(),
                 self.weight_hh[k].index_select(2, order).contiguous())

@@ -1,0 +1,145 @@
+"""Optional C++ kernels for small-batch inference: compiled on first use, with the TorchScript/ATen paths as fallback.
+
+At batch 1 (one sentence) the biLM's time is weight traffic and per-op overhead. ``native_kernels.cpp`` (beside this
+file) holds two kernels, used without autograd on float32 CPU tensors only:
+
+* :func:`lstm_layer`: one LSTM layer, both directions, for batches of at most :data:`MAX_LSTM_ROWS` rows: the step
+  loop of :func:`elmokit.modules.lstm._steps_in_place` in C++, with each step's gate math fused into one pass;
+* :func:`highway_layer`: one highway layer for at most :data:`MAX_HIGHWAY_ROWS` distinct tokens, reading the weight
+  once in blocks packed by :func:`pack_highway` (MKL's GEMM at 10 rows runs at about half its matrix-vector rate).
+
+Both give the other paths' values up to float rounding (sums in another order, exp/tanh from glibc's vector math
+library): ``tests/test_native.py`` checks them within 2e-6 on the small configuration's shapes.
+
+The extension is built by ``torch.utils.cpp_extension.load`` (it needs a C++ compiler and ``ninja``, which the
+``ninja`` package installed with elmokit provides; ≈ 20 s on 2 cores, once per machine, kept in torch's extension directory, ``TORCH_EXTENSIONS_DIR``). The build's name carries a
+digest of the source, the flags (``-march=native``), the torch version and this CPU's model and flags, so a home
+directory shared by different machines never loads another CPU's build. Where the build or the load fails (no
+compiler, no ninja, another platform) one warning is logged and the fallback paths run (same values, slower at
+batch 1). ``ELMOKIT_NATIVE=0`` turns the kernels off.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+
+__all__ = ["kernels", "lstm_layer", "highway_layer", "pack_highway", "MAX_HIGHWAY_ROWS", "MAX_LSTM_ROWS"]
+
+log = logging.getLogger(__name__)
+
+#: the highway kernel keeps one register pair per row: 12 rows fill AVX-512's 32 vector registers with room to load
+MAX_HIGHWAY_ROWS = 12
+#: batches up to this many rows take the C++ step loop (above it the per-step overhead is small beside the GEMMs)
+MAX_LSTM_ROWS = 8
+
+SOURCE = Path(__file__).with_name("native_kernels.cpp")
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"] + (
+    ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])
+
+_module = None  # None = not tried yet; False = unavailable here
+_lock = threading.Lock()
+
+
+def _cpu_identity() -> str:
+    """This CPU's model name and feature flags (Linux ``/proc/cpuinfo``), else the platform's processor string."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        keep = [line for line in lines if line.startswith(("model name", "flags"))][:2]
+        return "\n".join(keep)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def build_name() -> str:
+    """The extension's name: ``elmokit_native_`` + a digest of source, flags, torch version and CPU."""
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), torch.__version__.encode(), _cpu_identity().encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return "elmokit_native_" + digest.hexdigest()[:16]
+
+
+def kernels():
+    """The compiled extension module, building it on first use; ``None`` where it is off (``ELMOKIT_NATIVE=0``) or
+    cannot be built or loaded here (one logged warning)."""
+    global _module
+    if _module is None:
+        with _lock:
+            if _module is None:
+                _module = _load() or False
+    return _module or None
+
+
+def _load():
+    if os.environ.get("ELMOKIT_NATIVE", "1") == "0":
+        return None
+    try:
+        from torch.utils import cpp_extension
+
+        if shutil.which("ninja") is None:  # the pip package's binary, when its environment is not on PATH
+            try:
+                import ninja
+
+                os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+            except ImportError:
+                pass
+        name = build_name()
+        try:  # torch's (private) build folder: only to say when a build is about to happen
+            built = any(Path(cpp_extension._get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
+        except Exception:
+            built = True
+        if not built:
+            log.warning("elmokit: compiling the native batch-1 kernels for this machine (once, about 20 s; "
+                        "ELMOKIT_NATIVE=0 skips them)")
+        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                                  verbose=False)
+    except Exception as exc:  # no compiler, no ninja, no headers, another OS …
+        log.warning("elmokit: native kernels unavailable (%s: %s); the TorchScript/ATen paths run instead (same "
+                    "values, slower at batch 1)", type(exc).__name__, str(exc).strip().splitlines()[-1:] or "")
+        return None
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels may run on these tensors: float32, CPU, no autograd wanted, plain tensors or parameters
+    (no other tensor subclass: the kernels read raw memory)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32 and t.device.type == "cpu"
+               for t in tensors)
+
+
+def lstm_layer(module, x: torch.Tensor, sizes: list[int], c: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor,
+               bias: torch.Tensor, w_hh: torch.Tensor, w_proj: torch.Tensor, cell_clip: float, proj_clip: float,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One LSTM layer by the extension ``module`` (from :func:`kernels`); arguments and result as
+    :func:`elmokit.modules.lstm._steps_in_place` (``sizes``: the running rows per step, zeros dropped), all float32
+    CPU tensors."""
+    out, final_c, final_h = module.lstm_layer(x.contiguous(), sizes, c.contiguous(), h.contiguous(), w_ih, bias,
+                                              w_hh, w_proj.contiguous(), float(cell_clip), float(proj_clip))
+    return out, final_c, final_h
+
+
+def pack_highway(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The highway layer's fused (F, 2F) weight [W_hᵀ | W_gᵀ] and (2F,) bias [b_h | b_g] → the kernel's layout:
+    (F/16, F, 32), block b holding, for every input k, the transform columns of units 16b … 16b + 15 then their gate
+    columns; and the (F/16, 32) bias in the same order. Raises ``ValueError`` when F is not a multiple of 16."""
+    f = weight.shape[0]
+    if f % 16 or tuple(weight.shape) != (f, 2 * f) or tuple(bias.shape) != (2 * f,):
+        raise ValueError(f"pack_highway needs an (F, 2F) weight and (2F,) bias with F a multiple of 16, got "
+                         f"{tuple(weight.shape)} and {tuple(bias.shape)}")
+    blocks = torch.cat([weight[:, :f].reshape(f, f // 16, 16), weight[:, f:].reshape(f, f // 16, 16)], dim=2)
+    packed_bias = torch.cat([bias[:f].reshape(f // 16, 16), bias[f:].reshape(f // 16, 16)], dim=1)
+    return blocks.permute(1, 0, 2).contiguous(), packed_bias.contiguous()
+
+
+def highway_layer(module, x: torch.Tensor, packed: torch.Tensor, packed_bias: torch.Tensor) -> torch.Tensor:
+    """One highway layer by the extension ``module``: x (M, F) float32, 1 ≤ M ≤ :data:`MAX_HIGHWAY_ROWS`, the weights
+    from :func:`pack_highway` → (M, F), t·relu(x·W_h + b_h) + (1 − t)·x with t = σ(x·W_g + b_g)."""
+    return module.highway_layer(x.contiguous(), packed, packed_bias)

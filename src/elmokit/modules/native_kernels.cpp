@@ -1,0 +1,214 @@
+// elmokit's optional C++ kernels for small-batch inference (loaded and used by elmokit/modules/native.py).
+//
+// At batch 1 the biLM's time is weight traffic and per-op overhead, not arithmetic. Two kernels:
+//
+// * lstm_layer: one LSTM layer (both directions, one after the other) without autograd: the same cell equations
+//   as BiLSTM._run_layer (TensorFlow LSTMCell with num_proj, clipping), the recurrent products by ATen (MKL), the
+//   gate math of a step fused into one pass (one op instead of seven, no TorchScript interpreter).
+// * highway_layer: one highway layer for at most 12 rows. The weight is read once, in blocks of 16 units holding
+//   their 16 transform and 16 gate columns side by side (packed by native.py), with the rows' accumulators in
+//   registers; MKL's GEMM at 10 rows runs at about half the rate of its matrix-vector product on this shape.
+//   The carry/transform combination is the epilogue of each block.
+//
+// Values equal the ATen paths up to float rounding (sums in another order; exp and tanh from glibc's vector math
+// library, within 4 ulp): tests/test_native.py.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Gate math of one step for rows [r0, r1): z (n, 4H) pre-activations, gate columns i, f, o, j (forget bias
+// included); c_old (n, H) → c_new = clip(σ(f)·c_old + σ(i)·tanh(j)), m = σ(o)·tanh(c_new).
+void gate_rows(const float* z, const float* c_old, float* c_new, float* m, int64_t r0, int64_t r1, int64_t hd,
+               float cell_clip) {
+  const bool clip = cell_clip > 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* zi = z + r * 4 * hd;
+    const float* zf = zi + hd;
+    const float* zo = zf + hd;
+    const float* zj = zo + hd;
+    const float* co = c_old + r * hd;
+    float* cn = c_new + r * hd;
+    float* mr = m + r * hd;
+#pragma omp simd
+    for (int64_t u = 0; u < hd; ++u) {
+      float c = sigmoid(zf[u]) * co[u] + sigmoid(zi[u]) * tanhf(zj[u]);
+      if (clip) c = fminf(fmaxf(c, -cell_clip), cell_clip);
+      cn[u] = c;
+      mr[u] = sigmoid(zo[u]) * tanhf(c);
+    }
+  }
+}
+
+void direction_steps(const at::Tensor& xw, const std::vector<int64_t>& sizes, const at::Tensor& c,
+                     const at::Tensor& h, const at::Tensor& w_hh, const at::Tensor& w_proj, double cell_clip,
+                     double proj_clip, at::Tensor out, at::Tensor final_c, at::Tensor final_h) {
+  const int64_t b = c.size(0);
+  const int64_t hd = c.size(1);
+  int64_t n_prev = sizes.empty() ? 0 : sizes[0];
+  if (n_prev < b) {  // rows with no step keep their start state
+    final_c.narrow(0, n_prev, b - n_prev).copy_(c.narrow(0, n_prev, b - n_prev));
+    final_h.narrow(0, n_prev, b - n_prev).copy_(h.narrow(0, n_prev, b - n_prev));
+  }
+  if (n_prev == 0) return;
+  at::Tensor z = at::empty({n_prev, 4 * hd}, xw.options());
+  at::Tensor m = at::empty({n_prev, hd}, xw.options());
+  at::Tensor c_pair = at::empty({2, n_prev, hd}, xw.options());  // the cell state alternates between these two
+  at::Tensor c_now = c.narrow(0, 0, n_prev).contiguous();
+  at::Tensor h_now = h.narrow(0, 0, n_prev);
+  int64_t offset = 0;
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    const int64_t n = sizes[s];
+    if (n < n_prev) {  // rows n … n_prev − 1 ended at the previous step
+      final_c.narrow(0, n, n_prev - n).copy_(c_now.narrow(0, n, n_prev - n));
+      final_h.narrow(0, n, n_prev - n).copy_(h_now.narrow(0, n, n_prev - n));
+      c_now = c_now.narrow(0, 0, n);
+      h_now = h_now.narrow(0, 0, n);
+      n_prev = n;
+    }
+    at::Tensor zs = z.narrow(0, 0, n);
+    at::addmm_out(zs, xw.narrow(0, offset, n), h_now, w_hh);  // gates i, f, o, j
+    at::Tensor c_next = c_pair[s % 2].narrow(0, 0, n);
+    at::Tensor ms = m.narrow(0, 0, n);
+    const float* zp = zs.data_ptr<float>();
+    const float* cp = c_now.data_ptr<float>();
+    float* cn = c_next.data_ptr<float>();
+    float* mp = ms.data_ptr<float>();
+    const float clip = static_cast<float>(cell_clip);
+    at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) { gate_rows(zp, cp, cn, mp, r0, r1, hd, clip); });
+    at::Tensor h_next = out.narrow(0, offset, n);
+    at::mm_out(h_next, ms, w_proj);
+    if (proj_clip > 0) h_next.clamp_(-proj_clip, proj_clip);
+    offset += n;
+    c_now = c_next;
+    h_now = h_next;
+  }
+  final_c.narrow(0, 0, n_prev).copy_(c_now);
+  final_h.narrow(0, 0, n_prev).copy_(h_now);
+}
+
+// Highway: rows' accumulators of one block (16 units: 16 transform + 16 gate columns = two 16-float vectors).
+typedef float v16 __attribute__((vector_size(64)));
+
+inline v16 load16(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+constexpr int64_t kChunk = 256;  // inputs summed into fresh accumulators before joining the running total
+
+template <int M>
+void highway_block(const float* xt, const float* x, const float* wb, const float* bb, float* y, int64_t f,
+                   int64_t block) {
+  float total[M][32];
+  for (int r = 0; r < M; ++r) std::memcpy(total[r], bb, sizeof(total[r]));
+  for (int64_t k0 = 0; k0 < f; k0 += kChunk) {
+    const int64_t k1 = k0 + kChunk < f ? k0 + kChunk : f;
+    v16 a[M], g[M];
+#pragma GCC unroll 12
+    for (int r = 0; r < M; ++r) {
+      a[r] = v16{};
+      g[r] = v16{};
+    }
+    for (int64_t k = k0; k < k1; ++k) {
+      const v16 wa = load16(wb + k * 32);
+      const v16 wg = load16(wb + k * 32 + 16);
+      const float* xk = xt + k * M;
+#pragma GCC unroll 12
+      for (int r = 0; r < M; ++r) {
+        a[r] += xk[r] * wa;
+        g[r] += xk[r] * wg;
+      }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < M; ++r) {
+      store16(total[r], load16(total[r]) + a[r]);
+      store16(total[r] + 16, load16(total[r] + 16) + g[r]);
+    }
+  }
+  const int64_t u0 = block * 16;
+  for (int r = 0; r < M; ++r) {
+    const float* xr = x + r * f + u0;
+    float* yr = y + r * f + u0;
+#pragma omp simd
+    for (int u = 0; u < 16; ++u) {
+      const float t = sigmoid(total[r][16 + u]);
+      const float hv = fmaxf(total[r][u], 0.0f);
+      yr[u] = xr[u] + t * (hv - xr[u]);  // t·relu(transform) + (1 − t)·x, as torch.addcmul(x, t, h − x)
+    }
+  }
+}
+
+template <int M>
+void highway_rows(const float* xt, const float* x, const float* wp, const float* bp, float* y, int64_t f) {
+  at::parallel_for(0, f / 16, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) highway_block<M>(xt, x, wp + b * f * 32, bp + b * 32, y, f, b);
+  });
+}
+
+}  // namespace
+
+// Both directions of one layer: x (2, N, P), sizes (running rows per step, all > 0), c (2, B, H), h (2, B, P),
+// w_ih (2, P, 4H), bias (2, 4H), w_hh (2, P, 4H) (gate columns i, f, o, j), w_proj (2, H, P), all float32 and
+// contiguous → (out (2, N, P), final c (2, B, H), final h (2, B, P)); as elmokit.modules.lstm._steps_in_place.
+std::vector<at::Tensor> lstm_layer(const at::Tensor& x, const std::vector<int64_t>& sizes, const at::Tensor& c,
+                                   const at::Tensor& h, const at::Tensor& w_ih, const at::Tensor& bias,
+                                   const at::Tensor& w_hh, const at::Tensor& w_proj, double cell_clip,
+                                   double proj_clip) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 3 && x.size(0) == 2, "lstm_layer: x must be (2, N, P) float32");
+  at::Tensor out = at::empty({2, x.size(1), w_proj.size(2)}, x.options());
+  at::Tensor final_c = at::empty_like(c);
+  at::Tensor final_h = at::empty_like(h);
+  for (int64_t d = 0; d < 2; ++d) {
+    at::Tensor xw = at::addmm(bias[d], x[d], w_ih[d]);  // (N, 4H): every step's input contribution in one GEMM
+    direction_steps(xw, sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d], cell_clip, proj_clip,
+                    out[d], final_c[d], final_h[d]);
+  }
+  return {out, final_c, final_h};
+}
+
+// One highway layer for M ≤ 12 rows: x (M, F) float32 contiguous, packed (F/16, F, 32) and packed_bias (F/16, 32)
+// as native.pack_highway → (M, F) = t·relu(x·W_h + b_h) + (1 − t)·x, t = σ(x·W_g + b_g).
+at::Tensor highway_layer(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& packed_bias) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "highway_layer: x must be (M, F) float32");
+  const int64_t m = x.size(0), f = x.size(1);
+  TORCH_CHECK(m >= 1 && m <= 12, "highway_layer: 1 to 12 rows, got ", m);
+  TORCH_CHECK(f % 16 == 0 && packed.size(0) == f / 16 && packed.size(1) == f && packed.size(2) == 32,
+              "highway_layer: packed weight does not match F = ", f);
+  at::Tensor xt = x.t().contiguous();  // (F, M): one input's M values side by side
+  at::Tensor y = at::empty_like(x);
+  const float* xtp = xt.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  const float* wp = packed.data_ptr<float>();
+  const float* bp = packed_bias.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  switch (m) {
+    case 1: highway_rows<1>(xtp, xp, wp, bp, yp, f); break;
+    case 2: highway_rows<2>(xtp, xp, wp, bp, yp, f); break;
+    case 3: highway_rows<3>(xtp, xp, wp, bp, yp, f); break;
+    case 4: highway_rows<4>(xtp, xp, wp, bp, yp, f); break;
+    case 5: highway_rows<5>(xtp, xp, wp, bp, yp, f); break;
+    case 6: highway_rows<6>(xtp, xp, wp, bp, yp, f); break;
+    case 7: highway_rows<7>(xtp, xp, wp, bp, yp, f); break;
+    case 8: highway_rows<8>(xtp, xp, wp, bp, yp, f); break;
+    case 9: highway_rows<9>(xtp, xp, wp, bp, yp, f); break;
+    case 10: highway_rows<10>(xtp, xp, wp, bp, yp, f); break;
+    case 11: highway_rows<11>(xtp, xp, wp, bp, yp, f); break;
+    default: highway_rows<12>(xtp, xp, wp, bp, yp, f); break;
+  }
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("lstm_layer", &lstm_layer, "one LSTM layer, both directions, without autograd");
+  module.def("highway_layer", &highway_layer, "one highway layer for at most 12 rows");
+}

@@ -1,0 +1,177 @@
+"""The optional C++ kernels (elmokit/modules/native.py) equal the TorchScript/ATen paths they replace at small batches,
+and their absence falls back with one warning.
+
+They run where the extension builds (a C++ compiler and ninja); elsewhere these tests skip, except under
+``ELMOKIT_REQUIRE_NATIVE=1`` (set by ``.ci/run``), where a missing extension fails."""
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+
+import elmokit.modules.lstm as lstm_module
+from elmokit.config import LSTMConfig
+from elmokit.modules import native
+from elmokit.modules.highway import Highway
+from elmokit.modules.lstm import BiLSTM
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    module = native.kernels()
+    if module is None:
+        if os.environ.get("ELMOKIT_REQUIRE_NATIVE") == "1":
+            pytest.fail("ELMOKIT_REQUIRE_NATIVE=1 but the native kernels could not be built or loaded (see the log)")
+        pytest.skip("native kernels unavailable here (no C++ compiler or ninja)")
+    return module
+
+
+def _no_native(monkeypatch) -> None:
+    monkeypatch.setattr(native, "_module", False)
+
+
+def test_lstm_layer_equals_the_torchscript_loop(kernels, monkeypatch):
+    """Clips firing, rows ending at different steps, a zero-length row, a given start state: outputs and final
+    states equal the TorchScript loop's within float rounding, and both equal the cell equations."""
+    torch.manual_seed(0)
+    lstm = BiLSTM(LSTMConfig(dim=48, projection_dim=16, n_layers=2, cell_clip=0.5, proj_clip=0.3,
+                             use_skip_connections=True))
+    with torch.no_grad():
+        for w in list(lstm.weight_ih) + list(lstm.weight_hh) + list(lstm.weight_proj):
+            w.mul_(4.0)  # large enough that both clips fire
+    x = torch.randn(2, 5, 7, 16) * 3
+    lengths = torch.tensor([7, 6, 3, 3, 0])
+    state = (torch.randn(2, 2, 5, 48), torch.randn(2, 2, 5, 16))
+    calls = []
+    monkeypatch.setattr(native, "lstm_layer", lambda *a: calls.append(1) or native_lstm(*a))
+    with torch.no_grad():
+        outs, (c, h) = lstm(x, lengths, state)
+        assert len(calls) == 2  # both layers took the kernel
+        _no_native(monkeypatch)
+        ref_outs, (ref_c, ref_h) = lstm(x, lengths, state)
+    for out, ref in zip(outs, ref_outs):
+        torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
+    torch.testing.assert_close(c, ref_c, atol=2e-6, rtol=0)
+    torch.testing.assert_close(h, ref_h, atol=2e-6, rtol=0)
+    assert float(ref_c[:, :, :4].abs().max()) == 0.5  # the cell clip fired (row 4 keeps its start state)
+    assert float(ref_outs[0].abs().max()) == pytest.approx(0.3)  # the projection clip fired (layer 0: no residual)
+    assert bool((outs[0][:, 4] == 0).all())  # the zero-length row: no output, its start state kept
+    assert torch.equal(c[:, :, 4], state[0][:, :, 4])
+
+
+native_lstm = native.lstm_layer
+
+
+def test_lstm_layer_small_configuration_shapes(kernels):
+    """The small configuration's widths (H = 1024, P = 128), one row of 11 steps: the kernel against the compiled
+    loop on the same cached weights."""
+    torch.manual_seed(1)
+    lstm = BiLSTM(LSTMConfig(dim=1024, projection_dim=128, n_layers=1, cell_clip=3.0, proj_clip=3.0))
+    x = torch.randn(2, 11, 128)
+    c, h = torch.randn(2, 1, 1024) * 0.5, torch.randn(2, 1, 128) * 0.5
+    with torch.no_grad():
+        w_ih, bias, w_hh = lstm._inference_weights(0)
+        got = native.lstm_layer(kernels, x, [1] * 11, c, h, w_ih, bias, w_hh, lstm.weight_proj[0], 3.0, 3.0)
+        want = lstm_module.inference_steps()(x, [1] * 11, c, h, w_ih, bias, w_hh, lstm.weight_proj[0], 1024, 3.0, 3.0)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 10, 12])
+def test_highway_kernel_equals_the_gemm_path(kernels, monkeypatch, rows):
+    """Two highway layers of the small configuration's width (F = 2048) on 1 … 12 rows: the kernel against the fused
+    GEMM path and against float64; the kernel's error is no larger than float32 rounding."""
+    torch.manual_seed(rows)
+    highway = Highway(2048, 2)
+    for p in highway.parameters():
+        torch.nn.init.normal_(p, std=0.03)
+    x = torch.randn(rows, 2048).relu()
+    with torch.no_grad():
+        got = highway(x)
+        assert "packed0" in highway._derived._entries and "packed1" in highway._derived._entries
+        _no_native(monkeypatch)
+        want = highway(x)
+        ref = highway.double()(x.double())
+    torch.testing.assert_close(got, want, atol=5e-6, rtol=0)
+    assert float((got.double() - ref).abs().max()) <= 5e-6
+
+
+def test_highway_kernel_is_not_used_where_it_cannot_be(kernels, monkeypatch):
+    """More than 12 rows, a width not a multiple of 16, autograd: the other paths run (and give the same values)."""
+    used = []
+    monkeypatch.setattr(native, "highway_layer", lambda *a: used.append(1) or native_highway(*a))
+    torch.manual_seed(3)
+    wide = Highway(64, 1)
+    with torch.no_grad():
+        wide(torch.randn(13, 64))
+        Highway(40, 1)(torch.randn(3, 40))
+    wide(torch.randn(3, 64))  # autograd
+    assert used == []
+    with torch.no_grad():
+        wide(torch.randn(12, 64))
+    assert used == [1]
+
+
+native_highway = native.highway_layer
+
+
+def test_pack_highway_layout_and_errors():
+    f = 32
+    weight = torch.arange(f * 2 * f, dtype=torch.float32).reshape(f, 2 * f)
+    bias = torch.arange(2 * f, dtype=torch.float32)
+    packed, packed_bias = native.pack_highway(weight, bias)
+    assert packed.shape == (2, f, 32) and packed_bias.shape == (2, 32)
+    # block 1, input 5: transform columns of units 16 … 31, then their gate columns (F + 16 … F + 31)
+    assert torch.equal(packed[1, 5], torch.cat([weight[5, 16:32], weight[5, f + 16: f + 32]]))
+    assert torch.equal(packed_bias[0], torch.cat([bias[:16], bias[f: f + 16]]))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        native.pack_highway(torch.zeros(40, 80), torch.zeros(80))
+
+
+def test_elmo_single_sentence_equals_the_fallback(kernels, monkeypatch):
+    """A whole Elmo call at batch 1 (both kernels) equals the same call with the kernels off."""
+    from elmokit import batch_to_ids
+
+    from helpers import tiny_random_bilm
+
+    bilm = tiny_random_bilm(seed=4)
+    ids = batch_to_ids([["the", "bank", "of", "the", "river", "flooded"]])
+    with torch.no_grad():
+        got = bilm(ids).layers
+        _no_native(monkeypatch)
+        want = bilm(ids).layers
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
+
+
+def test_a_failed_build_falls_back_with_one_warning(monkeypatch, caplog):
+    """No compiler / no ninja: one warning, kernels() is None from then on, and inference still runs."""
+    from torch.utils import cpp_extension
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(cpp_extension, "load", broken)
+    monkeypatch.delenv("ELMOKIT_NATIVE", raising=False)
+    with caplog.at_level(logging.WARNING, logger="elmokit.modules.native"):
+        assert native.kernels() is None
+        assert native.kernels() is None
+    warnings = [r for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and "Ninja is required" in warnings[0].getMessage()
+    with torch.no_grad():
+        assert Highway(32, 1)(torch.randn(2, 32)).shape == (2, 32)
+
+
+def test_elmokit_native_0_turns_the_kernels_off(monkeypatch):
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setenv("ELMOKIT_NATIVE", "0")
+    assert native.kernels() is None
+
+
+def test_build_name_changes_with_the_cpu(monkeypatch):
+    """A build made for one CPU is never loaded on another (a home directory shared between machines)."""
+    first = native.build_name()
+    monkeypatch.setattr(native, "_cpu_identity", lambda: "model name: another CPU\nflags: sse2")
+    assert native.build_name() != first and native.build_name().startswith("elmokit_native_")
