@@ -5,7 +5,8 @@ embed the first 1,000 sentences of UD English-EWT dev (``../shared/data/ud-engli
 their ``Elmo`` module (one ScalarMix, dropout 0, fp32), each in its own child process so that memory is its own:
 
 * tokens/s (real tokens only) with consecutive batches of 64 in file order, and with length-sorted batches of 64;
-* single-sentence latency (10 tokens, batch 1; median of repeated calls), with elmokit's native kernels where they
+* single-sentence latency (10 tokens, batch 1; median of 200 calls after 10 warm-up calls: the median of 30 moved
+  by ±10 % between runs), with elmokit's native kernels where they
   build (``native_kernels`` in elmokit's result; ``ELMOKIT_NATIVE=0`` measures without them);
 * memory: peak RSS, and peak RSS above the child's own post-import baseline (after ``import torch`` and the library,
   before the model is built);
@@ -171,7 +172,7 @@ def child(args: argparse.Namespace) -> None:
     one = [sentences[i] for i in range(len(sentences)) if len(sentences[i]) == 10][:1] or [sentences[0][:10]]
     lat = []
     with torch.inference_mode():
-        for _ in range(3):
+        for _ in range(10):
             reset()
             elmo(batch_to_ids(one))
         for _ in range(args.latency_repeats):
@@ -267,7 +268,7 @@ def run_sides(script: str, args: argparse.Namespace, prefix: str, outputs: str, 
 
 def main() -> None:
     ap = bench_parser(__doc__.split("\n")[0], 2, "timed passes per ordering (the best is reported)")
-    ap.add_argument("--latency-repeats", type=int, default=30)
+    ap.add_argument("--latency-repeats", type=int, default=200)
     args = ap.parse_args()
     if args.child:
         args.sentences = args.sentences_path

@@ -168,24 +168,32 @@ def test_token_encoder_inference_chunks_equal_one_piece(monkeypatch):
     assert encoder.projection.weight.grad is not None
 
 
-def test_torchscript_step_loop_equals_the_eager_loop(monkeypatch):
-    """Without autograd the recurrent loop runs compiled by TorchScript; it gives the eager loop's values (clips
-    firing, rows ending at different steps, a zero-length row) and the same final state."""
+@pytest.mark.parametrize("lengths", [[6, 5, 3, 0], [6, 6, 5, 5, 5, 4, 3, 3, 2, 1, 0]])
+def test_torchscript_step_loop_equals_the_eager_loop(monkeypatch, lengths):
+    """Without autograd the recurrent loop runs compiled by TorchScript (direction after direction for a few rows,
+    both directions per step for more than native.MAX_LSTM_ROWS); it gives the eager loop's values (clips firing,
+    rows ending at different steps, a zero-length row) and the same final state."""
     import elmokit.modules.lstm as lstm_module
     from elmokit.modules import native
 
     monkeypatch.setattr(native, "_module", False)  # not the C++ kernel (tests/test_native.py compares it to this loop)
     lstm = _lstm()
-    x = torch.randn(2, 4, 6, 5) * 2
-    lengths = torch.tensor([6, 5, 3, 0])
-    state = (torch.randn(2, 1, 4, 12) * 0.1, torch.randn(2, 1, 4, 5) * 0.1)
-    compiled = lstm_module.inference_steps()
+    b = len(lengths)
+    x = torch.randn(2, b, 6, 5) * 2
+    lengths = torch.tensor(lengths)
+    state = (torch.randn(2, 1, b, 12) * 0.1, torch.randn(2, 1, b, 5) * 0.1)
+    by_direction = b <= native.MAX_LSTM_ROWS
+    compiled = lstm_module.inference_steps(by_direction)
     assert isinstance(compiled, torch.jit.ScriptFunction)  # this torch has TorchScript: the compiled loop is used
+    called = []
+    monkeypatch.setattr(lstm_module, "inference_steps", lambda by_direction=False: called.append(by_direction) or (
+        compiled if len(called) <= 1 else eager(by_direction)))
+    eager = lambda by_direction: (lstm_module._steps_by_direction if by_direction  # noqa: E731
+                                  else lstm_module._steps_in_place)
     with torch.no_grad():
-        outs, (c, h) = lstm(x, lengths, state)
-        monkeypatch.setattr(lstm_module, "_compiled_steps", False)  # the eager fallback
-        assert lstm_module.inference_steps() is lstm_module._steps_in_place
-        ref_outs, (ref_c, ref_h) = lstm(x, lengths, state)
+        outs, (c, h) = lstm(x, lengths, state)  # compiled
+        ref_outs, (ref_c, ref_h) = lstm(x, lengths, state)  # eager
+    assert called == [by_direction, by_direction]
     assert torch.equal(outs[0], ref_outs[0])
     assert torch.equal(c, ref_c) and torch.equal(h, ref_h)
     with torch.no_grad():  # and from zeros, the cell equations

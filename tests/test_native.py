@@ -72,9 +72,9 @@ def test_lstm_layer_small_configuration_shapes(kernels):
     x = torch.randn(2, 11, 128)
     c, h = torch.randn(2, 1, 1024) * 0.5, torch.randn(2, 1, 128) * 0.5
     with torch.no_grad():
-        w_ih, bias, w_hh = lstm._inference_weights(0)
+        w_ih, bias, w_hh, _ = lstm._inference_weights(0)
         got = native.lstm_layer(kernels, x, [1] * 11, c, h, w_ih, bias, w_hh, lstm.weight_proj[0], 3.0, 3.0)
-        want = lstm_module.inference_steps()(x, [1] * 11, c, h, w_ih, bias, w_hh, lstm.weight_proj[0], 1024, 3.0, 3.0)
+        want = lstm_module.inference_steps(by_direction=True)(x, [1] * 11, c, h, w_ih, bias, w_hh, lstm.weight_proj[0], 1024, 3.0, 3.0)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
 

@@ -18,7 +18,7 @@ written out one gate at a time):
 * all rows of one length (always so for a single sentence) skip the gather into and the scatter out of the packed
   layout: time-major is then a transpose.
 * without autograd the loop runs **direction after direction** (each direction's recurrent weights stay in the
-  cores' L2 caches across its steps; see :func:`_steps_in_place`), and for at most
+  cores' L2 caches across its steps; see :func:`_steps_by_direction`), and for at most
   :data:`~elmokit.modules.native.MAX_LSTM_ROWS` rows in the C++ kernel of :mod:`elmokit.modules.native` where it
   could be built (the same loop, each step's gate math fused into one pass): at batch 1 the LSTMs of the small
   configuration went from ≈ 3.3 ms (both directions per step) to ≈ 2.3 (direction after direction) and ≈ 1.95 ms
@@ -50,7 +50,7 @@ LSTMState = tuple[torch.Tensor, torch.Tensor]
 def _direction_steps(xw: torch.Tensor, sizes: List[int], c: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor,
                      w_proj: torch.Tensor, hidden_dim: int, cell_clip: float, proj_clip: float, out: torch.Tensor,
                      final_c: torch.Tensor, final_h: torch.Tensor) -> None:
-    """The recurrent loop of one direction of one layer without autograd (see :func:`_steps_in_place`).
+    """The recurrent loop of one direction of one layer without autograd (see :func:`_steps_by_direction`).
 
     Args:
         xw: (N, 4H) input contributions x·W_ih + b (forget bias included) of the packed time-major positions, gate
@@ -125,11 +125,12 @@ def _direction_steps(xw: torch.Tensor, sizes: List[int], c: torch.Tensor, h: tor
     final_h.narrow(0, 0, n_prev).copy_(h_now)
 
 
-def _steps_in_place(x: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor,
-                    bias: torch.Tensor, w_hh: torch.Tensor, w_proj: torch.Tensor, hidden_dim: int, cell_clip: float,
-                    proj_clip: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One layer without autograd, both directions (see :meth:`BiLSTM._run_layer`): the same cell equations as the
-    autograd loop.
+def _steps_by_direction(x: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h: torch.Tensor,
+                        w_ih: torch.Tensor, bias: torch.Tensor, w_hh: torch.Tensor, w_proj: torch.Tensor,
+                        hidden_dim: int, cell_clip: float,
+                        proj_clip: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer without autograd, both directions, **one after the other** (for batches of a few rows; see
+    :meth:`BiLSTM._run_layer`): the same cell equations as the autograd loop.
 
     Args:
         x: (2, N, P) the layer's input at the packed time-major positions (step s = the next ``batch_sizes[s]``).
@@ -142,11 +143,12 @@ def _steps_in_place(x: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h:
     Returns:
         (out (2, N, P), final c (2, B, H), final h (2, B, P)).
 
-    Written in the TorchScript subset: :func:`inference_steps` runs it compiled, which removes the Python interpreter
-    from the per-step loop. The directions run **one after the other**, not as one batched product per step: with
-    2 threads each core then re-reads its half of one direction's W_hh and W_proj (1.25 MB of the small
-    configuration's 2.5 MB) every step, which stays in its 2 MB L2 cache; both directions' halves (2.5 MB) did not,
-    and every step re-read them from L3 (the LSTMs of a 10-token sentence: 3.3 → 2.3 ms, ``bench/latency_breakdown.py``).
+    Written in the TorchScript subset (:func:`inference_steps`). The directions run one after the other, not as one
+    batched product per step (:func:`_steps_in_place`): with 2 threads each core then re-reads its half of one
+    direction's W_hh and W_proj (1.25 MB of the small configuration's 2.5 MB) every step, which stays in its 2 MB L2
+    cache; both directions' halves (2.5 MB) did not, and every step re-read them from L3 (the LSTMs of a 10-token
+    sentence: 3.3 → 2.3 ms, ``bench/latency_breakdown.py``). At batch 64 the batched product is faster (its GEMMs are
+    larger and per-step overhead is small beside them), so :meth:`BiLSTM._run_layer` uses this for few rows only.
     """
     sizes: List[int] = []
     for n in batch_sizes:
@@ -162,15 +164,77 @@ def _steps_in_place(x: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h:
     return out, final_c, final_h
 
 
-_compiled_steps = None  # None = not tried yet; False = TorchScript unavailable here (eager loop used)
+def _steps_in_place(xw: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor,
+                    w_proj: torch.Tensor, hidden_dim: int, cell_clip: float,
+                    proj_clip: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The recurrent loop of one layer without autograd, both directions at once (one batched product per step; for
+    batches of more than a few rows, see :meth:`BiLSTM._run_layer` and :func:`_steps_by_direction`).
+
+    Args:
+        xw: (2, N, 4H) input contributions x·W_ih + b (forget bias included) of the packed time-major positions, gate
+            columns in the order **i, f, o, j** (see :meth:`BiLSTM._inference_weights`); overwritten (the gate math
+            runs in place on each step's slice).
+        batch_sizes: running rows per step (non-increasing; rows sorted by length).
+        c, h: (2, B, H), (2, B, P) start state (not modified).
+        w_hh: (2, P, 4H), gate columns i, f, o, j; w_proj: (2, H, P).
+        cell_clip, proj_clip: ≤ 0 means no clipping.
+
+    Returns:
+        (out (2, N, P), final c (2, B, H), final h (2, B, P)).
+
+    Written in the TorchScript subset: :func:`inference_steps` runs it compiled, which removes the Python interpreter
+    from the per-step loop. With the three sigmoid gates side by side one ``sigmoid_`` covers them, and ``narrow``
+    (one op) replaces multi-dimensional slicing (an op per dimension): at batch 1 the per-step cost is op overhead.
+    """
+    hd = hidden_dim
+    steps: List[torch.Tensor] = []
+    done_c: List[torch.Tensor] = []  # final states of rows that ended, latest-ending first
+    done_h: List[torch.Tensor] = []
+    n_prev = c.shape[1]
+    offset = 0
+    for n in batch_sizes:
+        if n < n_prev:
+            done_c.insert(0, c.narrow(1, n, n_prev - n))
+            done_h.insert(0, h.narrow(1, n, n_prev - n))
+            c = c.narrow(1, 0, n)
+            h = h.narrow(1, 0, n)
+            n_prev = n
+        if n == 0:
+            break
+        z = torch.baddbmm(xw.narrow(1, offset, n), h, w_hh)  # (2, n, 4H): gates i, f, o, j (forget bias included)
+        offset += n
+        z.narrow(2, 0, 3 * hd).sigmoid_()
+        j = z.narrow(2, 3 * hd, hd).tanh_()
+        j.mul_(z.narrow(2, 0, hd))  # σ(i) · tanh(j)
+        c = torch.addcmul(j, z.narrow(2, hd, hd), c)  # + σ(f) · c
+        if cell_clip > 0:
+            c.clamp_(-cell_clip, cell_clip)
+        m = torch.tanh(c).mul_(z.narrow(2, 2 * hd, hd))  # σ(o) · tanh(c)
+        h = torch.bmm(m, w_proj)
+        if proj_clip > 0:
+            h.clamp_(-proj_clip, proj_clip)
+        steps.append(h)
+    if n_prev > 0:
+        done_c.insert(0, c)
+        done_h.insert(0, h)
+    final_c = torch.cat(done_c, dim=1) if len(done_c) > 0 else c
+    final_h = torch.cat(done_h, dim=1) if len(done_h) > 0 else h
+    out = torch.cat(steps, dim=1) if len(steps) > 0 else xw.new_zeros(2, 0, w_proj.shape[2])
+    return out, final_c, final_h
 
 
-def inference_steps():
-    """The recurrent loop used without autograd: :func:`_steps_in_place` compiled with TorchScript on first use, or
-    the same function run eagerly (with one logged warning) where ``torch.jit.script`` is missing or fails. Both give
-    the same values (``tests/test_fast_paths.py``). ``torch.jit`` is deprecated in PyTorch 2.x but still shipped;
-    the eager fallback keeps elmokit working when it goes. ``ELMOKIT_TORCHSCRIPT=0`` forces the eager loop."""
+_compiled_steps = None  # None = not tried yet; False = TorchScript unavailable here (eager loops used); True = compiled
+_compiled: dict = {}  # function name → its ScriptFunction
+
+
+def inference_steps(by_direction: bool = False):
+    """The recurrent loop used without autograd: :func:`_steps_in_place` (or, with ``by_direction``,
+    :func:`_steps_by_direction`) compiled with TorchScript on first use, or the same function run eagerly (with one
+    logged warning) where ``torch.jit.script`` is missing or fails. Both give the same values
+    (``tests/test_fast_paths.py``). ``torch.jit`` is deprecated in PyTorch 2.x but still shipped; the eager fallback
+    keeps elmokit working when it goes. ``ELMOKIT_TORCHSCRIPT=0`` forces the eager loops."""
     global _compiled_steps
+    fn = _steps_by_direction if by_direction else _steps_in_place
     if _compiled_steps is None:
         import os
 
@@ -180,12 +244,14 @@ def inference_steps():
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    _compiled_steps = torch.jit.script(_steps_in_place)
+                    for f in (_steps_in_place, _steps_by_direction):
+                        _compiled[f.__name__] = torch.jit.script(f)
+                _compiled_steps = True
             except Exception as exc:  # no TorchScript in this torch build, no source files, …
                 log.warning("TorchScript unavailable (%s: %s): the LSTM runs its eager step loop (slower at small "
                             "batches, same values)", type(exc).__name__, exc)
                 _compiled_steps = False
-    return _compiled_steps or _steps_in_place
+    return _compiled[fn.__name__] if _compiled_steps else fn
 
 
 class BiLSTM(nn.Module):
@@ -317,19 +383,24 @@ class BiLSTM(nn.Module):
         # without autograd the gate math runs in place on the step's buffers (fewer passes, no allocation per step)
         in_place = not (torch.is_grad_enabled() and any(
             v.requires_grad for v in (x, c, h, w_hh, w_proj, self.weight_ih[k], self.bias[k])))
-        # without autograd: the compiled loop, direction after direction (see _steps_in_place)
+        # without autograd: a compiled loop (both directions per step for many rows; for a few, direction after
+        # direction in the C++ kernel or in TorchScript: see _steps_by_direction)
         if in_place:
-            w_ih, bias, w_hh_ifoj = self._derived.get(f"inference{k}", (self.weight_ih[k], self.bias[k], w_hh),
-                                                      lambda: self._inference_weights(k))
-            module = (native.kernels() if c.shape[1] <= native.MAX_LSTM_ROWS and native.usable(x, c, h, w_proj)
-                      else None)
+            w_ih, bias, w_hh_ifoj, w_in = self._derived.get(
+                f"inference{k}", (self.weight_ih[k], self.bias[k], w_hh), lambda: self._inference_weights(k))
+            clips = float(cell_clip or 0.0), float(proj_clip or 0.0)
+            if c.shape[1] > native.MAX_LSTM_ROWS:  # both directions per step, one batched product each
+                # the bias as one more input column ((x | 1) · (W_ih ; b)): no pass broadcasting it over xw
+                xw = torch.bmm(torch.cat([x, x.new_ones(x.shape[0], x.shape[1], 1)], dim=2), w_in)
+                out, final_c, final_h = inference_steps()(xw, batch_sizes, c, h, w_hh_ifoj, w_proj, hd, *clips)
+                return out, (final_c, final_h)
+            module = native.kernels() if native.usable(x, c, h, w_proj) else None
             if module is not None:  # a few rows: the C++ step loop (native.py)
                 out, final_c, final_h = native.lstm_layer(module, x, [n for n in batch_sizes if n > 0], c, h, w_ih,
-                                                          bias, w_hh_ifoj, w_proj, float(cell_clip or 0.0),
-                                                          float(proj_clip or 0.0))
-                return out, (final_c, final_h)
-            out, final_c, final_h = inference_steps()(x, batch_sizes, c, h, w_ih, bias, w_hh_ifoj, w_proj, hd,
-                                                      float(cell_clip or 0.0), float(proj_clip or 0.0))
+                                                          bias, w_hh_ifoj, w_proj, *clips)
+            else:  # a few rows: direction after direction
+                out, final_c, final_h = inference_steps(by_direction=True)(x, batch_sizes, c, h, w_ih, bias,
+                                                                           w_hh_ifoj, w_proj, hd, *clips)
             return out, (final_c, final_h)
         # Input contribution for all real positions at once, with the forget bias 1.0 folded in: (2, N, 4H)
         # The bias enters as one more input column ((x | 1) · (W_ih ; b)): no separate pass broadcasting it over xw.
@@ -374,14 +445,15 @@ class BiLSTM(nn.Module):
         bias = self.bias[k] + self._forget_bias(self.hidden_dim, self.bias[k])
         return torch.cat([self.weight_ih[k], bias.unsqueeze(1)], dim=1)
 
-    def _inference_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Layer k's W_ih (2, P, 4H), bias (2, 4H) with the forget bias 1.0 folded in, and W_hh (2, P, 4H), all with
-        their gate columns reordered from the stored i, j, f, o to i, f, o, j (the three sigmoid gates side by side,
-        for :func:`_steps_in_place`); contiguous copies, cached by :meth:`_run_layer`. Reordering columns changes no
-        value."""
+    def _inference_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer k's W_ih (2, P, 4H), bias (2, 4H) with the forget bias 1.0 folded in, W_hh (2, P, 4H), and (W_ih ; b)
+        (2, P + 1, 4H) as :meth:`_input_weight`, all with their gate columns reordered from the stored i, j, f, o to
+        i, f, o, j (the three sigmoid gates side by side, for the inference loops); contiguous copies, cached by
+        :meth:`_run_layer`. Reordering columns changes no value."""
         hd = self.hidden_dim
         order = torch.cat([torch.arange(0, hd), torch.arange(2 * hd, 4 * hd), torch.arange(hd, 2 * hd)])
         order = order.to(self.weight_hh[k].device)
         bias = self.bias[k] + self._forget_bias(hd, self.bias[k])
         return (self.weight_ih[k].index_select(2, order).contiguous(), bias.index_select(1, order).contiguous(),
-                self.weight_hh[k].index_select(2, order).contiguous())
+                self.weight_hh[k].index_select(2, order).contiguous(),
+                self._input_weight(k).index_select(2, order).contiguous())

@@ -4,7 +4,7 @@ At batch 1 (one sentence) the biLM's time is weight traffic and per-op overhead.
 file) holds two kernels, used without autograd on float32 CPU tensors only:
 
 * :func:`lstm_layer`: one LSTM layer, both directions, for batches of at most :data:`MAX_LSTM_ROWS` rows: the step
-  loop of :func:`elmokit.modules.lstm._steps_in_place` in C++, with each step's gate math fused into one pass;
+  loop of :func:`elmokit.modules.lstm._steps_by_direction` in C++, with each step's gate math fused into one pass;
 * :func:`highway_layer`: one highway layer for at most :data:`MAX_HIGHWAY_ROWS` distinct tokens, reading the weight
   once in blocks packed by :func:`pack_highway` (MKL's GEMM at 10 rows runs at about half its matrix-vector rate).
 
@@ -119,7 +119,7 @@ def lstm_layer(module, x: torch.Tensor, sizes: list[int], c: torch.Tensor, h: to
                bias: torch.Tensor, w_hh: torch.Tensor, w_proj: torch.Tensor, cell_clip: float, proj_clip: float,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One LSTM layer by the extension ``module`` (from :func:`kernels`); arguments and result as
-    :func:`elmokit.modules.lstm._steps_in_place` (``sizes``: the running rows per step, zeros dropped), all float32
+    :func:`elmokit.modules.lstm._steps_by_direction` (``sizes``: the running rows per step, zeros dropped), all float32
     CPU tensors."""
     out, final_c, final_h = module.lstm_layer(x.contiguous(), sizes, c.contiguous(), h.contiguous(), w_ih, bias,
                                               w_hh, w_proj.contiguous(), float(cell_clip), float(proj_clip))

@@ -159,7 +159,7 @@ void highway_rows(const float* xt, const float* x, const float* wp, const float*
 
 // Both directions of one layer: x (2, N, P), sizes (running rows per step, all > 0), c (2, B, H), h (2, B, P),
 // w_ih (2, P, 4H), bias (2, 4H), w_hh (2, P, 4H) (gate columns i, f, o, j), w_proj (2, H, P), all float32 and
-// contiguous → (out (2, N, P), final c (2, B, H), final h (2, B, P)); as elmokit.modules.lstm._steps_in_place.
+// contiguous → (out (2, N, P), final c (2, B, H), final h (2, B, P)); as elmokit.modules.lstm._steps_by_direction.
 std::vector<at::Tensor> lstm_layer(const at::Tensor& x, const std::vector<int64_t>& sizes, const at::Tensor& c,
                                    const at::Tensor& h, const at::Tensor& w_ih, const at::Tensor& bias,
                                    const at::Tensor& w_hh, const at::Tensor& w_proj, double cell_clip,
