@@ -175,3 +175,38 @@ def test_build_name_changes_with_the_cpu(monkeypatch):
     first = native.build_name()
     monkeypatch.setattr(native, "_cpu_identity", lambda: "model name: another CPU\nflags: sse2")
     assert native.build_name() != first and native.build_name().startswith("elmokit_native_")
+
+
+def test_huge_and_non_finite_inputs_give_the_fallback_values(kernels, monkeypatch):
+    """The kernels are built with -ffast-math: huge finite pre-activations must still saturate as ATen's do (no
+    NaN), and inputs holding inf or NaN go to the ATen path, which propagates them as before (found by a new-user
+    pass: 1e6 into the LSTM or 1e30 into the highway gave NaN)."""
+    torch.manual_seed(0)
+    highway = Highway(64, 2)
+    lstm = BiLSTM(LSTMConfig(dim=32, projection_dim=16, n_layers=2, cell_clip=3.0, proj_clip=3.0,
+                             use_skip_connections=False))
+    cases = []
+    for value in (1e6, 1e30, float("inf"), float("nan")):
+        x = torch.randn(2, 64)
+        x[1, 3] = value
+        seq = torch.randn(2, 1, 4, 16)
+        seq[0, 0, 1, 2] = value
+        cases.append((x, seq))
+    state = (torch.zeros(2, 2, 1, 32), torch.zeros(2, 2, 1, 16))
+    state[0][0, 0, 0, 5] = float("nan")
+    lengths = torch.tensor([4])
+
+    def run():
+        with torch.no_grad():
+            outs = [(highway(x), lstm(seq, lengths)[0][1]) for x, seq in cases]
+            outs.append((torch.zeros(1), lstm(cases[0][1] * 0, lengths, state)[0][1]))
+        return outs
+
+    got = run()
+    _no_native(monkeypatch)
+    want = run()
+    for (g_hw, g_lstm), (w_hw, w_lstm) in zip(got, want):
+        torch.testing.assert_close(g_hw, w_hw, atol=2e-6, rtol=0, equal_nan=True)
+        torch.testing.assert_close(g_lstm, w_lstm, atol=2e-6, rtol=0, equal_nan=True)
+    assert not bool(torch.isnan(got[0][0]).any()) and not bool(torch.isnan(got[0][1]).any())  # 1e6: saturated
+    assert bool(torch.isnan(got[3][1]).any())  # NaN in: NaN out, as ATen

@@ -72,8 +72,9 @@ class Highway(nn.Module):
                 params = self._params(k)
                 packed = self._derived.cached(f"packed{k}", params, lambda: native.pack_highway(
                     torch.cat([params[0].t(), params[2].t()], dim=1), torch.cat([params[1], params[3]])))
-                if packed is not None:
-                    x = native.highway_layer(module, x, *packed)
+                y = native.highway_layer(module, x, *packed) if packed is not None else None
+                if y is not None:  # (None: untracked weights, or inf/NaN in x: the GEMM path below)
+                    x = y
                     continue
             fused = self._fused_weights(k)
             if fused is None:

@@ -395,12 +395,14 @@ class BiLSTM(nn.Module):
                 out, final_c, final_h = inference_steps()(xw, batch_sizes, c, h, w_hh_ifoj, w_proj, hd, *clips)
                 return out, (final_c, final_h)
             module = native.kernels() if native.usable(x, c, h, w_proj) else None
-            if module is not None:  # a few rows: the C++ step loop (native.py)
-                out, final_c, final_h = native.lstm_layer(module, x, [n for n in batch_sizes if n > 0], c, h, w_ih,
-                                                          bias, w_hh_ifoj, w_proj, *clips)
-            else:  # a few rows: direction after direction
-                out, final_c, final_h = inference_steps(by_direction=True)(x, batch_sizes, c, h, w_ih, bias,
-                                                                           w_hh_ifoj, w_proj, hd, *clips)
+            result = None
+            if module is not None:  # a few rows: the C++ step loop (native.py; None for inf/NaN inputs)
+                result = native.lstm_layer(module, x, [n for n in batch_sizes if n > 0], c, h, w_ih, bias, w_hh_ifoj,
+                                           w_proj, *clips)
+            if result is None:  # a few rows: direction after direction
+                result = inference_steps(by_direction=True)(x, batch_sizes, c, h, w_ih, bias, w_hh_ifoj, w_proj, hd,
+                                                            *clips)
+            out, final_c, final_h = result
             return out, (final_c, final_h)
         # Input contribution for all real positions at once, with the forget bias 1.0 folded in: (2, N, 4H)
         # The bias enters as one more input column ((x | 1) · (W_ih ; b)): no separate pass broadcasting it over xw.

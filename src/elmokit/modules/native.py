@@ -117,13 +117,14 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 def lstm_layer(module, x: torch.Tensor, sizes: list[int], c: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor,
                bias: torch.Tensor, w_hh: torch.Tensor, w_proj: torch.Tensor, cell_clip: float, proj_clip: float,
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """One LSTM layer by the extension ``module`` (from :func:`kernels`); arguments and result as
     :func:`elmokit.modules.lstm._steps_by_direction` (``sizes``: the running rows per step, zeros dropped), all float32
-    CPU tensors."""
-    out, final_c, final_h = module.lstm_layer(x.contiguous(), sizes, c.contiguous(), h.contiguous(), w_ih, bias,
-                                              w_hh, w_proj.contiguous(), float(cell_clip), float(proj_clip))
-    return out, final_c, final_h
+    CPU tensors; ``None`` when ``x``, ``c`` or ``h`` hold inf or NaN (the kernel is built with ``-ffast-math``, which
+    assumes finite values: the caller then runs its ATen path, which propagates them)."""
+    result = module.lstm_layer(x.contiguous(), sizes, c.contiguous(), h.contiguous(), w_ih, bias, w_hh,
+                               w_proj.contiguous(), float(cell_clip), float(proj_clip))
+    return tuple(result) if result else None
 
 
 def pack_highway(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +140,8 @@ def pack_highway(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor
     return blocks.permute(1, 0, 2).contiguous(), packed_bias.contiguous()
 
 
-def highway_layer(module, x: torch.Tensor, packed: torch.Tensor, packed_bias: torch.Tensor) -> torch.Tensor:
+def highway_layer(module, x: torch.Tensor, packed: torch.Tensor, packed_bias: torch.Tensor) -> torch.Tensor | None:
     """One highway layer by the extension ``module``: x (M, F) float32, 1 ≤ M ≤ :data:`MAX_HIGHWAY_ROWS`, the weights
-    from :func:`pack_highway` → (M, F), t·relu(x·W_h + b_h) + (1 − t)·x with t = σ(x·W_g + b_g)."""
+    from :func:`pack_highway` → (M, F), t·relu(x·W_h + b_h) + (1 − t)·x with t = σ(x·W_g + b_g); ``None`` when ``x``
+    holds inf or NaN (as :func:`lstm_layer`)."""
     return module.highway_layer(x.contiguous(), packed, packed_bias)

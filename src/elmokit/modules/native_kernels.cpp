@@ -16,12 +16,32 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
 namespace {
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// Built with -ffast-math (so that expf and tanhf vectorise through glibc's vector math library), which assumes no
+// inf or NaN: the arguments are clamped to where float32 results are already saturated (σ(±88) and tanh(±10) round
+// to σ's and tanh's limits but for σ(−88) ≈ 6e−39), so that a huge finite pre-activation gives what ATen gives, and
+// the entry points below refuse inputs holding inf or NaN (the caller then runs the ATen path, which propagates them).
+inline float sigmoid(float x) {
+  x = fminf(fmaxf(x, -88.0f), 88.0f);
+  return 1.0f / (1.0f + expf(-x));
+}
+
+inline float tanh_sat(float x) { return tanhf(fminf(fmaxf(x, -10.0f), 10.0f)); }
+
+// Whether every value of a float32 tensor is finite, read from the bits (-ffast-math may fold std::isfinite to true).
+bool all_finite(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(c.data_ptr<float>());
+  const int64_t n = c.numel();
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad |= ((p[i] & 0x7f800000u) == 0x7f800000u);
+  return bad == 0;
+}
 
 // Gate math of one step for rows [r0, r1): z (n, 4H) pre-activations, gate columns i, f, o, j (forget bias
 // included); c_old (n, H) → c_new = clip(σ(f)·c_old + σ(i)·tanh(j)), m = σ(o)·tanh(c_new).
@@ -38,10 +58,10 @@ void gate_rows(const float* z, const float* c_old, float* c_new, float* m, int64
     float* mr = m + r * hd;
 #pragma omp simd
     for (int64_t u = 0; u < hd; ++u) {
-      float c = sigmoid(zf[u]) * co[u] + sigmoid(zi[u]) * tanhf(zj[u]);
+      float c = sigmoid(zf[u]) * co[u] + sigmoid(zi[u]) * tanh_sat(zj[u]);
       if (clip) c = fminf(fmaxf(c, -cell_clip), cell_clip);
       cn[u] = c;
-      mr[u] = sigmoid(zo[u]) * tanhf(c);
+      mr[u] = sigmoid(zo[u]) * tanh_sat(c);
     }
   }
 }
@@ -159,12 +179,14 @@ void highway_rows(const float* xt, const float* x, const float* wp, const float*
 
 // Both directions of one layer: x (2, N, P), sizes (running rows per step, all > 0), c (2, B, H), h (2, B, P),
 // w_ih (2, P, 4H), bias (2, 4H), w_hh (2, P, 4H) (gate columns i, f, o, j), w_proj (2, H, P), all float32 and
-// contiguous → (out (2, N, P), final c (2, B, H), final h (2, B, P)); as elmokit.modules.lstm._steps_by_direction.
+// contiguous → (out (2, N, P), final c (2, B, H), final h (2, B, P)); as elmokit.modules.lstm._steps_by_direction;
+// nothing (an empty list) when x, c or h hold inf or NaN.
 std::vector<at::Tensor> lstm_layer(const at::Tensor& x, const std::vector<int64_t>& sizes, const at::Tensor& c,
                                    const at::Tensor& h, const at::Tensor& w_ih, const at::Tensor& bias,
                                    const at::Tensor& w_hh, const at::Tensor& w_proj, double cell_clip,
                                    double proj_clip) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 3 && x.size(0) == 2, "lstm_layer: x must be (2, N, P) float32");
+  if (!all_finite(x) || !all_finite(c) || !all_finite(h)) return {};  // inf or NaN: the caller's ATen path
   at::Tensor out = at::empty({2, x.size(1), w_proj.size(2)}, x.options());
   at::Tensor final_c = at::empty_like(c);
   at::Tensor final_h = at::empty_like(h);
@@ -177,13 +199,15 @@ std::vector<at::Tensor> lstm_layer(const at::Tensor& x, const std::vector<int64_
 }
 
 // One highway layer for M ≤ 12 rows: x (M, F) float32 contiguous, packed (F/16, F, 32) and packed_bias (F/16, 32)
-// as native.pack_highway → (M, F) = t·relu(x·W_h + b_h) + (1 − t)·x, t = σ(x·W_g + b_g).
+// as native.pack_highway → (M, F) = t·relu(x·W_h + b_h) + (1 − t)·x, t = σ(x·W_g + b_g); an undefined tensor (None
+// in Python) when x holds inf or NaN.
 at::Tensor highway_layer(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& packed_bias) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "highway_layer: x must be (M, F) float32");
   const int64_t m = x.size(0), f = x.size(1);
   TORCH_CHECK(m >= 1 && m <= 12, "highway_layer: 1 to 12 rows, got ", m);
   TORCH_CHECK(f % 16 == 0 && packed.size(0) == f / 16 && packed.size(1) == f && packed.size(2) == 32,
               "highway_layer: packed weight does not match F = ", f);
+  if (!all_finite(x)) return at::Tensor();  // inf or NaN: the caller's ATen path
   at::Tensor xt = x.t().contiguous();  // (F, M): one input's M values side by side
   at::Tensor y = at::empty_like(x);
   const float* xtp = xt.data_ptr<float>();
