@@ -73,10 +73,24 @@ def test_lstm_layer_small_configuration_shapes(kernels):
     c, h = torch.randn(2, 1, 1024) * 0.5, torch.randn(2, 1, 128) * 0.5
     with torch.no_grad():
         w_ih, bias, w_hh, _ = lstm._inference_weights(0)
-        got = native.lstm_layer(kernels, x, [1] * 11, c, h, w_ih, bias, w_hh, lstm.weight_proj[0], 3.0, 3.0)
-        want = lstm_module.inference_steps(by_direction=True)(x, [1] * 11, c, h, w_ih, bias, w_hh, lstm.weight_proj[0], 1024, 3.0, 3.0)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
+        want = lstm_module.inference_steps(by_direction=True)(x, [1] * 11, c, h, w_ih, bias, w_hh,
+                                                              lstm.weight_proj[0], 1024, 3.0, 3.0)
+        for w_rec in (w_hh, native.pack_lstm(w_hh)):  # the ATen-product loop, then the fused one
+            got = native.lstm_layer(kernels, x, [1] * 11, c, h, w_ih, bias, w_rec, lstm.weight_proj[0], 3.0, 3.0)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
+
+
+def test_pack_lstm_layout_and_errors():
+    hd, p = 32, 16
+    w = torch.arange(2 * p * 4 * hd, dtype=torch.float32).reshape(2, p, 4 * hd)
+    packed = native.pack_lstm(w)
+    assert packed.shape == (2, hd // 16, p, 64)
+    # direction 1, block 1, input 3: gates i, f, o, j of units 16 … 31
+    want = torch.cat([w[1, 3, g * hd + 16: g * hd + 32] for g in range(4)])
+    assert torch.equal(packed[1, 1, 3], want)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        native.pack_lstm(torch.zeros(2, 5, 48))
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 10, 12])
@@ -210,3 +224,24 @@ def test_huge_and_non_finite_inputs_give_the_fallback_values(kernels, monkeypatc
         torch.testing.assert_close(g_lstm, w_lstm, atol=2e-6, rtol=0, equal_nan=True)
     assert not bool(torch.isnan(got[0][0]).any()) and not bool(torch.isnan(got[0][1]).any())  # 1e6: saturated
     assert bool(torch.isnan(got[3][1]).any())  # NaN in: NaN out, as ATen
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fused_lstm_loop_with_other_thread_counts(kernels, threads):
+    """The fused loop splits the units over torch's threads (one barrier per step): 1 thread, and more threads than
+    this machine's cores, give the same values as the default."""
+    torch.manual_seed(5)
+    lstm = BiLSTM(LSTMConfig(dim=64, projection_dim=16, n_layers=2, cell_clip=1.0, proj_clip=1.0))
+    x = torch.randn(2, 3, 6, 16) * 2
+    lengths = torch.tensor([6, 4, 1])
+    with torch.no_grad():
+        want = lstm(x, lengths)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            got = lstm(x, lengths)
+        finally:
+            torch.set_num_threads(before)
+    for g, w in zip(got[0], want[0]):
+        torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
+    torch.testing.assert_close(got[1][0], want[1][0], atol=2e-6, rtol=0)

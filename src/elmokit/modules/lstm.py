@@ -397,7 +397,12 @@ class BiLSTM(nn.Module):
             module = native.kernels() if native.usable(x, c, h, w_proj) else None
             result = None
             if module is not None:  # a few rows: the C++ step loop (native.py; None for inf/NaN inputs)
-                result = native.lstm_layer(module, x, [n for n in batch_sizes if n > 0], c, h, w_ih, bias, w_hh_ifoj,
+                w_rec = w_hh_ifoj
+                if hd % 16 == 0 and self.projection_dim % 16 == 0:  # packed by unit blocks: the fused loop
+                    packed = self._derived.cached(f"native{k}", (self.weight_ih[k], self.bias[k], w_hh),
+                                                  lambda: native.pack_lstm(w_hh_ifoj))
+                    w_rec = w_hh_ifoj if packed is None else packed  # None: untracked weights
+                result = native.lstm_layer(module, x, [n for n in batch_sizes if n > 0], c, h, w_ih, bias, w_rec,
                                            w_proj, *clips)
             if result is None:  # a few rows: direction after direction
                 result = inference_steps(by_direction=True)(x, batch_sizes, c, h, w_ih, bias, w_hh_ifoj, w_proj, hd,

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["kernels", "lstm_layer", "highway_layer", "pack_highway", "MAX_HIGHWAY_ROWS", "MAX_LSTM_ROWS"]
+__all__ = ["kernels", "lstm_layer", "highway_layer", "pack_lstm", "pack_highway", "MAX_HIGHWAY_ROWS",
+           "MAX_LSTM_ROWS"]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,18 @@ def lstm_layer(module, x: torch.Tensor, sizes: list[int], c: torch.Tensor, h: to
     result = module.lstm_layer(x.contiguous(), sizes, c.contiguous(), h.contiguous(), w_ih, bias, w_hh,
                                w_proj.contiguous(), float(cell_clip), float(proj_clip))
     return tuple(result) if result else None
+
+
+def pack_lstm(w_hh: torch.Tensor) -> torch.Tensor:
+    """A layer's (2, P, 4H) W_hh, gate columns i, f, o, j (:meth:`BiLSTM._inference_weights`) → the fused loop's
+    layout (2, H/16, P, 64): block b and input k hold the i, f, o, j columns of units 16b … 16b + 15 (16 each), so a
+    thread owning a range of units reads one contiguous stretch. Raises ``ValueError`` when H or P is not a multiple
+    of 16 (the kernel then takes the unpacked W_hh and runs its ATen products)."""
+    d, p, g = w_hh.shape
+    hd = g // 4
+    if d != 2 or g != 4 * hd or hd % 16 or p % 16:
+        raise ValueError(f"pack_lstm needs a (2, P, 4H) W_hh with H and P multiples of 16, got {tuple(w_hh.shape)}")
+    return w_hh.reshape(2, p, 4, hd // 16, 16).permute(0, 3, 1, 2, 4).reshape(2, hd // 16, p, 64).contiguous()
 
 
 def pack_highway(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

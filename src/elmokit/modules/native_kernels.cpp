@@ -14,6 +14,7 @@
 // library, within 4 ulp): tests/test_native.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
@@ -177,6 +178,114 @@ void highway_rows(const float* xt, const float* x, const float* wp, const float*
 
 }  // namespace
 
+// The same loop with the recurrent product, the gate math and the projection fused, for W_hh packed by unit blocks:
+// w_packed (H/16, P, 64), block b and input k holding the i, f, o, j columns of units 16b … 16b + 15 (16 each); needs
+// H and P multiples of 16. One OpenMP team (torch's threads) runs the whole loop: each thread owns a range of unit
+// blocks (its share of W_hh and of W_proj's rows stays in its core's L2 across the steps), computes their gates and
+// cell state, and a partial projection over its units; after one barrier per step every thread sums the partials
+// into the next h (the partial buffers alternate between even and odd steps, so one barrier suffices).
+static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_t>& sizes, const at::Tensor& c,
+                           const at::Tensor& h, const at::Tensor& w_packed, const at::Tensor& w_proj,
+                           double cell_clip, double proj_clip, at::Tensor out, at::Tensor final_c,
+                           at::Tensor final_h) {
+  const int64_t b = c.size(0), hd = c.size(1), p = h.size(1);
+  const int64_t nb = hd / 16;
+  const int64_t n0 = sizes.empty() ? 0 : sizes[0];
+  if (n0 < b) {  // rows with no step keep their start state
+    final_c.narrow(0, n0, b - n0).copy_(c.narrow(0, n0, b - n0));
+    final_h.narrow(0, n0, b - n0).copy_(h.narrow(0, n0, b - n0));
+  }
+  if (n0 == 0) return;
+  at::Tensor c_run = c.narrow(0, 0, n0).contiguous().clone();  // (n0, H), each unit updated in place by its owner
+  at::Tensor h0 = h.narrow(0, 0, n0).contiguous();
+  const int max_threads = omp_get_max_threads();
+  std::vector<float> partial(static_cast<size_t>(2 * max_threads * n0 * p));
+  const float* xwp = xw.data_ptr<float>();
+  const float* wpk = w_packed.data_ptr<float>();
+  const float* wpr = w_proj.data_ptr<float>();
+  const float* h0p = h0.data_ptr<float>();
+  float* outp = out.data_ptr<float>();
+  float* cp = c_run.data_ptr<float>();
+  float* fcp = final_c.data_ptr<float>();
+  float* fhp = final_h.data_ptr<float>();
+  const int64_t fc_stride = final_c.stride(0), fh_stride = final_h.stride(0);
+  const float cclip = static_cast<float>(cell_clip), pclip = static_cast<float>(proj_clip);
+  const int64_t g4 = 4 * hd;
+#pragma omp parallel num_threads(max_threads)
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
+    const int64_t u0 = 16 * b0, u1 = 16 * b1;
+    std::vector<float> hloc(h0p, h0p + n0 * p);  // this thread's copy of h (the same on every thread)
+    int64_t offset = 0, n_prev = n0;
+    for (size_t s = 0; s < sizes.size(); ++s) {
+      const int64_t n = sizes[s];
+      if (n < n_prev) {  // rows n … n_prev − 1 ended at the previous step
+        for (int64_t r = n; r < n_prev; ++r) {
+          std::memcpy(fcp + r * fc_stride + u0, cp + r * hd + u0, sizeof(float) * (u1 - u0));
+          if (t == 0) std::memcpy(fhp + r * fh_stride, hloc.data() + r * p, sizeof(float) * p);
+        }
+        n_prev = n;
+      }
+      float* part = partial.data() + ((s & 1) * nt + t) * n0 * p;
+      std::memset(part, 0, sizeof(float) * n * p);
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const float* wb = wpk + blk * p * 64;
+        for (int64_t r = 0; r < n; ++r) {
+          const float* xr = xwp + (offset + r) * g4 + 16 * blk;
+          v16 ai = load16(xr), af = load16(xr + hd), ao = load16(xr + 2 * hd), aj = load16(xr + 3 * hd);
+          const float* hr = hloc.data() + r * p;
+          for (int64_t k = 0; k < p; ++k) {
+            const float hk = hr[k];
+            const float* w = wb + k * 64;
+            ai += hk * load16(w);
+            af += hk * load16(w + 16);
+            ao += hk * load16(w + 32);
+            aj += hk * load16(w + 48);
+          }
+          float gi[16], gf[16], go[16], gj[16], m[16];
+          store16(gi, ai);
+          store16(gf, af);
+          store16(go, ao);
+          store16(gj, aj);
+          float* cr = cp + r * hd + 16 * blk;
+#pragma omp simd
+          for (int u = 0; u < 16; ++u) {
+            float cv = sigmoid(gf[u]) * cr[u] + sigmoid(gi[u]) * tanh_sat(gj[u]);
+            if (cclip > 0) cv = fminf(fmaxf(cv, -cclip), cclip);
+            cr[u] = cv;
+            m[u] = sigmoid(go[u]) * tanh_sat(cv);
+          }
+          float* pr = part + r * p;
+          for (int64_t j0 = 0; j0 < p; j0 += 16) {
+            v16 acc = load16(pr + j0);
+            const float* wr = wpr + (16 * blk) * p + j0;
+#pragma GCC unroll 16
+            for (int u = 0; u < 16; ++u) acc += m[u] * load16(wr + u * p);
+            store16(pr + j0, acc);
+          }
+        }
+      }
+#pragma omp barrier
+      for (int64_t r = 0; r < n; ++r) {
+        float* hr = hloc.data() + r * p;
+        for (int64_t j = 0; j < p; ++j) {
+          float v = 0.0f;
+          for (int tt = 0; tt < nt; ++tt) v += partial[((s & 1) * nt + tt) * n0 * p + r * p + j];
+          if (pclip > 0) v = fminf(fmaxf(v, -pclip), pclip);
+          hr[j] = v;
+        }
+        if (t == 0) std::memcpy(outp + (offset + r) * p, hr, sizeof(float) * p);
+      }
+      offset += n;
+    }
+    for (int64_t r = 0; r < n_prev; ++r) {
+      std::memcpy(fcp + r * fc_stride + u0, cp + r * hd + u0, sizeof(float) * (u1 - u0));
+      if (t == 0) std::memcpy(fhp + r * fh_stride, hloc.data() + r * p, sizeof(float) * p);
+    }
+  }
+}
+
 // Both directions of one layer: x (2, N, P), sizes (running rows per step, all > 0), c (2, B, H), h (2, B, P),
 // w_ih (2, P, 4H), bias (2, 4H), w_hh (2, P, 4H) (gate columns i, f, o, j), w_proj (2, H, P), all float32 and
 // contiguous → (out (2, N, P), final c (2, B, H), final h (2, B, P)); as elmokit.modules.lstm._steps_by_direction;
@@ -192,8 +301,12 @@ std::vector<at::Tensor> lstm_layer(const at::Tensor& x, const std::vector<int64_
   at::Tensor final_h = at::empty_like(h);
   for (int64_t d = 0; d < 2; ++d) {
     at::Tensor xw = at::addmm(bias[d], x[d], w_ih[d]);  // (N, 4H): every step's input contribution in one GEMM
-    direction_steps(xw, sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d], cell_clip, proj_clip,
-                    out[d], final_c[d], final_h[d]);
+    if (w_hh.dim() == 4)  // packed by unit blocks (native.pack_lstm)
+      direction_steps_fused(xw, sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d], cell_clip,
+                            proj_clip, out[d], final_c[d], final_h[d]);
+    else
+      direction_steps(xw, sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d], cell_clip, proj_clip,
+                      out[d], final_c[d], final_h[d]);
   }
   return {out, final_c, final_h};
 }
