@@ -4,16 +4,23 @@ At batch 1 (one sentence) the biLM's time is weight traffic and per-op overhead.
 file) holds two kernels, used without autograd on float32 CPU tensors only:
 
 * :func:`lstm_layer`: one LSTM layer, both directions, for batches of at most :data:`MAX_LSTM_ROWS` rows: the step
-  loop of :func:`elmokit.modules.lstm._steps_by_direction` in C++, with each step's gate math fused into one pass;
+  loop of :func:`elmokit.modules.lstm._steps_by_direction` in C++. With W_hh packed by :func:`pack_lstm` (H and P
+  multiples of 16) the whole loop of a direction is one OpenMP team of torch's threads: each thread owns a range of
+  16-unit blocks (its share of W_hh and W_proj, 1.25 MB per core for the small configuration, stays in its L2 across
+  the steps), computes their recurrent product, gates and cell state in registers and a partial projection, and one
+  barrier per step joins the partials into the next h. Otherwise the recurrent products are ATen's (MKL) and each
+  step's gate math is one fused pass;
 * :func:`highway_layer`: one highway layer for at most :data:`MAX_HIGHWAY_ROWS` distinct tokens, reading the weight
   once in blocks packed by :func:`pack_highway` (MKL's GEMM at 10 rows runs at about half its matrix-vector rate).
 
 Both give the other paths' values up to float rounding (sums in another order, exp/tanh from glibc's vector math
-library): ``tests/test_native.py`` checks them within 2e-6 on the small configuration's shapes.
+library): ``tests/test_native.py`` checks them within 2e-6 on the small configuration's shapes. The file is built with
+``-ffast-math`` (so that exp and tanh vectorise), which assumes finite values: the arguments of σ and tanh are
+clamped where float32 results saturate, and inputs holding inf or NaN are refused (the callers run the ATen path).
 
 The extension is built by ``torch.utils.cpp_extension.load`` (it needs a C++ compiler and ``ninja``, which the
-``ninja`` package installed with elmokit provides; ≈ 20 s on 2 cores, once per machine, kept in torch's extension directory, ``TORCH_EXTENSIONS_DIR``). The build's name carries a
-digest of the source, the flags (``-march=native``), the torch version and this CPU's model and flags, so a home
+``ninja`` package installed with elmokit provides; ≈ 20 s on 2 cores, once per machine, kept in torch's extension
+directory, ``TORCH_EXTENSIONS_DIR``). The build's name carries a digest of the source, the flags (``-march=native``), the torch version and this CPU's model and flags, so a home
 directory shared by different machines never loads another CPU's build. Where the build or the load fails (no
 compiler, no ninja, another platform) one warning is logged and the fallback paths run (same values, slower at
 batch 1). ``ELMOKIT_NATIVE=0`` turns the kernels off.

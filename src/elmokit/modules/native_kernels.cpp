@@ -3,8 +3,11 @@
 // At batch 1 the biLM's time is weight traffic and per-op overhead, not arithmetic. Two kernels:
 //
 // * lstm_layer: one LSTM layer (both directions, one after the other) without autograd: the same cell equations
-//   as BiLSTM._run_layer (TensorFlow LSTMCell with num_proj, clipping), the recurrent products by ATen (MKL), the
-//   gate math of a step fused into one pass (one op instead of seven, no TorchScript interpreter).
+//   as BiLSTM._run_layer (TensorFlow LSTMCell with num_proj, clipping). With W_hh packed by unit blocks
+//   (direction_steps_fused) each direction is one OpenMP team over its steps: each thread keeps its share of the
+//   weights in its core's L2 and does the recurrent product, the gates and a partial projection of its units, one
+//   barrier a step. Otherwise (H or P not a multiple of 16) the recurrent products are ATen's (MKL) and the gate
+//   math of a step is one fused pass (one op instead of seven, no TorchScript interpreter).
 // * highway_layer: one highway layer for at most 12 rows. The weight is read once, in blocks of 16 units holding
 //   their 16 transform and 16 gate columns side by side (packed by native.py), with the rows' accumulators in
 //   registers; MKL's GEMM at 10 rows runs at about half the rate of its matrix-vector product on this shape.
