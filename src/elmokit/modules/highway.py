@@ -33,7 +33,8 @@ class Highway(nn.Module):
     For at most :data:`~elmokit.modules.native.MAX_HIGHWAY_ROWS` tokens (one sentence), float32 on CPU, each layer is
     one call of the native kernel (:func:`elmokit.modules.native.highway_layer`, on a copy packed in blocks of 16
     units, also cached) where that extension could be built; it reads the weight once at close to the streaming rate
-    (``bench/latency_breakdown.py``: 10 tokens 1.45 → 0.9 ms inside whole calls). Same values up to float rounding.
+    (10 tokens: 1.37 → 0.89 ms repeated alone, 1.45 → ≈ 1.0–1.2 ms inside whole calls, ``bench/latency_breakdown.py``).
+    Same values up to float rounding.
     """
 
     def __init__(self, dim: int, n_layers: int) -> None:

@@ -20,9 +20,9 @@ written out one gate at a time):
 * without autograd the loop runs **direction after direction** (each direction's recurrent weights stay in the
   cores' L2 caches across its steps; see :func:`_steps_by_direction`), and for at most
   :data:`~elmokit.modules.native.MAX_LSTM_ROWS` rows in the C++ kernel of :mod:`elmokit.modules.native` where it
-  could be built (the same loop, each step's gate math fused into one pass): at batch 1 the LSTMs of the small
-  configuration went from ≈ 3.3 ms (both directions per step) to ≈ 2.3 (direction after direction) and ≈ 1.95 ms
-  (the kernel) for a 10-token sentence (``bench/latency_breakdown.py``).
+  could be built (the same loop as one OpenMP team per direction, each thread owning a range of units): at batch 1
+  the LSTMs of the small configuration went from ≈ 3.3 ms (both directions per step) to ≈ 2.3 (direction after
+  direction) and ≈ 1.6 ms (the kernel) for a 10-token sentence (``bench/latency_breakdown.py``).
 """
 from __future__ import annotations
 
