@@ -35,9 +35,27 @@ def expected_top(name: str, k: int, i: int) -> np.ndarray:
     return np.concatenate([e[0], e[1]], axis=-1)
 
 
-def tiny_random_bilm(seed: int = 0, *, stateful: bool = False):
+def clipping_lstm(dim: int, projection_dim: int, n_layers: int, cell_clip: float, proj_clip: float,
+                  use_skip_connections: bool, seed: int):
+    """A random BiLM LSTM stack whose weights are scaled ×4, large enough that both clips fire."""
+    import torch
+
+    from elmokit.config import LSTMConfig
+    from elmokit.modules.lstm import BiLSTM
+
+    torch.manual_seed(seed)
+    lstm = BiLSTM(LSTMConfig(dim=dim, projection_dim=projection_dim, n_layers=n_layers, cell_clip=cell_clip,
+                             proj_clip=proj_clip, use_skip_connections=use_skip_connections))
+    with torch.no_grad():
+        for w in list(lstm.weight_ih) + list(lstm.weight_hh) + list(lstm.weight_proj):
+            w.mul_(4.0)
+    return lstm
+
+
+def tiny_random_bilm(seed: int = 0, *, stateful: bool = False, lstm_dims: tuple[int, int] = (16, 8)):
     """A very small random-weight BiLM (byte scheme, C = 50) for fast property tests: filters (1,4) (2,4) (3,8),
-    char dim 4, 1 highway layer, 2 LSTM layers of 16 cells, projection 8 (output 16). Eval mode."""
+    char dim 4, 1 highway layer, 2 LSTM layers of ``lstm_dims`` = (cells, projection), (16, 8) by default (output
+    16). Eval mode."""
     import torch
 
     from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig
@@ -45,7 +63,8 @@ def tiny_random_bilm(seed: int = 0, *, stateful: bool = False):
 
     config = ElmoConfig(
         char_cnn=CharCNNConfig(filters=[(1, 4), (2, 4), (3, 8)], n_highway=1, embedding_dim=4),
-        lstm=LSTMConfig(dim=16, projection_dim=8, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True),
+        lstm=LSTMConfig(dim=lstm_dims[0], projection_dim=lstm_dims[1], n_layers=2, cell_clip=3.0, proj_clip=3.0,
+                        use_skip_connections=True),
     )
     torch.manual_seed(seed)
     model = BiLM(config).eval()

@@ -96,12 +96,10 @@ def _reference_layer(lstm: BiLSTM, k: int, x: torch.Tensor, lengths: torch.Tenso
 
 
 def _lstm() -> BiLSTM:
-    torch.manual_seed(1)
-    lstm = BiLSTM(LSTMConfig(dim=12, projection_dim=5, n_layers=1, cell_clip=0.8, proj_clip=0.6,
-                             use_skip_connections=False))
+    from helpers import clipping_lstm
+
+    lstm = clipping_lstm(12, 5, 1, cell_clip=0.8, proj_clip=0.6, use_skip_connections=False, seed=1)
     with torch.no_grad():
-        for w in list(lstm.weight_ih) + list(lstm.weight_hh) + list(lstm.weight_proj):
-            w.mul_(4.0)  # large enough that both clips fire
         lstm.bias[0].uniform_(-1, 1)
     return lstm
 

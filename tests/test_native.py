@@ -35,12 +35,9 @@ def _no_native(monkeypatch) -> None:
 def test_lstm_layer_equals_the_torchscript_loop(kernels, monkeypatch):
     """Clips firing, rows ending at different steps, a zero-length row, a given start state: outputs and final
     states equal the TorchScript loop's within float rounding, and both equal the cell equations."""
-    torch.manual_seed(0)
-    lstm = BiLSTM(LSTMConfig(dim=48, projection_dim=16, n_layers=2, cell_clip=0.5, proj_clip=0.3,
-                             use_skip_connections=True))
-    with torch.no_grad():
-        for w in list(lstm.weight_ih) + list(lstm.weight_hh) + list(lstm.weight_proj):
-            w.mul_(4.0)  # large enough that both clips fire
+    from helpers import clipping_lstm
+
+    lstm = clipping_lstm(48, 16, 2, cell_clip=0.5, proj_clip=0.3, use_skip_connections=True, seed=0)
     x = torch.randn(2, 5, 7, 16) * 3
     lengths = torch.tensor([7, 6, 3, 3, 0])
     state = (torch.randn(2, 2, 5, 48), torch.randn(2, 2, 5, 16))
@@ -144,19 +141,26 @@ def test_pack_highway_layout_and_errors():
         native.pack_highway(torch.zeros(40, 80), torch.zeros(80))
 
 
-def test_elmo_single_sentence_equals_the_fallback(kernels, monkeypatch):
-    """A whole Elmo call at batch 1 (both kernels) equals the same call with the kernels off."""
+@pytest.mark.parametrize("lstm_dims", [(16, 8), (32, 16)])
+def test_bilm_single_sentence_equals_the_fallback(kernels, monkeypatch, lstm_dims):
+    """Whole biLM calls at batch 1 and 3 (the highway kernel, and the LSTM kernel with ATen products for P = 8 or
+    fused for H, P multiples of 16) equal the same calls with the kernels off."""
     from elmokit import batch_to_ids
 
     from helpers import tiny_random_bilm
 
-    bilm = tiny_random_bilm(seed=4)
-    ids = batch_to_ids([["the", "bank", "of", "the", "river", "flooded"]])
+    bilm = tiny_random_bilm(seed=4, lstm_dims=lstm_dims)
+    used = []
+    monkeypatch.setattr(native, "lstm_layer", lambda *a: used.append(a[7].dim()) or native_lstm(*a))
+    batches = [batch_to_ids([["the", "bank", "of", "the", "river", "flooded"]]),
+               batch_to_ids([["a", "bank"], [], ["money", "in", "the", "bank", "today"]])]
     with torch.no_grad():
-        got = bilm(ids).layers
+        got = [bilm(ids).layers for ids in batches]
+        assert set(used) == {4 if lstm_dims[1] % 16 == 0 else 3}  # W_hh packed (fused loop) or not
         _no_native(monkeypatch)
-        want = bilm(ids).layers
-    torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
+        want = [bilm(ids).layers for ids in batches]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
 
 
 def test_a_failed_build_falls_back_with_one_warning(monkeypatch, caplog):
