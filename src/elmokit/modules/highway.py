@@ -55,12 +55,20 @@ class Highway(nn.Module):
     def _params(self, k: int) -> tuple[torch.Tensor, ...]:
         return (self.transforms[k].weight, self.transforms[k].bias, self.gates[k].weight, self.gates[k].bias)
 
+    def _fuse(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer k's (F, 2F) weight [W_hᵀ | W_gᵀ] and (2F,) bias [b_h | b_g], built now (not cached)."""
+        w_h, b_h, w_g, b_g = self._params(k)
+        return torch.cat([w_h.t(), w_g.t()], dim=1).contiguous(), torch.cat([b_h, b_g])
+
     def _fused_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Layer k's (F, 2F) weight [W_hᵀ | W_gᵀ] and (2F,) bias [b_h | b_g], cached (see the class docstring);
-        ``None`` for weights that cannot be tracked (made under inference_mode, vmap's batched tensors)."""
-        params = self._params(k)
-        return self._derived.cached(f"fused{k}", params, lambda: (
-            torch.cat([params[0].t(), params[2].t()], dim=1).contiguous(), torch.cat([params[1], params[3]])))
+        """:meth:`_fuse`, cached (see the class docstring); ``None`` for weights that cannot be tracked (made under
+        inference_mode, vmap's batched tensors)."""
+        return self._derived.cached(f"fused{k}", self._params(k), lambda: self._fuse(k))
+
+    def _packed_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`_fuse` in the native kernel's layout (:func:`~elmokit.modules.native.pack_highway`), cached as
+        :meth:`_fused_weights` (``None`` for untracked weights)."""
+        return self._derived.cached(f"packed{k}", self._params(k), lambda: native.pack_highway(*self._fuse(k)))
 
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
@@ -70,9 +78,7 @@ class Highway(nn.Module):
             module = native.kernels()
         for k in range(len(self.transforms)):
             if module is not None:
-                params = self._params(k)
-                packed = self._derived.cached(f"packed{k}", params, lambda: native.pack_highway(
-                    torch.cat([params[0].t(), params[2].t()], dim=1), torch.cat([params[1], params[3]])))
+                packed = self._packed_weights(k)
                 y = native.highway_layer(module, x, *packed) if packed is not None else None
                 if y is not None:  # (None: untracked weights, or inf/NaN in x: the GEMM path below)
                     x = y

@@ -20,7 +20,8 @@ written out one gate at a time):
 * without autograd the loop runs **direction after direction** (each direction's recurrent weights stay in the
   cores' L2 caches across its steps; see :func:`_steps_by_direction`), and for at most
   :data:`~elmokit.modules.native.MAX_LSTM_ROWS` rows in the C++ kernel of :mod:`elmokit.modules.native` where it
-  could be built (the same loop as one OpenMP team per direction, each thread owning a range of units): at batch 1
+  could be built and H and P are multiples of 16 (the same loop as one OpenMP team per direction, each thread owning
+  a range of units): at batch 1
   the LSTMs of the small configuration went from ≈ 3.3 ms (both directions per step) to ≈ 2.3 (direction after
   direction) and ≈ 1.6 ms (the kernel) for a 10-token sentence (``bench/latency_breakdown.py``).
 """
@@ -386,23 +387,24 @@ class BiLSTM(nn.Module):
         # without autograd: a compiled loop (both directions per step for many rows; for a few, direction after
         # direction in the C++ kernel or in TorchScript: see _steps_by_direction)
         if in_place:
-            w_ih, bias, w_hh_ifoj, w_in = self._derived.get(
-                f"inference{k}", (self.weight_ih[k], self.bias[k], w_hh), lambda: self._inference_weights(k))
+            w_in, w_hh_ifoj = self._derived.get(f"inference{k}", (self.weight_ih[k], self.bias[k], w_hh),
+                                                lambda: self._inference_weights(k))
+            p = self.projection_dim
+            w_ih, bias = w_in[:, :p], w_in[:, p]  # views: (2, P, 4H) and (2, 4H)
             clips = float(cell_clip or 0.0), float(proj_clip or 0.0)
             if c.shape[1] > native.MAX_LSTM_ROWS:  # both directions per step, one batched product each
                 # the bias as one more input column ((x | 1) · (W_ih ; b)): no pass broadcasting it over xw
                 xw = torch.bmm(torch.cat([x, x.new_ones(x.shape[0], x.shape[1], 1)], dim=2), w_in)
                 out, final_c, final_h = inference_steps()(xw, batch_sizes, c, h, w_hh_ifoj, w_proj, hd, *clips)
                 return out, (final_c, final_h)
-            module = native.kernels() if native.usable(x, c, h, w_proj) else None
             result = None
-            if module is not None:  # a few rows: the C++ step loop (native.py; None for inf/NaN inputs)
-                w_rec = w_hh_ifoj
-                if hd % 16 == 0 and self.projection_dim % 16 == 0:  # packed by unit blocks: the fused loop
-                    packed = self._derived.cached(f"native{k}", (self.weight_ih[k], self.bias[k], w_hh),
-                                                  lambda: native.pack_lstm(w_hh_ifoj))
-                    w_rec = w_hh_ifoj if packed is None else packed  # None: untracked weights
-                result = native.lstm_layer(module, x, [n for n in batch_sizes if n > 0], c, h, w_ih, bias, w_rec,
+            module = (native.kernels() if hd % 16 == 0 and p % 16 == 0 and native.usable(x, c, h, w_proj)
+                      else None)
+            # (None: untracked weights)
+            packed = None if module is None else self._derived.cached(
+                f"native{k}", (self.weight_ih[k], self.bias[k], w_hh), lambda: native.pack_lstm(w_hh_ifoj))
+            if packed is not None:  # a few rows: the C++ step loop (native.py; None for inf/NaN inputs)
+                result = native.lstm_layer(module, x, [n for n in batch_sizes if n > 0], c, h, w_ih, bias, packed,
                                            w_proj, *clips)
             if result is None:  # a few rows: direction after direction
                 result = inference_steps(by_direction=True)(x, batch_sizes, c, h, w_ih, bias, w_hh_ifoj, w_proj, hd,
@@ -452,15 +454,12 @@ class BiLSTM(nn.Module):
         bias = self.bias[k] + self._forget_bias(self.hidden_dim, self.bias[k])
         return torch.cat([self.weight_ih[k], bias.unsqueeze(1)], dim=1)
 
-    def _inference_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Layer k's W_ih (2, P, 4H), bias (2, 4H) with the forget bias 1.0 folded in, W_hh (2, P, 4H), and (W_ih ; b)
-        (2, P + 1, 4H) as :meth:`_input_weight`, all with their gate columns reordered from the stored i, j, f, o to
-        i, f, o, j (the three sigmoid gates side by side, for the inference loops); contiguous copies, cached by
-        :meth:`_run_layer`. Reordering columns changes no value."""
+    def _inference_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer k's (W_ih ; b) as :meth:`_input_weight` (2, P + 1, 4H) and W_hh (2, P, 4H), both with their gate
+        columns reordered from the stored i, j, f, o to i, f, o, j (the three sigmoid gates side by side, for the
+        inference loops); contiguous copies, cached by :meth:`_run_layer`. Reordering columns changes no value."""
         hd = self.hidden_dim
         order = torch.cat([torch.arange(0, hd), torch.arange(2 * hd, 4 * hd), torch.arange(hd, 2 * hd)])
         order = order.to(self.weight_hh[k].device)
-        bias = self.bias[k] + self._forget_bias(hd, self.bias[k])
-        return (self.weight_ih[k].index_select(2, order).contiguous(), bias.index_select(1, order).contiguous(),
-                self.weight_hh[k].index_select(2, order).contiguous(),
-                self._input_weight(k).index_select(2, order).contiguous())
+        return (self._input_weight(k).index_select(2, order).contiguous(),
+                self.weight_hh[k].index_select(2, order).contiguous())

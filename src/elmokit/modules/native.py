@@ -4,12 +4,11 @@ At batch 1 (one sentence) the biLM's time is weight traffic and per-op overhead.
 file) holds two kernels, used without autograd on float32 CPU tensors only:
 
 * :func:`lstm_layer`: one LSTM layer, both directions, for batches of at most :data:`MAX_LSTM_ROWS` rows: the step
-  loop of :func:`elmokit.modules.lstm._steps_by_direction` in C++. With W_hh packed by :func:`pack_lstm` (H and P
-  multiples of 16) the whole loop of a direction is one OpenMP team of torch's threads: each thread owns a range of
-  16-unit blocks (its share of W_hh and W_proj, 1.25 MB per core for the small configuration, stays in its L2 across
-  the steps), computes their recurrent product, gates and cell state in registers and a partial projection, and one
-  barrier per step joins the partials into the next h. Otherwise the recurrent products are ATen's (MKL) and each
-  step's gate math is one fused pass;
+  loop of :func:`elmokit.modules.lstm._steps_by_direction` in C++, with W_hh packed by :func:`pack_lstm` (H and P
+  multiples of 16; other sizes keep the TorchScript loop). The whole loop of a direction is one OpenMP team of
+  torch's threads: each thread owns a range of 16-unit blocks (its share of W_hh and W_proj, 1.25 MB per core for
+  the small configuration, stays in its L2 across the steps), computes their recurrent product, gates and cell state
+  in registers and a partial projection, and one barrier per step joins the partials into the next h;
 * :func:`highway_layer`: one highway layer for at most :data:`MAX_HIGHWAY_ROWS` distinct tokens, reading the weight
   once in blocks packed by :func:`pack_highway` (MKL's GEMM at 10 rows runs at about half its matrix-vector rate).
 
@@ -127,8 +126,8 @@ def lstm_layer(module, x: torch.Tensor, sizes: list[int], c: torch.Tensor, h: to
                bias: torch.Tensor, w_hh: torch.Tensor, w_proj: torch.Tensor, cell_clip: float, proj_clip: float,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """One LSTM layer by the extension ``module`` (from :func:`kernels`); arguments and result as
-    :func:`elmokit.modules.lstm._steps_by_direction` (``sizes``: the running rows per step, zeros dropped), all float32
-    CPU tensors; ``None`` when ``x``, ``c`` or ``h`` hold inf or NaN (the kernel is built with ``-ffast-math``, which
+    :func:`elmokit.modules.lstm._steps_by_direction` (``sizes``: the running rows per step, zeros dropped) but for
+    ``w_hh``, packed by :func:`pack_lstm`; all float32 CPU tensors; ``None`` when ``x``, ``c`` or ``h`` hold inf or NaN (the kernel is built with ``-ffast-math``, which
     assumes finite values: the caller then runs its ATen path, which propagates them)."""
     result = module.lstm_layer(x.contiguous(), sizes, c.contiguous(), h.contiguous(), w_ih, bias, w_hh,
                                w_proj.contiguous(), float(cell_clip), float(proj_clip))
@@ -139,7 +138,7 @@ def pack_lstm(w_hh: torch.Tensor) -> torch.Tensor:
     """A layer's (2, P, 4H) W_hh, gate columns i, f, o, j (:meth:`BiLSTM._inference_weights`) → the fused loop's
     layout (2, H/16, P, 64): block b and input k hold the i, f, o, j columns of units 16b … 16b + 15 (16 each), so a
     thread owning a range of units reads one contiguous stretch. Raises ``ValueError`` when H or P is not a multiple
-    of 16 (the kernel then takes the unpacked W_hh and runs its ATen products)."""
+    of 16 (such layers run the TorchScript loop)."""
     d, p, g = w_hh.shape
     hd = g // 4
     if d != 2 or g != 4 * hd or hd % 16 or p % 16:

@@ -3,11 +3,10 @@
 // At batch 1 the biLM's time is weight traffic and per-op overhead, not arithmetic. Two kernels:
 //
 // * lstm_layer: one LSTM layer (both directions, one after the other) without autograd: the same cell equations
-//   as BiLSTM._run_layer (TensorFlow LSTMCell with num_proj, clipping). With W_hh packed by unit blocks
-//   (direction_steps_fused) each direction is one OpenMP team over its steps: each thread keeps its share of the
-//   weights in its core's L2 and does the recurrent product, the gates and a partial projection of its units, one
-//   barrier a step. Otherwise (H or P not a multiple of 16) the recurrent products are ATen's (MKL) and the gate
-//   math of a step is one fused pass (one op instead of seven, no TorchScript interpreter).
+//   as BiLSTM._run_layer (TensorFlow LSTMCell with num_proj, clipping), W_hh packed by unit blocks
+//   (native.pack_lstm; H and P multiples of 16). Each direction is one OpenMP team over its steps: each thread keeps
+//   its share of the weights in its core's L2 and does the recurrent product, the gates and a partial projection of
+//   its units, one barrier a step (direction_steps_fused).
 // * highway_layer: one highway layer for at most 12 rows. The weight is read once, in blocks of 16 units holding
 //   their 16 transform and 16 gate columns side by side (packed by native.py), with the rows' accumulators in
 //   registers; MKL's GEMM at 10 rows runs at about half the rate of its matrix-vector product on this shape.
@@ -45,76 +44,6 @@ bool all_finite(const at::Tensor& t) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) bad |= ((p[i] & 0x7f800000u) == 0x7f800000u);
   return bad == 0;
-}
-
-// Gate math of one step for rows [r0, r1): z (n, 4H) pre-activations, gate columns i, f, o, j (forget bias
-// included); c_old (n, H) → c_new = clip(σ(f)·c_old + σ(i)·tanh(j)), m = σ(o)·tanh(c_new).
-void gate_rows(const float* z, const float* c_old, float* c_new, float* m, int64_t r0, int64_t r1, int64_t hd,
-               float cell_clip) {
-  const bool clip = cell_clip > 0;
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* zi = z + r * 4 * hd;
-    const float* zf = zi + hd;
-    const float* zo = zf + hd;
-    const float* zj = zo + hd;
-    const float* co = c_old + r * hd;
-    float* cn = c_new + r * hd;
-    float* mr = m + r * hd;
-#pragma omp simd
-    for (int64_t u = 0; u < hd; ++u) {
-      float c = sigmoid(zf[u]) * co[u] + sigmoid(zi[u]) * tanh_sat(zj[u]);
-      if (clip) c = fminf(fmaxf(c, -cell_clip), cell_clip);
-      cn[u] = c;
-      mr[u] = sigmoid(zo[u]) * tanh_sat(c);
-    }
-  }
-}
-
-void direction_steps(const at::Tensor& xw, const std::vector<int64_t>& sizes, const at::Tensor& c,
-                     const at::Tensor& h, const at::Tensor& w_hh, const at::Tensor& w_proj, double cell_clip,
-                     double proj_clip, at::Tensor out, at::Tensor final_c, at::Tensor final_h) {
-  const int64_t b = c.size(0);
-  const int64_t hd = c.size(1);
-  int64_t n_prev = sizes.empty() ? 0 : sizes[0];
-  if (n_prev < b) {  // rows with no step keep their start state
-    final_c.narrow(0, n_prev, b - n_prev).copy_(c.narrow(0, n_prev, b - n_prev));
-    final_h.narrow(0, n_prev, b - n_prev).copy_(h.narrow(0, n_prev, b - n_prev));
-  }
-  if (n_prev == 0) return;
-  at::Tensor z = at::empty({n_prev, 4 * hd}, xw.options());
-  at::Tensor m = at::empty({n_prev, hd}, xw.options());
-  at::Tensor c_pair = at::empty({2, n_prev, hd}, xw.options());  // the cell state alternates between these two
-  at::Tensor c_now = c.narrow(0, 0, n_prev).contiguous();
-  at::Tensor h_now = h.narrow(0, 0, n_prev);
-  int64_t offset = 0;
-  for (size_t s = 0; s < sizes.size(); ++s) {
-    const int64_t n = sizes[s];
-    if (n < n_prev) {  // rows n … n_prev − 1 ended at the previous step
-      final_c.narrow(0, n, n_prev - n).copy_(c_now.narrow(0, n, n_prev - n));
-      final_h.narrow(0, n, n_prev - n).copy_(h_now.narrow(0, n, n_prev - n));
-      c_now = c_now.narrow(0, 0, n);
-      h_now = h_now.narrow(0, 0, n);
-      n_prev = n;
-    }
-    at::Tensor zs = z.narrow(0, 0, n);
-    at::addmm_out(zs, xw.narrow(0, offset, n), h_now, w_hh);  // gates i, f, o, j
-    at::Tensor c_next = c_pair[s % 2].narrow(0, 0, n);
-    at::Tensor ms = m.narrow(0, 0, n);
-    const float* zp = zs.data_ptr<float>();
-    const float* cp = c_now.data_ptr<float>();
-    float* cn = c_next.data_ptr<float>();
-    float* mp = ms.data_ptr<float>();
-    const float clip = static_cast<float>(cell_clip);
-    at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) { gate_rows(zp, cp, cn, mp, r0, r1, hd, clip); });
-    at::Tensor h_next = out.narrow(0, offset, n);
-    at::mm_out(h_next, ms, w_proj);
-    if (proj_clip > 0) h_next.clamp_(-proj_clip, proj_clip);
-    offset += n;
-    c_now = c_next;
-    h_now = h_next;
-  }
-  final_c.narrow(0, 0, n_prev).copy_(c_now);
-  final_h.narrow(0, 0, n_prev).copy_(h_now);
 }
 
 // Highway: rows' accumulators of one block (16 units: 16 transform + 16 gate columns = two 16-float vectors).
@@ -181,8 +110,8 @@ void highway_rows(const float* xt, const float* x, const float* wp, const float*
 
 }  // namespace
 
-// The same loop with the recurrent product, the gate math and the projection fused, for W_hh packed by unit blocks:
-// w_packed (H/16, P, 64), block b and input k holding the i, f, o, j columns of units 16b … 16b + 15 (16 each); needs
+// One direction's steps (the loop of elmokit.modules.lstm._direction_steps) with the recurrent product, the gate
+// math and the projection fused, for W_hh packed by unit blocks: w_packed (H/16, P, 64), block b and input k holding the i, f, o, j columns of units 16b … 16b + 15 (16 each); needs
 // H and P multiples of 16. One OpenMP team (torch's threads) runs the whole loop: each thread owns a range of unit
 // blocks (its share of W_hh and of W_proj's rows stays in its core's L2 across the steps), computes their gates and
 // cell state, and a partial projection over its units; after one barrier per step every thread sums the partials
@@ -290,26 +219,24 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
 }
 
 // Both directions of one layer: x (2, N, P), sizes (running rows per step, all > 0), c (2, B, H), h (2, B, P),
-// w_ih (2, P, 4H), bias (2, 4H), w_hh (2, P, 4H) (gate columns i, f, o, j), w_proj (2, H, P), all float32 and
-// contiguous → (out (2, N, P), final c (2, B, H), final h (2, B, P)); as elmokit.modules.lstm._steps_by_direction;
+// w_ih (2, P, 4H), bias (2, 4H) (gate columns i, f, o, j; each direction's slice contiguous), w_hh (2, H/16, P, 64)
+// from native.pack_lstm, w_proj (2, H, P), all float32 → (out (2, N, P), final c (2, B, H), final h (2, B, P)); as elmokit.modules.lstm._steps_by_direction;
 // nothing (an empty list) when x, c or h hold inf or NaN.
 std::vector<at::Tensor> lstm_layer(const at::Tensor& x, const std::vector<int64_t>& sizes, const at::Tensor& c,
                                    const at::Tensor& h, const at::Tensor& w_ih, const at::Tensor& bias,
                                    const at::Tensor& w_hh, const at::Tensor& w_proj, double cell_clip,
                                    double proj_clip) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 3 && x.size(0) == 2, "lstm_layer: x must be (2, N, P) float32");
+  TORCH_CHECK(w_hh.dim() == 4 && w_hh.size(3) == 64 && w_hh.size(1) * 16 == c.size(2) && h.size(2) % 16 == 0,
+              "lstm_layer: w_hh must be packed by native.pack_lstm (H and P multiples of 16)");
   if (!all_finite(x) || !all_finite(c) || !all_finite(h)) return {};  // inf or NaN: the caller's ATen path
   at::Tensor out = at::empty({2, x.size(1), w_proj.size(2)}, x.options());
   at::Tensor final_c = at::empty_like(c);
   at::Tensor final_h = at::empty_like(h);
   for (int64_t d = 0; d < 2; ++d) {
     at::Tensor xw = at::addmm(bias[d], x[d], w_ih[d]);  // (N, 4H): every step's input contribution in one GEMM
-    if (w_hh.dim() == 4)  // packed by unit blocks (native.pack_lstm)
-      direction_steps_fused(xw, sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d], cell_clip,
-                            proj_clip, out[d], final_c[d], final_h[d]);
-    else
-      direction_steps(xw, sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d], cell_clip, proj_clip,
-                      out[d], final_c[d], final_h[d]);
+    direction_steps_fused(xw, sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d], cell_clip,
+                          proj_clip, out[d], final_c[d], final_h[d]);
   }
   return {out, final_c, final_h};
 }
