@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from elmokit.threads import default_threads  # (imports elmokit before torch: its OpenMP wait setting applies)
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "coarsewsd-20"
 RESULTS = ROOT / "experiments" / "results"
@@ -49,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DATA, help="CoarseWSD-20 folder (default: %(default)s)")
     parser.add_argument("--model", default="elmokit-en", help="biLM (default: %(default)s)")
     parser.add_argument("--context", type=int, default=30, help="tokens kept on each side (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=default_threads(),
+                        help="torch threads (default: %(default)s, elmokit's default; the README's tables were made "
+                             "with --threads 1, which repeats them exactly)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: %(default)s)")
     parser.add_argument("--words", default=None, help="comma-separated subset (default: all 20)")
     args = parser.parse_args(argv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import elmokit  # noqa: F401  (before torch: elmokit's OpenMP wait setting, see elmokit.threads, applies here too)
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -4,6 +4,10 @@ Pipeline: tokens → :func:`batch_to_ids` (character ids) → :class:`BiLM` (cha
 backward LSTM stacks) → L+1 layers → :class:`ScalarMix` → downstream tasks. :class:`Elmo` bundles a frozen biLM
 with K mixes behind AllenNLP's signature.
 """
+from . import threads as _threads
+
+_threads.configure_openmp()  # before anything below imports torch (OpenMP reads its settings once, at load)
+
 from .characters import CharVocabulary, batch_to_ids
 from .config import (
     PRESETS,

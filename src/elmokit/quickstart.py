@@ -31,6 +31,7 @@ import json
 import logging
 import re
 import shutil
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ import numpy as np
 from .config import CharCNNConfig, ElmoConfig, LSTMConfig
 from .errors import UsageError
 from .io import atomic_write_text
+from .threads import cpu_share
 
 __all__ = ["run_quickstart", "run_job", "QuickstartJob", "quickstart_job", "LANGUAGES", "DEFAULT_MINUTES",
            "load_lee_corpus", "tokenize", "quickstart_config", "BANK_SENTENCES", "SEPARATION_MARGIN",
@@ -324,6 +326,62 @@ def run_quickstart(out_dir: Path, minutes: float | None = None, seed: int = 0, s
     return run_job(job, out_dir, DEFAULT_MINUTES[lang] if minutes is None else minutes, seed, steps, device)
 
 
+#: Steps of the time probe: warm-up steps (not timed), timed steps, and the share of the first estimate trained before
+#: the step time is measured again over a longer window (see :func:`_steps_for_budget`).
+PROBE_WARMUP, PROBE_STEPS, RETIME_SHARE = 5, 20, 0.25
+#: The machine counts as busy when the timed steps got less than this share of their threads' CPU time
+#: (:class:`elmokit.threads.CpuShare`): on a quiet machine 2-thread training steps get about 0.9-1.0 of it, beside
+#: another 2-thread job about half (README, "Threads and busy machines").
+BUSY_SHARE = 0.75
+
+
+def _steps_for_budget(trainer, minutes: float, steps_per_epoch: int) -> int:
+    """Turn the time budget into a fixed step count and train the first part of it; return the step count (also set
+    as ``trainer.config.max_steps``).
+
+    The step time is the **median** of per-step times, so that a burst of load shorter than half a window does not
+    set the budget: first over :data:`PROBE_STEPS` steps after :data:`PROBE_WARMUP` warm-up steps, then again over
+    the steps up to :data:`RETIME_SHARE` of the first estimate (about a minute); the count is fixed from the second
+    figure (the run is then reproducible from its configuration and step count: ``--steps N``). Warns when the timed
+    steps got less than :data:`BUSY_SHARE` of their threads' CPU time (another process holds the cores) and says what
+    to do. All these steps are part of the training run.
+    """
+    budget = minutes * 60
+    trainer.config.max_steps = PROBE_WARMUP
+    trainer.train()
+    trainer.config.max_steps = PROBE_WARMUP + PROBE_STEPS
+    with cpu_share() as share:
+        trainer.train(resume=True)
+    per_step = statistics.median(trainer.step_seconds)
+    first = max(PROBE_WARMUP + PROBE_STEPS, int(budget / per_step))
+    print(f"training: ~{per_step * 1000:.0f} ms/step (median of {PROBE_STEPS} timed steps) → {first} steps "
+          f"(~{first / steps_per_epoch:.1f} epochs) in the {minutes:g}-minute budget")
+    # the held-out curve: about ten points over the run (each costs one pass over the held-out text), plus step 0 and
+    # the end
+    trainer.config.valid_every = max(10, first // 10)
+    retime_until = int(first * RETIME_SHARE)
+    if retime_until > trainer.step + PROBE_STEPS:
+        trainer.config.max_steps = retime_until
+        with cpu_share() as second:
+            trainer.train(resume=True)
+        share = second if second.share < share.share else share
+        again = statistics.median(trainer.step_seconds)
+        max_steps = max(retime_until, int(budget / again))
+        if abs(max_steps - first) > 0.1 * first:
+            print(f"training: re-timed over {len(trainer.step_seconds)} steps: ~{again * 1000:.0f} ms/step → "
+                  f"{max_steps} steps (~{max_steps / steps_per_epoch:.1f} epochs)")
+    else:
+        max_steps = first
+    if share.share < BUSY_SHARE:
+        print(f"warning: this machine looks busy: the timed steps got {share.share:.0%} of their {share.threads} "
+              f"threads' CPU time (load average {share.load_average:.1f} on {share.cpus} CPUs), so the budget buys "
+              f"fewer steps than a quiet machine would and the model ends weaker. For a fixed amount of training "
+              f"pass --steps (a quiet 2-core machine does about 1,500 in 5 minutes); --threads 1 can be faster while "
+              f"another job holds the cores.")
+    trainer.config.max_steps = max_steps
+    return max_steps
+
+
 def run_job(job: QuickstartJob, out_dir: Path, minutes: float = 5.0, seed: int = 0, steps: int | None = None,
             device: str = "auto") -> dict:
     """The main job's protocol for one :class:`QuickstartJob` (what :func:`run_quickstart` runs): write the split,
@@ -361,23 +419,14 @@ def run_job(job: QuickstartJob, out_dir: Path, minutes: float = 5.0, seed: int =
     )
     trainer = Trainer(config)
     if steps is None:
-        # time budget → steps: time 20 steps after 5 of warm-up, then fix max_steps (the run is then reproducible from
-        # its config and step count). The probe steps are part of the training run.
-        warmup, probe_steps = 5, 20
-        trainer.config.max_steps = warmup
-        trainer.train()
-        trainer.config.max_steps = warmup + probe_steps
-        per_step = trainer.train(resume=True)["loop_seconds"] / probe_steps
-        max_steps = max(warmup + probe_steps, int(minutes * 60 / per_step))
-        print(f"training: ~{per_step * 1000:.0f} ms/step → {max_steps} steps (~{max_steps / steps_per_epoch:.1f} "
-              f"epochs) in the {minutes:g}-minute budget")
+        max_steps = _steps_for_budget(trainer, minutes, steps_per_epoch)
     else:
         max_steps = steps
         print(f"training: {max_steps} steps (~{max_steps / steps_per_epoch:.1f} epochs) as asked")
-    trainer.config.max_steps = max_steps
-    # the held-out curve: about ten points over the run (each costs one pass over the held-out text), plus step 0
-    # and the end
-    trainer.config.valid_every = max(10, max_steps // 10)
+        trainer.config.max_steps = max_steps
+        # the held-out curve: about ten points over the run (each costs one pass over the held-out text), plus step
+        # 0 and the end
+        trainer.config.valid_every = max(10, max_steps // 10)
     summary = trainer.train(resume=trainer.step > 0)
     lm = load_lm(summary["model_dir"])
 

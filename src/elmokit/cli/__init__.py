@@ -26,7 +26,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 
-from .. import interrupts
+from .. import interrupts, threads
 from ..allocator import keep_freed_memory
 from ..errors import ElmoError, exit_status
 
@@ -189,6 +189,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         with interrupts.handling_signals():
             keep_freed_memory()  # freed large blocks are reused, not page-faulted in again (see elmokit.allocator)
+            if getattr(args, "uses_threads", False):  # computing commands: --threads (default: elmokit.threads)
+                threads.set_threads(args.threads or threads.default_threads())
             status = int(args.func(args) or 0)
             _flush_stdout()
     except BrokenPipeError:  # e.g. `elmokit score ... | head`: the reader left; nothing to report

@@ -16,12 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import threads
 from ..errors import MissingFileError, UsageError
 
 __all__ = [
     "positive_int", "int_at_least", "non_negative_int", "positive_float", "probability", "seed", "path_arg",
     "text_arg", "check_input_file", "check_model", "check_output_file", "resolve_cli_device", "read_options_json",
-    "print_json_line", "DEVICE_HELP", "DECODE_CHOICES", "RELEASED_HELP",
+    "print_json_line", "DEVICE_HELP", "DECODE_CHOICES", "RELEASED_HELP", "add_threads_option",
 ]
 
 #: ``--decode-errors`` values (see :func:`elmokit.data.corpus.read_lines`).
@@ -46,6 +47,22 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
+
+
+def add_threads_option(p: argparse.ArgumentParser, default: int | None = None, note: str = "") -> None:
+    """Add ``--threads N`` (torch intra-op threads for the command; the CLI's main sets them before the command
+    runs) to a computing command. ``default`` None: :func:`elmokit.threads.default_threads` (``ELMOKIT_THREADS``,
+    else the CPUs this process may use), shown in ``--help``."""
+    shown = default
+    if shown is None:
+        try:
+            shown = threads.default_threads()
+        except UsageError:  # a bad ELMOKIT_THREADS: reported as a one-line error when the command runs
+            shown = None
+    p.add_argument("--threads", type=positive_int, default=shown, metavar="N",
+                   help=f"torch threads for the computation (default: {shown or '$ELMOKIT_THREADS'}{note}; see the "
+                        "README, \"Threads and busy machines\")")
+    p.set_defaults(uses_threads=True)
 
 
 def int_at_least(minimum: int):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from .. import embed_output
 from ..errors import UsageError
-from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, check_input_file, check_model, check_output_file,
-                     model_folder, path_arg, positive_int, resolve_cli_device, text_arg)
+from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
+                     check_output_file, model_folder, path_arg, positive_int, resolve_cli_device, text_arg)
 
 __all__ = ["register", "cmd_embed"]
 
@@ -169,4 +169,5 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                    help="invalid UTF-8 in the input: stop naming the file and line (strict), replace or ignore the "
                         "bad bytes, or skip the line (its dataset is then empty) (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
+    add_threads_option(p)
     p.set_defaults(func=cmd_embed, interrupted_note=embed_interrupted_note)

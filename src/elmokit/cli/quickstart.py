@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import DEVICE_HELP, path_arg, positive_float, positive_int, resolve_cli_device, seed, text_arg
+from .common import (DEVICE_HELP, add_threads_option, path_arg, positive_float, positive_int, resolve_cli_device, seed,
+                     text_arg)
 
 __all__ = ["register", "cmd_quickstart", "DEFAULT_OUT_DIRS"]
 
@@ -61,4 +62,5 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                    help="train exactly this many steps, the same training on any machine (default: from --minutes)")
     p.add_argument("--seed", type=seed, default=0, help="data order, initialisation, dropout (default: %(default)s)")
     p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
+    add_threads_option(p)
     p.set_defaults(func=cmd_quickstart, interrupted_note=quickstart_interrupted_note)

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 from ..errors import DataError, InputError, UsageError
-from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, check_input_file, check_model, check_output_file,
-                     model_folder, non_negative_int, path_arg, positive_int, resolve_cli_device, text_arg)
+from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
+                     check_output_file, model_folder, non_negative_int, path_arg, positive_int, resolve_cli_device,
+                     text_arg)
 
 __all__ = ["register", "cmd_similar"]
 
@@ -306,6 +307,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per forward pass "
                                                                          "(default: %(default)s)")
     p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
+    add_threads_option(p)
     p.set_defaults(func=_cmd, interrupted_note=lambda args: "nothing was written")
 
 

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 from ..errors import DataError, UsageError
-from .common import DEVICE_HELP, check_input_file, path_arg, positive_int, print_json_line, resolve_cli_device, seed
+from .common import (DEVICE_HELP, add_threads_option, check_input_file, path_arg, positive_int, print_json_line,
+                     resolve_cli_device, seed)
 
 __all__ = ["register", "cmd_train", "cmd_predict", "cmd_evaluate"]
 
@@ -191,6 +192,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         p.add_argument("--unseen-labels", choices=("error", "wrong"), default="error", help=unseen_help)
         p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
         p.add_argument("--json", action="store_true", help="print the results as one JSON line (default: text)")
+        add_threads_option(p)
         p.set_defaults(func=cmd_train, interrupted_note=_train_note)
 
         p = tsub.add_parser("predict", parents=parents, help=f"apply a trained {what} to new text",
@@ -206,6 +208,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         p.add_argument("--output", type=path_arg, default=None, help="write here instead of stdout (default: stdout)")
         p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per batch (default: 64)")
         p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
+        add_threads_option(p)
         p.set_defaults(func=cmd_predict)
 
         p = tsub.add_parser("evaluate", parents=parents, help=f"score a trained {what} on a labelled file",
@@ -218,4 +221,5 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         p.add_argument("--unseen-labels", choices=("error", "wrong"), default="error", help=unseen_help)
         p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per batch (default: 64)")
         p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
+        add_threads_option(p)
         p.set_defaults(func=cmd_evaluate)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from .. import interrupts
 from ..errors import ConfigError, DataError, ElmoError, MissingFileError, UsageError
-from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, check_input_file, check_model, int_at_least,
-                     non_negative_int, path_arg, positive_float, positive_int, print_json_line, probability,
-                     read_options_json, resolve_cli_device, seed, text_arg)
+from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
+                     int_at_least, non_negative_int, path_arg, positive_float, positive_int, print_json_line,
+                     probability, read_options_json, resolve_cli_device, seed, text_arg)
 
 __all__ = ["register", "cmd_train", "cmd_perplexity", "cmd_score", "OPTION_FIELDS"]
 
@@ -352,6 +352,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("--decode-errors", choices=DECODE_CHOICES, default=None,
                    help="invalid UTF-8 in the corpus: stop naming the file and line (strict), or replace, ignore "
                         f"or skip {d('decode_errors')}")
+    add_threads_option(p)
     p.set_defaults(func=cmd_train, _parser=p, interrupted_note=train_interrupted_note)
 
     p = sub.add_parser("perplexity", parents=parents,
@@ -360,6 +361,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                                    "plus one boundary (</S> forward, <S> backward); unknown words count as <UNK>; "
                                    "blank lines are skipped.")
     _add_lm_file_args(p)
+    add_threads_option(p)
     p.set_defaults(func=cmd_perplexity)
 
     p = sub.add_parser("score", parents=parents,
@@ -368,4 +370,5 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                                    "sentence, words, logprob_forward = log p(w1 … wn </S>), logprob_backward = "
                                    "log p(<S> w1 … wn) read right to left, in nats, full softmax.")
     _add_lm_file_args(p)
+    add_threads_option(p)
     p.set_defaults(func=cmd_score)

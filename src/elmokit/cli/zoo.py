@@ -5,7 +5,8 @@ import argparse
 import json
 
 from ..errors import UsageError
-from .common import path_arg
+from ..zoo.build import THREADS
+from .common import add_threads_option, path_arg
 
 __all__ = ["register", "cmd_zoo_build", "cmd_zoo_list"]
 
@@ -17,7 +18,7 @@ def cmd_zoo_build(args: argparse.Namespace) -> int:
     if args.overwrite and args.resume:
         raise UsageError("--overwrite rebuilds from scratch and --resume continues the build: give one of them")
     card = build_model(args.lang, args.data_dir, args.cache, overwrite=args.overwrite, resume=args.resume,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, threads=args.threads)
     folder = model_dir(args.lang, args.cache)
     h = card["figures"]["heldout"]
     t = card["figures"]["training"]
@@ -89,6 +90,8 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                    help="continue an interrupted build (the corpus and word2vec are kept when intact, training "
                         "resumes from its latest checkpoint) (default: start a new build)")
     p.add_argument("--no-progress", action="store_true", help="no training progress bar (default: shown)")
+    add_threads_option(p, default=THREADS,
+                       note=": the recipe's; a rebuild repeats bit-exactly on the same thread count")
     p.set_defaults(func=cmd_zoo_build, interrupted_note=_interrupted_note)
 
     p = zsub.add_parser("list", parents=parents, help="the zoo models: built or not, where, their figures")

@@ -296,6 +296,8 @@ class Trainer:
         self.init_softmax_kept = False
         self.sampler = torch.Generator().manual_seed(config.seed + 1)
         self.step = 0
+        #: wall seconds of each step (draw, forward, backward, update) of the latest :meth:`train` call, in order
+        self.step_seconds: list[float] = []
         self.lstm_states: dict[int, Any] = {}
         self.best: dict[str, Any] | None = None  # the held-out record of the best model (in best/)
         self._ddp = None
@@ -826,6 +828,7 @@ class Trainer:
         mid_step = False
         interval = c.valid_interval if self.valid is not None else None
         loop_seconds = 0.0
+        self.step_seconds = []
         try:
             # the per-step seeds reseed the global RNG: the caller's RNG state is given back at the end
             with torch.random.fork_rng(devices=rng_devices):
@@ -839,12 +842,14 @@ class Trainer:
                     # Ctrl-C/SIGTERM: the signal is acted on at the end of the step, with the state consistent
                     with interrupts.deferred():
                         mid_step = True
+                        step_start = time.perf_counter()
                         # test max_steps before drawing: a batch drawn and not trained on would be skipped on resume
                         batch = self.next_batch()
                         if batch is None:
                             mid_step = False
                             break
                         result = self.train_step(batch)
+                        self.step_seconds.append(time.perf_counter() - step_start)
                         self._write_digest()
                         tokens_seen += result.tokens
                         last_loss = result.loss

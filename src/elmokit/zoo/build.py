@@ -411,7 +411,7 @@ def _apply_overrides(spec: ZooSpec, overrides: dict | None) -> tuple[ZooSpec, di
 
 def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str | os.PathLike | None = None, *,
                 overwrite: bool = False, resume: bool = False, progress: bool = True,
-                overrides: dict | None = None) -> dict:
+                overrides: dict | None = None, threads: int = THREADS) -> dict:
     """Build a zoo model from scratch (or continue an interrupted build) into :func:`model_dir` and return its card.
 
     Args:
@@ -423,11 +423,13 @@ def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str
         resume: continue a build: a corpus and word2vec vectors that match their records are kept, the biLM run
             continues from its newest checkpoint (bit-exactly, see :mod:`elmokit.pretraining.trainer`).
         progress: show the training progress bar.
+        threads: torch threads for the build (default :data:`THREADS`, the recipe's: a rebuild repeats the card's
+            figures bit-exactly only on the same thread count; the card records it).
         overrides: **tests only** — ``{"model": options, "train": {TrainConfig fields}, "valid_points": n,
             "wikitext": bool, "wikitext_file": path, "corpus": {build_corpus options}, "word2vec": {settings}}``. The
             card records them and says that the model is not the zoo recipe.
 
-    The steps and files are in the module docstring. Torch runs on :data:`THREADS` threads during the build (the
+    The steps and files are in the module docstring. Torch runs on ``threads`` threads during the build (the
     caller's setting is restored).
 
     Returns:
@@ -489,7 +491,7 @@ def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str
                          **spec.train)
     load_before = _loadavg()
     t0 = time.perf_counter()
-    with _Threads(THREADS):
+    with _Threads(threads):
         trainer = build_trainer(config)
         summary = trainer.train(resume=True) if resume else trainer.train(overwrite=True)
     timing["bilm_seconds"] = round(time.perf_counter() - t0, 1)
@@ -501,7 +503,7 @@ def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str
     lm = load_lm(run_dir / "model")
     valid = _valid_records(run_dir / "metrics.jsonl")
     final = next((r for r in reversed(valid) if r["step"] == summary["steps"]), None)
-    with _Threads(THREADS):
+    with _Threads(threads):
         if final is None:  # (only when the metrics were lost) measure it again
             ppl = evaluate_perplexity(lm, held)
         else:
@@ -583,7 +585,7 @@ def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str
             "leak_check": manifest["leak_check"], "limit": manifest.get("limit"),
             "corpus_reused": corpus_reused,
         },
-        "configuration": {"model": spec.model, "train": train_cfg, "torch_threads": THREADS,
+        "configuration": {"model": spec.model, "train": train_cfg, "torch_threads": threads,
                           "valid_every": config.valid_every, "why": spec.why,
                           "word2vec": {**WORD2VEC_SETTINGS, **w2v_settings}},
         "tokenizer": _tokenizer_info(spec, manifest),
