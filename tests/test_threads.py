@@ -61,8 +61,12 @@ def test_spawned_children_inherit_the_setting():
 
 def test_default_threads_from_the_environment_and_affinity(monkeypatch):
     monkeypatch.delenv("ELMOKIT_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "_cgroup_cpu_limit", lambda: None)
     assert threads.default_threads() == len(os.sched_getaffinity(0))
+    for omp, expected in (("1", 1), ("3,2", 3), ("", len(os.sched_getaffinity(0))), ("x", len(os.sched_getaffinity(0)))):
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        assert threads.default_threads() == expected  # what torch would use, as before --threads existed
     monkeypatch.setenv("ELMOKIT_THREADS", "3")
     assert threads.default_threads() == 3
     for bad in ("0", "-1", "two", "1.5"):
@@ -120,11 +124,9 @@ def test_threads_is_applied_before_the_command_runs(monkeypatch):
     from elmokit.cli import train as cli_train
 
     monkeypatch.setattr(cli_train, "cmd_perplexity", lambda args: seen.append(torch.get_num_threads()) or 0)
-    try:
-        assert main(["perplexity", "m", "t.txt", "--threads", "3"]) == 0
-    finally:
-        torch.set_num_threads(before)
+    assert main(["perplexity", "m", "t.txt", "--threads", "3"]) == 0
     assert seen == [3]
+    assert torch.get_num_threads() == before  # restored: tests and scripts call main() in-process
 
 
 def test_a_bad_elmokit_threads_is_one_line_usage_error(monkeypatch, capsys):

@@ -34,7 +34,7 @@ from pathlib import Path
 from .errors import UsageError
 
 __all__ = ["SPIN_COUNT", "configure_openmp", "openmp_settings", "available_cpus", "default_threads", "set_threads",
-           "CpuShare", "cpu_share"]
+           "using_threads", "CpuShare", "cpu_share"]
 
 #: ``GOMP_SPINCOUNT`` elmokit sets when the user set neither it nor ``OMP_WAIT_POLICY`` (libgomp's own default is
 #: 300,000). Chosen with ``bench/contention.py`` (README, "Threads and busy machines").
@@ -101,14 +101,15 @@ def available_cpus() -> int:
 
 def default_threads() -> int:
     """The torch thread count every ``elmokit`` command uses unless given ``--threads``: ``ELMOKIT_THREADS`` when
-    set, else :func:`available_cpus`.
+    set, else ``OMP_NUM_THREADS`` (what torch itself would use; its first entry), else :func:`available_cpus`.
 
     Raises:
         UsageError: ``ELMOKIT_THREADS`` is not an integer >= 1 (the message names the variable and its value).
     """
     text = os.environ.get("ELMOKIT_THREADS")
     if text is None or not text.strip():
-        return available_cpus()
+        omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # OpenMP's list form: the first level
+        return int(omp) if omp.isdigit() and int(omp) >= 1 else available_cpus()
     try:
         value = int(text)
     except ValueError:
@@ -129,6 +130,24 @@ def set_threads(n: int) -> None:
     import torch  # lazy: this module is imported before torch, so that configure_openmp comes first
 
     torch.set_num_threads(n)
+
+
+@contextlib.contextmanager
+def using_threads(n: int) -> Iterator[None]:
+    """Run the block on ``n`` torch intra-op threads and restore the previous count afterwards (the CLI's ``main``
+    runs each command so, since tests and scripts call it in-process).
+
+    Raises:
+        UsageError: ``n`` is not an int >= 1.
+    """
+    import torch  # lazy: see set_threads
+
+    previous = torch.get_num_threads()
+    set_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 @dataclass

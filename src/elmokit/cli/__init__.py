@@ -189,9 +189,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         with interrupts.handling_signals():
             keep_freed_memory()  # freed large blocks are reused, not page-faulted in again (see elmokit.allocator)
-            if getattr(args, "uses_threads", False):  # computing commands: --threads (default: elmokit.threads)
-                threads.set_threads(args.threads or threads.default_threads())
-            status = int(args.func(args) or 0)
+            with contextlib.ExitStack() as stack:
+                if getattr(args, "uses_threads", False):  # computing commands: --threads (default: elmokit.threads)
+                    stack.enter_context(threads.using_threads(args.threads or threads.default_threads()))
+                status = int(args.func(args) or 0)
             _flush_stdout()
     except BrokenPipeError:  # e.g. `elmokit score ... | head`: the reader left; nothing to report
         _silence_stdout()
