@@ -224,9 +224,12 @@ def test_huge_and_non_finite_inputs_give_the_fallback_values(kernels, monkeypatc
     got = run()
     _no_native(monkeypatch)
     want = run()
+    # relative as well as absolute: the 1e6 case carries values near 1e4 through the highway, where float32 rounds
+    # by ~1e-3 (a fresh machine of this kind differed by 0.0078 = 4.9e-7 relative against ATen's different code
+    # path); 1e-5 relative is ~80 float32 ulps, still far below any saturation or NaN bug this test is for
     for (g_hw, g_lstm), (w_hw, w_lstm) in zip(got, want):
-        torch.testing.assert_close(g_hw, w_hw, atol=2e-6, rtol=0, equal_nan=True)
-        torch.testing.assert_close(g_lstm, w_lstm, atol=2e-6, rtol=0, equal_nan=True)
+        torch.testing.assert_close(g_hw, w_hw, atol=2e-6, rtol=1e-5, equal_nan=True)
+        torch.testing.assert_close(g_lstm, w_lstm, atol=2e-6, rtol=1e-5, equal_nan=True)
     assert not bool(torch.isnan(got[0][0]).any()) and not bool(torch.isnan(got[0][1]).any())  # 1e6: saturated
     assert bool(torch.isnan(got[3][1]).any())  # NaN in: NaN out, as ATen
 

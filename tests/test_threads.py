@@ -64,7 +64,8 @@ def test_default_threads_from_the_environment_and_affinity(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "_cgroup_cpu_limit", lambda: None)
     assert threads.default_threads() == len(os.sched_getaffinity(0))
-    for omp, expected in (("1", 1), ("3,2", 3), ("", len(os.sched_getaffinity(0))), ("x", len(os.sched_getaffinity(0)))):
+    cpus = len(os.sched_getaffinity(0))
+    for omp, expected in (("1", 1), ("3,2", 3), ("", cpus), ("x", cpus)):
         monkeypatch.setenv("OMP_NUM_THREADS", omp)
         assert threads.default_threads() == expected  # what torch would use, as before --threads existed
     monkeypatch.setenv("ELMOKIT_THREADS", "3")
