@@ -55,6 +55,16 @@ def test_tag_train_predict_evaluate(setup, tmp_path, capsys):
     assert status == 0, err
     assert [line.split("\t")[0] for line in (tmp_path / "tags.txt").read_text().split()[::2]] == \
         ["the", "dog", "sat", "."]
+    # an existing --output (here the input itself, then the earlier output) is not replaced without --overwrite
+    status, out, err = run(capsys, "tag", "predict", tmp_path / "m", tmp_path / "raw.txt", "--output",
+                           tmp_path / "raw.txt", "--overwrite")
+    assert status == 2 and "is the input" in err and (tmp_path / "raw.txt").read_text() == "the dog sat.\n"
+    status, out, err = run(capsys, "tag", "predict", tmp_path / "m", tmp_path / "in.txt", "--output",
+                           tmp_path / "tags.txt")
+    assert status == 2 and "already exists: pass --overwrite" in err
+    status, out, err = run(capsys, "tag", "predict", tmp_path / "m", tmp_path / "in.txt", "--output",
+                           tmp_path / "tags.txt", "--overwrite")
+    assert status == 0 and (tmp_path / "tags.txt").read_text().split()[::2][:2] == ["the", "cat"]
     status, out, err = run(capsys, "tag", "evaluate", tmp_path / "m", setup / "ner.dev")
     assert status == 0, err
     result = json.loads(out)
@@ -106,3 +116,12 @@ def test_cli_bad_inputs(setup, tmp_path, capsys):
     assert status == 2 and "no such folder" in err
     status, out, err = run(capsys, "tag", "train", tmp_path / "nothing.toml")
     assert status == 2 and "no such file" in err
+
+
+def test_task_train_refuses_a_model_folder_another_process_writes(setup, tmp_path, capsys):
+    from test_writers import holding
+
+    with holding(tmp_path / "m") as holder:
+        status, out, err = run(capsys, "tag", "train", setup / "ner.toml", "--out", tmp_path / "m", "--overwrite")
+    assert status == 1 and "is in use" in err and f"pid {holder.pid}" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "m" / "task.json").exists()

@@ -20,6 +20,7 @@ from elmokit import embed_output
 from elmokit.cli import main as cli_main
 from elmokit.embed_output import open_embeddings, sentence_key
 from elmokit.errors import UsageError
+from elmokit.io import LOCK_NAME
 from elmokit.pooling import masked_max, masked_mean, parse_layers
 from elmokit.weights.native import save_pretrained
 from helpers import fixture_dir, fixture_model, tiny_random_bilm
@@ -379,13 +380,15 @@ def test_resume_after_ctrl_c_continues_from_the_finished_parts(bilm, tmp_path, m
     assert emb.embed_file(src, out, format="hdf5", part_size=5, progress=False, resume=True, batch_size=3) == 24
     assert read == [2, 3, 4] and not folder.exists()
     _assert_same(_read_all(out), reference)
-    # a changed input is refused
+    # a changed input is refused (the finished output is replaced only with overwrite=True)
     monkeypatch.setattr(embed_output, "_probe", interrupt_after_part_1)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(UsageError, match="already exists: pass --overwrite"):
         emb.embed_file(src, out, format="hdf5", part_size=5, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        emb.embed_file(src, out, format="hdf5", part_size=5, progress=False, overwrite=True)
     _write(src, LINES * 2 + ["one more"])
     with pytest.raises(UsageError, match="not the file the interrupted run read"):
-        emb.embed_file(src, out, format="hdf5", part_size=5, progress=False, resume=True)
+        emb.embed_file(src, out, format="hdf5", part_size=5, progress=False, resume=True, overwrite=True)
 
 
 def _env(**extra: str) -> dict:
@@ -404,13 +407,15 @@ def test_resume_after_kill_9_gives_the_uninterrupted_output(bilm, tmp_path):
     first = subprocess.run(cmd, env=_env(ELMOKIT_TEST_EMBED_KILL_AT="before_rename:1"), capture_output=True)
     assert first.returncode == -9, first.stderr.decode()
     folder = tmp_path / "out.h5.parts"
-    names = sorted(p.name for p in folder.iterdir())
+    assert (folder / LOCK_NAME).is_file()  # the killed run's writer lock is left, unlocked: it does not block
+    names = sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)
     assert names[1:] == ["index.json", "part-000000.hdf5"] and names[0].startswith(".part-000001.hdf5.")
     assert not out.exists()
     second = subprocess.run(cmd + ["--resume"], env=_env(ELMOKIT_TEST_EMBED_KILL_AT="after_part:3"),
                             capture_output=True)
     assert second.returncode == -9, second.stderr.decode()
-    assert sorted(p.name for p in folder.iterdir()) == ["index.json"] + [f"part-00000{k}.hdf5" for k in range(4)]
+    assert sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME) == ["index.json"] + [
+        f"part-00000{k}.hdf5" for k in range(4)]
     third = subprocess.run(cmd + ["--resume"], env=_env(), capture_output=True)
     assert third.returncode == 0, third.stderr.decode()
     assert not folder.exists()
@@ -467,7 +472,9 @@ def test_parts_folder_rules(bilm, tmp_path):
     emb.embed_file(src, out, format="parts", part_size=5, progress=False)
     index = json.loads((out / "index.json").read_text())
     assert index["complete"] and index["part_files"] == ["part-000000.hdf5", "part-000001.hdf5", "part-000002.hdf5"]
-    emb.embed_file(src, out, format="parts", part_size=4, progress=False)  # a finished output is replaced
+    with pytest.raises(UsageError, match="already holds finished embeddings: pass --overwrite"):
+        emb.embed_file(src, out, format="parts", part_size=4, progress=False)
+    emb.embed_file(src, out, format="parts", part_size=4, progress=False, overwrite=True)  # replaced, as asked
     assert len(json.loads((out / "index.json").read_text())["part_files"]) == 3
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")

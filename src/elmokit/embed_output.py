@@ -54,7 +54,7 @@ import numpy as np
 
 from . import interrupts
 from .errors import ElmoError, MissingFileError, UsageError
-from .io import atomic_path, atomic_write_text
+from .io import LOCK_NAME, atomic_path, atomic_write_text, lock_folder
 
 __all__ = ["EmbedJob", "EmbedWorkerError", "EmbeddingReader", "open_embeddings", "sentence_key", "make_tokenizer",
            "work_folder", "FORMATS", "TOKENIZERS"]
@@ -426,7 +426,8 @@ class EmbedJob:
     def __init__(self, embedder, input_path, output_path, *, layers="all", batch_size=None, progress=True,
                  decode_errors="strict", format="allennlp", pool="none", keep_sentence_boundaries=False,
                  dtype="float32", use_sentence_keys=False, forget_sentences=False, tokenizer="whitespace",
-                 resume=False, workers=1, worker_threads=1, part_size=10000, model_name=None) -> None:
+                 resume=False, workers=1, worker_threads=1, part_size=10000, model_name=None,
+                 overwrite=False) -> None:
         from .embedding import _positive_int
 
         self.embedder = embedder
@@ -442,12 +443,13 @@ class EmbedJob:
         self.worker_threads = _positive_int("worker_threads", worker_threads)
         self.part_size = _positive_int("part_size", part_size)
         for name, value in (("use_sentence_keys", use_sentence_keys), ("forget_sentences", forget_sentences),
-                            ("resume", resume), ("progress", progress)):
+                            ("resume", resume), ("progress", progress), ("overwrite", overwrite)):
             if not isinstance(value, bool):
                 raise UsageError(f"{name} must be True or False, got {value!r}")
         self.decode_errors, self.format, self.tokenizer = decode_errors, format, tokenizer
         self.use_sentence_keys, self.forget_sentences = use_sentence_keys, forget_sentences
         self.resume, self.progress, self.model_name = resume, progress, model_name
+        self.overwrite = overwrite
         self.input_path, self.output_path = Path(input_path), Path(output_path)
         self.folder = work_folder(self.output_path, format)
         self.skipped_lines: list[int] = []
@@ -468,6 +470,9 @@ class EmbedJob:
         else:
             if out.is_dir():
                 raise UsageError(f"the output {out} is a folder; give the HDF5 file to write")
+            if out.exists() and not self.overwrite:
+                raise UsageError(f"the output {out} already exists: pass --overwrite (overwrite=True) to replace it, "
+                                 "or choose another output path")
             if self.folder.exists() and not self.folder.is_dir():
                 raise UsageError(f"{self.folder} is a file: it is where the parts of {out} go; move it away")
         if self.folder.resolve() == inp.resolve().parent:
@@ -482,7 +487,13 @@ class EmbedJob:
 
     # -------------------------------------------------------------------- the work folder
     def _ours(self, name: str) -> bool:
-        return name == INDEX_NAME or bool(_PART_RE.match(name) or _TMP_RE.match(name))
+        return name in (INDEX_NAME, LOCK_NAME) or bool(_PART_RE.match(name) or _TMP_RE.match(name))
+
+    def _clear_folder(self) -> None:
+        """Delete the run's files from the work folder (not the writer lock it holds)."""
+        for p in self.folder.iterdir():
+            if p.name != LOCK_NAME:
+                p.unlink()
 
     def _prepare_folder(self, scan: InputScan, fingerprint: str) -> set[int]:
         """Create or check the work folder; return the part numbers already finished."""
@@ -503,13 +514,18 @@ class EmbedJob:
                     existing = json.loads(index_path.read_text(encoding="utf-8"))
                 except (OSError, ValueError):
                     existing = None
+        if existing is not None and self.format == "parts" and existing.get("complete") and not self.resume:
+            if not self.overwrite:
+                raise UsageError(f"the output {folder} already holds finished embeddings: pass --overwrite "
+                                 "(overwrite=True) to replace them, or choose another output folder")
+            self._clear_folder()  # replaced, as asked
+            existing = None
         if existing is not None and not self.resume:
-            if self.format == "parts" and existing.get("complete"):
-                shutil.rmtree(folder)  # a finished output of ours: replaced, as a file would be
-                existing = None
-            else:
+            if not self.overwrite:
                 raise UsageError(f"{folder} holds the parts of an interrupted run: rerun with --resume (resume=True) "
-                                 "to continue it, or delete that folder to start again")
+                                 "to continue it, or with --overwrite (overwrite=True) to start again")
+            self._clear_folder()
+            existing = None
         done: set[int] = set()
         if existing is not None:
             self._check_resumable(existing, wanted)
@@ -524,10 +540,8 @@ class EmbedJob:
         else:
             if self.resume:
                 logger.info("nothing to resume in %s: starting from the beginning", folder)
-            if folder.is_dir():
-                for p in folder.iterdir():
-                    p.unlink()
             folder.mkdir(parents=True, exist_ok=True)
+            self._clear_folder()
         atomic_write_text(index_path, json.dumps(wanted, indent=1, ensure_ascii=False))
         return done
 
@@ -562,7 +576,24 @@ class EmbedJob:
 
     # -------------------------------------------------------------------- run
     def run(self) -> int:
-        """Embed every missing part, then finalise (merge or index). Returns the number of lines."""
+        """Embed every missing part, then finalise (merge or index). Returns the number of lines.
+
+        Process 0 holds the work folder's writer lock (:func:`elmokit.io.lock_folder`) from before it looks at the
+        folder to the end, so a second run into the same output is refused (:class:`~elmokit.errors.FolderInUseError`,
+        naming this process) instead of mixing or deleting this run's parts."""
+        self._lock = None
+        try:
+            return self._run()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def _lock_and_prepare(self, scan: InputScan, fingerprint: str) -> set[int]:
+        self._lock = lock_folder(self.folder, "parts folder")  # creates the folder when missing
+        return self._prepare_folder(scan, fingerprint)
+
+    def _run(self) -> int:
         scan = scan_input(self.input_path, self.decode_errors, self.part_size)
         self.skipped_lines = scan.skipped
         if scan.skipped:
@@ -572,10 +603,10 @@ class EmbedJob:
         rank, world = torchrun_rank()
         fingerprint = model_fingerprint(self.embedder.bilm)
         if world == 1:
-            done = self._prepare_folder(scan, fingerprint)
+            done = self._lock_and_prepare(scan, fingerprint)
         else:  # process 0 prepares (or checks, for --resume) the folder; then every process takes every world-th part
             group = _RankGroup(world)
-            done = group.on_main(rank, lambda: self._prepare_folder(scan, fingerprint)) or set()
+            done = group.on_main(rank, lambda: self._lock_and_prepare(scan, fingerprint)) or set()
             if rank != 0:
                 done = {k for k in range(scan.parts) if (self.folder / part_name(k)).is_file()
                         and self._part_ok(self.folder / part_name(k), k, scan)}

@@ -311,7 +311,7 @@ class Embedder:
                    format: str = "allennlp", pool: str = "none", keep_sentence_boundaries: bool = False,
                    dtype: str = "float32", use_sentence_keys: bool = False, forget_sentences: bool = False,
                    tokenizer: str = "whitespace", resume: bool = False, workers: int = 1, worker_threads: int = 1,
-                   part_size: int = 10000, model_name: str | None = None) -> int:
+                   part_size: int = 10000, model_name: str | None = None, overwrite: bool = False) -> int:
         """Embed a text file, one sentence per line (UTF-8 whatever the locale), into HDF5, in constant memory.
 
         The work is written in parts of ``part_size`` lines, each finalised atomically; an interrupted call
@@ -342,11 +342,17 @@ class Embedder:
         out — its dataset is then a zero-length array and it has no sentence entry; the skipped line numbers are
         logged and kept in :attr:`skipped_lines`.
 
+        An existing output (a file, or a ``"parts"`` folder holding finished embeddings) is replaced only with
+        ``overwrite=True``; an interrupted run's parts are continued with ``resume=True`` or discarded with
+        ``overwrite=True``. One writer at a time: the parts folder is locked while the call runs.
+
         Returns the number of lines in the file.
 
         Raises:
-            UsageError: a bad option, ``output_path`` is the input file or the wrong kind of path, an interrupted
-                run's parts are there and ``resume`` is off, or ``resume`` with changed settings or input.
+            UsageError: a bad option, ``output_path`` is the input file or the wrong kind of path, it exists and
+                ``overwrite`` is off, an interrupted run's parts are there and neither ``resume`` nor ``overwrite`` is
+                on, or ``resume`` with changed settings or input.
+            FolderInUseError: another process is writing the same output (names its pid and start time).
             MissingFileError: no input file (or a folder).
             DataError: a line that is not UTF-8 with ``decode_errors="strict"`` (names the file and line).
             EmbedWorkerError: a worker process died (the finished parts are kept for ``resume``).
@@ -358,7 +364,7 @@ class Embedder:
                        keep_sentence_boundaries=keep_sentence_boundaries, dtype=dtype,
                        use_sentence_keys=use_sentence_keys, forget_sentences=forget_sentences, tokenizer=tokenizer,
                        resume=resume, workers=workers, worker_threads=worker_threads, part_size=part_size,
-                       model_name=model_name)
+                       model_name=model_name, overwrite=overwrite)
         total = job.run()
         self.skipped_lines = job.skipped_lines
         return total

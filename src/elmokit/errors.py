@@ -7,7 +7,8 @@ Every error that elmokit raises on purpose is an :class:`ElmoError`; the CLI tur
   (:class:`UsageError`, :class:`ConfigError`, :class:`InputError`, :class:`MissingFileError`; argparse's own errors).
 * **1 — failure**: the call was right but could not be completed: a damaged or mismatched file
   (:class:`WeightsError`, :class:`CheckpointError`, :class:`DataError`), a training run that cannot go on
-  (``TrainingError``), or an operating-system error (disk full, permission denied).
+  (``TrainingError``), a folder another process is writing (:class:`FolderInUseError`), or an operating-system error
+  (disk full, permission denied).
 
 Anything else reaching the CLI is a bug: it exits 1 with ``internal error … rerun with -v`` (traceback under ``-v``).
 """
@@ -22,6 +23,7 @@ __all__ = [
     "WeightsError",
     "CheckpointError",
     "DataError",
+    "FolderInUseError",
     "exit_status",
 ]
 
@@ -68,6 +70,11 @@ class CheckpointError(ElmoError, RuntimeError):
 
 class DataError(ElmoError, ValueError):
     """A corpus, vocabulary or text file's contents are unusable (invalid UTF-8, no sentences, ...; names file:line)."""
+
+
+class FolderInUseError(ElmoError, RuntimeError):
+    """Another live process holds the folder's writer lock (:func:`elmokit.io.lock_folder`): the message names the
+    folder and that process (pid, start time, command). Nothing was written; the call may succeed once it has ended."""
 
 
 def exit_status(exc: BaseException) -> int:

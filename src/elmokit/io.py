@@ -1,16 +1,43 @@
-"""Atomic file writing: write to a temporary name in the same folder, then ``os.replace``.
+"""Writing files so that nothing is lost: atomic files, and one writer per folder.
 
-An interrupted write leaves either the old file or none, never a partial one.
+* Atomic file writing (:func:`atomic_path`): write to a temporary name in the same folder, then ``os.replace``. An
+  interrupted write leaves either the old file or none, never a partial one.
+* One writer per folder (:func:`lock_folder`, :func:`folder_lock`): a command that writes a run or output folder
+  (``train``, ``zoo build``, ``embed``'s parts folder, ``tag|classify train``) first takes an exclusive ``flock`` on
+  :data:`LOCK_NAME` in it. A second writer is refused at once (:class:`~elmokit.errors.FolderInUseError`, naming the
+  holder's pid, start time and command) — also with ``--overwrite`` or ``--resume``, which would otherwise delete or
+  continue the live run's files. The operating system releases the lock when its process ends, however it ends, so a
+  lock left by a killed process (``kill -9``, a crash, a reboot) never blocks.
 """
 from __future__ import annotations
 
 import contextlib
+import datetime
+import json
+import logging
 import os
+import shlex
+import socket
+import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes"]
+from .errors import FolderInUseError, UsageError
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: folders are not locked (see lock_folder)
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "file_sha256", "lock_folder", "folder_lock",
+           "FolderLock", "LOCK_NAME", "check_creatable_folder"]
+
+logger = logging.getLogger(__name__)
+
+#: The lock file a writer holds in its folder (removed when it releases the lock; a killed writer's stays, unlocked).
+LOCK_NAME = ".elmokit.lock"
 
 
 @contextlib.contextmanager
@@ -63,3 +90,162 @@ def file_sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- one writer per folder
+class FolderLock:
+    """The writer lock of one folder, held by this process (see :func:`lock_folder`); :meth:`release` (or leaving the
+    ``with`` block) gives it back. Holding it again in the same process (e.g. the CLI, then the library function it
+    calls) is counted, and only the outermost release gives it back."""
+
+    def __init__(self, folder: Path, key: str, fd: int | None, created: bool) -> None:
+        self.folder = folder
+        self._key = key
+        self._fd = fd
+        self._created = created
+        self._depth = 1
+
+    @property
+    def held(self) -> bool:
+        return self._depth > 0
+
+    def release(self) -> None:
+        """Give the lock back (remove the lock file, then unlock), and remove the folder when this lock created it
+        and it is still empty. Releasing twice does nothing."""
+        if self._depth <= 0:
+            return
+        self._depth -= 1
+        if self._depth > 0:
+            return
+        _HELD.pop(self._key, None)
+        if self._fd is not None:
+            path = self.folder / LOCK_NAME
+            with contextlib.suppress(OSError):
+                mine, there = os.fstat(self._fd), os.stat(path)
+                if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                    path.unlink()  # while still locked: a waiter then finds it gone and starts afresh
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+        if self._created:
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()  # only when empty: nothing was written
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+#: Folders this process holds, by real path.
+_HELD: dict[str, FolderLock] = {}
+
+
+def check_creatable_folder(folder: str | os.PathLike, what: str) -> None:
+    """Raise :class:`~elmokit.errors.UsageError` when ``folder`` is a file or cannot be created because a path above it
+    is a file (e.g. ``--out-dir corpus.txt/run``); the message names ``what`` (e.g. ``"--out-dir"``) and that file."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{what} {folder} is a file: give a folder (it is created if missing)")
+    for parent in folder.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{what} {folder} cannot be created: {parent} is a file, not a folder")
+            break
+
+
+def _holder_record() -> dict[str, Any]:
+    argv = list(sys.argv) or ["?"]
+    name = Path(argv[0]).name
+    program = f"python -m {Path(argv[0]).parent.name}" if name == "__main__.py" else name
+    command = " ".join([program] + [shlex.quote(a) for a in argv[1:]])
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": command if len(command) <= 300 else command[:297] + "..."}
+
+
+def _describe_holder(path: Path) -> str:
+    """The holder's record in ``path`` as words; it may be empty for a moment (the holder writes it after locking)."""
+    for attempt in range(10):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            started = datetime.datetime.fromisoformat(record["started"]).strftime("%Y-%m-%d %H:%M:%S")
+            host = record.get("host")
+            where = f" on {host}" if host and host != socket.gethostname() else ""
+            return f"pid {record['pid']}{where}, started {started}: `{record['command']}`"
+        except (OSError, ValueError, KeyError, TypeError):
+            time.sleep(0.02 * (attempt + 1))
+    return "its pid is not recorded yet"
+
+
+def lock_folder(folder: str | os.PathLike, what: str = "folder") -> FolderLock:
+    """Take the writer lock of ``folder`` (created if missing) for this process: an exclusive, non-blocking ``flock``
+    on ``folder/.elmokit.lock``, which then records this process (pid, host, start time, command line) for the message
+    another writer gets. The operating system drops the lock when the process ends, whatever the way (a lock file left
+    by a killed process is taken over). Already held by this process: counted (see :class:`FolderLock`).
+
+    Args:
+        folder: the run or output folder. what: how messages name it (``"run folder (--out-dir)"``).
+
+    Returns:
+        The :class:`FolderLock`; call :meth:`FolderLock.release` (or use :func:`folder_lock`).
+
+    Raises:
+        FolderInUseError: another live process holds it (the message names the folder and that process).
+        UsageError: ``folder`` is a file, or a path above it is (see :func:`check_creatable_folder`).
+        OSError: the folder cannot be created or the lock file opened (permissions, a read-only file system).
+    """
+    folder = Path(folder)
+    check_creatable_folder(folder, f"the {what}")
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(folder)
+    held = _HELD.get(key)
+    if held is not None and held.held:
+        held._depth += 1
+        return held
+    if fcntl is None:  # no flock on this system: the folder is not protected against a second writer
+        logger.debug("no fcntl on this system: %s is not locked", folder)
+        lock = FolderLock(folder, key, None, created)
+        _HELD[key] = lock
+        return lock
+    path = folder / LOCK_NAME
+    for _ in range(100):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, PermissionError):
+            os.close(fd)
+            raise FolderInUseError(f"the {what} {folder} is in use: another elmokit process is writing it "
+                                   f"({_describe_holder(path)}); wait for it to end or stop it — two writers would "
+                                   "mix or delete each other's files") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:  # the holder before us may have removed the file between our open and our lock: then lock the new one
+            mine, there = os.fstat(fd), os.stat(path)
+            same = (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(fd)
+            continue
+        record = json.dumps(_holder_record()).encode("ascii")  # ASCII: argv may hold undecodable bytes
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record + b"\n", 0)
+        lock = FolderLock(folder, key, fd, created)
+        _HELD[key] = lock
+        return lock
+    raise OSError(f"could not take the writer lock {path}: it kept being replaced")
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, what: str = "folder") -> Iterator[FolderLock]:
+    """``with folder_lock(path, "run folder"):`` — :func:`lock_folder` for the block (released however it ends)."""
+    lock = lock_folder(folder, what)
+    try:
+        yield lock
+    finally:
+        lock.release()

@@ -42,7 +42,7 @@ import numpy as np
 
 from .config import CharCNNConfig, ElmoConfig, LSTMConfig
 from .errors import UsageError
-from .io import atomic_write_text
+from .io import LOCK_NAME, atomic_write_text, folder_lock
 from .threads import cpu_share
 
 __all__ = ["run_quickstart", "run_job", "QuickstartJob", "quickstart_job", "LANGUAGES", "DEFAULT_MINUTES",
@@ -202,7 +202,7 @@ def prepare_out_dir(out_dir: Path) -> bool:
     if not out_dir.exists():
         out_dir.mkdir(parents=True)
         return False
-    entries = list(out_dir.iterdir())
+    entries = [p for p in out_dir.iterdir() if p.name != LOCK_NAME]  # the lock this run holds stays
     foreign = sorted(p.name for p in entries if p.name not in _OWN_NAMES and not _OWN_TEMP.match(p.name)
                      or p.name == "train" and not p.is_dir())
     if foreign:
@@ -221,6 +221,7 @@ def prepare_out_dir(out_dir: Path) -> bool:
         best_files = model_files | {"best.json"}
         others = sorted(str(p.relative_to(out_dir)) for p in train_dir.rglob("*")
                         if not p.is_dir() and p not in own and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+                        and p.name != LOCK_NAME  # left by a run that was killed
                         and not (p.parent == train_dir / "model" and p.name in model_files)
                         and not (p.parent == train_dir / "best" and p.name in best_files)
                         and not any(q.name.startswith(".best.") and q.name.endswith(".tmp") for q in p.parents))
@@ -320,10 +321,12 @@ def run_quickstart(out_dir: Path, minutes: float | None = None, seed: int = 0, s
     Raises:
         UsageError: ``steps`` < 1, ``minutes`` <= 0, an unknown ``lang``, an unusable device, or an ``out_dir`` that
             holds other files.
+        FolderInUseError: another quickstart is running in ``out_dir``.
         ImportError: gensim (en) or snownlp/jieba (zh), dependencies, are missing.
     """
     job = quickstart_job(lang)
-    return run_job(job, out_dir, DEFAULT_MINUTES[lang] if minutes is None else minutes, seed, steps, device)
+    with folder_lock(out_dir, "quickstart folder (--out-dir)"):  # one quickstart at a time in a folder
+        return run_job(job, out_dir, DEFAULT_MINUTES[lang] if minutes is None else minutes, seed, steps, device)
 
 
 #: Steps of the time probe: warm-up steps (not timed), timed steps, and the share of the first estimate trained before

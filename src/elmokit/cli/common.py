@@ -202,21 +202,28 @@ def model_folder(model: str) -> Path | None:
     return None
 
 
-def check_output_file(output: Path, inputs: dict[str, Path]) -> None:
-    """An output file path: not a folder, not one of the inputs, in a folder that exists.
+def check_output_file(output: Path, inputs: dict[str, Path], *, overwrite: bool, what: str = "the output") -> None:
+    """An output file path: not a folder, not one of the inputs, in a folder that exists, and not an existing file
+    unless ``overwrite`` (``--overwrite``) — no command replaces a file without being told to (the rule ``export``,
+    ``convert`` and ``train`` follow for their folders).
 
     Raises:
-        UsageError: ``output`` is a folder or one of ``inputs`` (named by their role).
+        UsageError: ``output`` is a folder, one of ``inputs`` (named by their role; also with ``overwrite``), an
+            existing file without ``overwrite``, or below a file.
         MissingFileError: the folder it would be written into does not exist.
     """
     if output.is_dir():
-        raise UsageError(f"the output {output} is a folder: give a file path, e.g. {output / 'vectors.hdf5'}")
+        raise UsageError(f"{what} {output} is a folder: give a file path, e.g. {output / 'vectors.hdf5'}")
     for role, path in inputs.items():
         if path.exists() and output.resolve() == path.resolve():
-            raise UsageError(f"the output {output} is the {role}: choose another output path")
+            raise UsageError(f"{what} {output} is the {role}: choose another output path")
     parent = output.resolve().parent
+    if parent.exists() and not parent.is_dir():
+        raise UsageError(f"{what} {output} cannot be written: {parent} is a file, not a folder")
     if not parent.is_dir():
-        raise MissingFileError(f"the output {output}: its folder {parent} does not exist (create it first)")
+        raise MissingFileError(f"{what} {output}: its folder {parent} does not exist (create it first)")
+    if output.exists() and not overwrite:
+        raise UsageError(f"{what} {output} already exists: pass --overwrite to replace it, or choose another path")
 
 
 def read_options_json(path: Path, option: str) -> dict[str, Any]:

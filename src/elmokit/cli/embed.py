@@ -54,6 +54,8 @@ def _check_output(args: argparse.Namespace) -> None:
         if args.output.exists() and args.output.resolve() == args.input.resolve().parent:
             raise UsageError(f"the output folder {args.output} holds the input: choose a new folder")
         parent = args.output.resolve().parent
+        if parent.exists() and not parent.is_dir():
+            raise UsageError(f"the output {args.output} cannot be written: {parent} is a file, not a folder")
         if not parent.is_dir():
             from ..errors import MissingFileError
 
@@ -61,9 +63,9 @@ def _check_output(args: argparse.Namespace) -> None:
         if model_dir is not None and args.output.resolve().is_relative_to(model_dir.resolve()):
             raise UsageError(f"the output {args.output} is inside the model folder {args.model}: write it elsewhere")
         return
-    check_output_file(args.output, {"input file": args.input})
     if model_dir is not None and args.output.resolve().is_relative_to(model_dir.resolve()):
         raise UsageError(f"the output {args.output} is inside the model folder {args.model}: write it elsewhere")
+    check_output_file(args.output, {"input file": args.input}, overwrite=args.overwrite)
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -87,7 +89,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
                             keep_sentence_boundaries=args.keep_sentence_boundaries, dtype=args.dtype,
                             use_sentence_keys=args.use_sentence_keys, forget_sentences=args.forget_sentences,
                             tokenizer=args.tokenizer, resume=args.resume, workers=args.workers,
-                            worker_threads=args.worker_threads, part_size=args.part_size, model_name=args.model)
+                            worker_threads=args.worker_threads, part_size=args.part_size, model_name=args.model,
+                            overwrite=args.overwrite)
     rank, world = embed_output.torchrun_rank()
     if rank != 0:  # under torchrun: process 0 merges and reports
         return 0
@@ -120,8 +123,8 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("model", type=text_arg, help=f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh: "
                                                 "`elmokit zoo build`)")
     p.add_argument("input", type=path_arg, help="text file, one sentence per line (UTF-8 whatever the locale)")
-    p.add_argument("output", type=path_arg, help="HDF5 file to write (replaced if it exists), or the folder for "
-                                                 "--format parts")
+    p.add_argument("output", type=path_arg, help="HDF5 file to write (an existing one only with --overwrite), or "
+                                                 "the folder for --format parts")
     p.add_argument("--format", choices=["hdf5", "allennlp", "parts"], default="hdf5",
                    help="hdf5: one file, datasets \"i\" + a \"sentences\" string dataset (constant memory); allennlp: "
                         "one file, datasets \"i\" + the JSON \"sentence_to_index\" of AllenNLP's `elmo` command (built "
@@ -162,6 +165,9 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from its finished parts (same settings and input required; "
                         "--batch-size and --workers may change) (default: start afresh)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing OUTPUT (a file, or a parts folder of finished embeddings), or start an "
+                        "interrupted run's parts again (default: refuse)")
     p.add_argument("--batch-size", type=positive_int, default=64,
                    help="sentences per forward pass, at most (default: %(default)s)")
     p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")

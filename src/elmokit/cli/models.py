@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 from ..errors import UsageError
-from .common import RELEASED_HELP, check_input_file, check_model, path_arg, read_options_json, text_arg
+from ..io import check_creatable_folder
+from .common import (RELEASED_HELP, check_input_file, check_model, model_folder, path_arg, read_options_json,
+                     text_arg)
 
 __all__ = ["register", "cmd_convert", "cmd_export", "cmd_info"]
 
@@ -16,31 +18,61 @@ def _check_output_folder(out: Path, overwrite: bool, names: tuple[str, ...], wha
     """An output folder: not a file; holding none of ``names`` unless ``overwrite``.
 
     Raises:
-        UsageError: ``out`` is a file, or already holds one of ``names`` and ``overwrite`` is false.
+        UsageError: ``out`` is a file (or below one), or already holds one of ``names`` and ``overwrite`` is false.
     """
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"the output {out} is a file: give a folder (it is created if missing)")
+    check_creatable_folder(out, "the output")  # a file, or below one
     taken = [n for n in names if (out / n).exists()]
     if taken and not overwrite:
         raise UsageError(f"{out} already holds {what} ({', '.join(taken)}): choose another folder or pass --overwrite")
 
 
+def _check_not_inside(out: Path, folder: Path | None, model: str, option: str) -> None:
+    """``out`` must not be ``folder`` (the model's own folder) nor inside it: no command writes inside a model folder.
+
+    Raises: UsageError naming both."""
+    if folder is not None and out.resolve().is_relative_to(folder.resolve()):
+        where = "the model's own folder" if out.resolve() == folder.resolve() else f"inside the model folder {model}"
+        raise UsageError(f"the output folder {out} is {where}: {option} into another folder (no command writes "
+                         "inside a model folder)")
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
-    """Original options.json + weight HDF5 → native folder; refuses to replace a model unless ``--overwrite``."""
+    """An original-format model → native folder (config.json + model.safetensors): ``convert MODEL OUT`` (a folder
+    with an options.json and a weight HDF5, or a released name) or ``convert OPTIONS WEIGHTS OUT``; refuses to replace
+    a model unless ``--overwrite``, and an output inside the model's folder."""
     import h5py
 
-    from ..weights.native import save_pretrained
+    from ..weights.native import load_pretrained_bilm, save_pretrained
     from ..weights.original import load_original
 
-    read_options_json(args.options, "options")
-    check_input_file(args.weights, "weight file")
-    if not h5py.is_hdf5(args.weights):
-        raise UsageError(f"the weight file {args.weights} is not an HDF5 file: give the original weights "
-                         "(e.g. elmo_..._weights.hdf5)")
-    _check_output_folder(args.output, args.overwrite, ("config.json", "model.safetensors"), "a model")
-    model = load_original(args.options, args.weights)
-    save_pretrained(model, args.output)
-    print(f"wrote {args.output / 'config.json'} and {args.output / 'model.safetensors'}")
+    if len(args.paths) not in (2, 3):
+        raise UsageError(f"convert takes MODEL OUT or OPTIONS WEIGHTS OUT, got {len(args.paths)} path(s): "
+                         f"{' '.join(map(str, args.paths))}")
+    output = args.paths[-1]
+    if len(args.paths) == 2:
+        model = str(args.paths[0])
+        check_model(model)
+        folder = model_folder(model)
+        if folder is not None and (folder / "config.json").is_file():
+            raise UsageError(f"the model {model} is already in elmokit's format (config.json + model.safetensors): "
+                             "use it as it is (`elmokit export` writes the original format)")
+        _check_not_inside(output, folder, model, "convert")
+        _check_output_folder(output, args.overwrite, ("config.json", "model.safetensors"), "a model")
+        bilm = load_pretrained_bilm(model)
+    else:
+        options, weights = args.paths[0], args.paths[1]
+        read_options_json(options, "options")
+        check_input_file(weights, "weight file")
+        if not h5py.is_hdf5(weights):
+            raise UsageError(f"the weight file {weights} is not an HDF5 file: give the original weights "
+                             "(e.g. elmo_..._weights.hdf5)")
+        if output.exists() and output.resolve() == weights.resolve().parent:
+            raise UsageError(f"the output folder {output} holds the original model: convert into another folder (no "
+                             "command writes inside a model folder)")
+        _check_output_folder(output, args.overwrite, ("config.json", "model.safetensors"), "a model")
+        bilm = load_original(options, weights)
+    save_pretrained(bilm, output)
+    print(f"wrote {output / 'config.json'} and {output / 'model.safetensors'}")
     return 0
 
 
@@ -61,8 +93,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     args.model = str(resolve_model_name(args.model))  # a zoo name → its folder
     check_model(args.model)
-    if Path(args.model).is_dir() and args.output.resolve() == Path(args.model).resolve():
-        raise UsageError(f"the output folder {args.output} is the model's own folder: export into another folder")
+    _check_not_inside(args.output, model_folder(args.model), args.model, "export")
     vocab_file = _model_vocabulary(args.model)
     names = ("options.json", "weights.hdf5") + (("vocab.txt",) if vocab_file else ())
     _check_output_folder(args.output, args.overwrite, names, "an export")
@@ -108,11 +139,16 @@ _MODEL_HELP = f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("convert", parents=parents,
-                       help="original options.json + HDF5 → native folder (config.json + model.safetensors)")
-    p.add_argument("options", type=path_arg, help="the original options.json (architecture)")
-    p.add_argument("weights", type=path_arg, help="the original weight file (HDF5)")
-    p.add_argument("output", type=path_arg, help="folder to write config.json and model.safetensors into (created "
-                                                 "if missing)")
+                       help="original options.json + HDF5 → native folder (config.json + model.safetensors)",
+                       usage="elmokit convert [-h] [-v] [--overwrite] MODEL OUT | OPTIONS WEIGHTS OUT",
+                       description="Convert an original-format model to elmokit's native format. MODEL OUT: MODEL is "
+                                   "a folder holding an *options*.json and a weight *.hdf5, or a released name "
+                                   "(small, medium, original, original-5.5b); OPTIONS WEIGHTS OUT: the two files "
+                                   "named. OUT is the folder to write config.json and model.safetensors into "
+                                   "(created if missing; not inside the model's folder).")
+    p.add_argument("paths", nargs="+", type=path_arg, metavar="PATH",
+                   help="MODEL OUT (a model folder or released name, then the output folder), or OPTIONS WEIGHTS OUT "
+                        "(the original options.json, its weight HDF5, then the output folder)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a model already in the output folder (default: refuse)")
     p.set_defaults(func=cmd_convert)
@@ -121,7 +157,8 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                                                        "(for bilm-tf / AllenNLP)")
     p.add_argument("model", type=text_arg, help=_MODEL_HELP)
     p.add_argument("output", type=path_arg, help="folder to write options.json, weights.hdf5 and (when the model has "
-                                                 "one) vocab.txt into (created if missing; not the model's own folder)")
+                                                 "one) vocab.txt into (created if missing; not inside the model's "
+                                                 "folder)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an export already in the output folder (default: refuse)")
     p.set_defaults(func=cmd_export)

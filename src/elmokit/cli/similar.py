@@ -83,17 +83,19 @@ def _read_sentences(path: Path, tokenize, labelled: bool, decode_errors: str = "
     return numbers, sentences, labels, texts
 
 
-def _check_png(png: Path, model: str, inputs: dict[str, Path]) -> None:
-    """--png: a file path (a PNG example when a folder is given), not an input, in an existing folder, and nowhere
-    inside the model folder (its weights, config, vocabulary or any file of a zoo folder would be overwritten).
+def _check_png(png: Path, model: str, inputs: dict[str, Path], overwrite: bool) -> None:
+    """--png: a file path (a PNG example when a folder is given), not an input, in an existing folder, nowhere
+    inside the model folder (its weights, config, vocabulary or any file of a zoo folder would be overwritten), and not
+    an existing file unless ``overwrite`` (--overwrite).
 
-    Raises: UsageError (folder, an input, inside the model folder); MissingFileError (its folder is missing)."""
+    Raises: UsageError (folder, an input, inside the model folder, an existing file); MissingFileError (its folder is
+    missing)."""
     folder = model_folder(model)
     if folder is not None and png.resolve().is_relative_to(folder.resolve()):
         raise UsageError(f"--png {png} is inside the model folder {folder}: write the plot elsewhere")
     if png.is_dir():  # before check_output_file, whose example is embed's vectors.hdf5
         raise UsageError(f"--png {png} is a folder: give a file path, e.g. {png / 'similar.png'}")
-    check_output_file(png, inputs)
+    check_output_file(png, inputs, overwrite=overwrite, what="--png")
 
 
 def _how_matched(match: str, tokenizer: str, lengths: list[int] | None = None) -> str:
@@ -147,7 +149,7 @@ def cmd_similar(args: argparse.Namespace) -> int:
         check_input_file(args.corpus, "--corpus file")
     if args.png is not None:
         _check_png(args.png, args.model, {"sentences file": args.sentences,
-                                          **({"--corpus file": args.corpus} if args.corpus else {})})
+                                          **({"--corpus file": args.corpus} if args.corpus else {})}, args.overwrite)
     tokenizer = _TOKENIZERS[args.tokenize]
     tokenize = make_tokenizer(tokenizer)
     numbers, sentences, labels, texts = _read_sentences(args.sentences, tokenize, args.labels, args.decode_errors,
@@ -300,6 +302,8 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                    help="layer compared for neighbours: a number, top or average (default: %(default)s)")
     p.add_argument("--png", type=path_arg, default=None, metavar="OUT.png",
                    help="write the 2-D PCA projection of the occurrences, one panel per layer (default: none)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --png file (default: refuse)")
     p.add_argument("--max-matrix", type=positive_int, default=12, metavar="N",
                    help="print the full cosine matrices up to N occurrences, a summary above (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON line with everything instead of text "

@@ -20,7 +20,9 @@ import sys
 from pathlib import Path
 
 from ..errors import DataError, UsageError
-from .common import (DEVICE_HELP, add_threads_option, check_input_file, path_arg, positive_int, print_json_line,
+from ..io import check_creatable_folder, folder_lock
+from .common import (DEVICE_HELP, add_threads_option, check_input_file, check_output_file, path_arg, positive_int,
+                     print_json_line,
                      resolve_cli_device, seed)
 
 __all__ = ["register", "cmd_train", "cmd_predict", "cmd_evaluate"]
@@ -50,13 +52,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = load_task_config(args.config)
     _check_kind(args, config.task, f"the config {args.config}")
     out = args.out if args.out is not None else Path(f"{args.config.stem}-model")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file: give a folder for the task model")
-    if (out / "task.json").exists() and not args.overwrite:
-        raise UsageError(f"--out {out} already holds a task model: pass --overwrite to replace it, or another --out")
+    check_creatable_folder(out, "--out")
     device = resolve_cli_device(args.device)
-    model = train_from_config(config, out_dir=out, seed=args.seed, device=device,
-                              unseen=args.unseen_labels, log=lambda text: _say(args, text))
+    # one writer per folder: held from before the check to the saved model (train_from_config holds it again)
+    with folder_lock(out, "task model folder (--out)"):
+        if (out / "task.json").exists() and not args.overwrite:
+            raise UsageError(f"--out {out} already holds a task model: pass --overwrite to replace it, or another "
+                             "--out")
+        model = train_from_config(config, out_dir=out, seed=args.seed, device=device,
+                                  unseen=args.unseen_labels, log=lambda text: _say(args, text))
     r = model.results
     if args.json:
         print_json_line({"model_dir": str(out), "bilm": model.bilm_record, **r})
@@ -126,6 +130,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     check_input_file(args.input, "input")
     if args.output is not None and args.output.is_dir():
         raise UsageError(f"--output {args.output} is a folder: give a file path")
+    if args.output is not None:
+        check_output_file(args.output, {"input": args.input}, overwrite=args.overwrite, what="--output")
     model = load_task_model(args.model_dir, device=resolve_cli_device(args.device))
     _check_kind(args, model.kind, f"the model {args.model_dir}")
     sentences = _read_input(args.input, _tokenizer(model) if args.tokenize else None)
@@ -206,6 +212,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                        help="INPUT is raw text: split it as the biLM's corpus was (its zoo tokeniser; characters for "
                             "Chinese character tagging) (default: split on spaces)")
         p.add_argument("--output", type=path_arg, default=None, help="write here instead of stdout (default: stdout)")
+        p.add_argument("--overwrite", action="store_true", help="replace an existing --output file (default: refuse)")
         p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per batch (default: 64)")
         p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
         add_threads_option(p)

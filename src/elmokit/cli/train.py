@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .. import interrupts
 from ..errors import ConfigError, DataError, ElmoError, MissingFileError, UsageError
+from ..io import check_creatable_folder, lock_folder
 from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
                      int_at_least, non_negative_int, path_arg, positive_float, positive_int, print_json_line,
                      probability, read_options_json, resolve_cli_device, seed, text_arg)
@@ -121,8 +122,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..pretraining.trainer import Trainer
 
     out = args.out_dir
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out-dir {out} is a file: give a folder (it is created if missing)")
+    check_creatable_folder(out, "--out-dir")
     if args.resume and args.overwrite:
         raise UsageError("--resume continues the run in --out-dir and --overwrite replaces it: give one of them")
     if args.device is not None:
@@ -145,8 +145,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         # an option repeated from one left out)
         config = TrainConfig(train_files=args.train_files, out_dir=str(out), **given)
     dist = init_from_env(config.device)
+    lock = None
     try:
+        # one writer per run folder: taken before the corpus is read, so a second writer is refused at once (the
+        # trainer holds it again while it trains)
+        lock = dist.on_main(lambda: lock_folder(out, "run folder (--out-dir)"))
         trainer = Trainer(config, dist=dist)
+        trainer.say = lambda text: print(f"elmokit train: {text}", file=sys.stderr, flush=True)
         summary = trainer.train(resume=True) if args.resume else trainer.train(overwrite=args.overwrite)
         if dist.is_main:
             print(json.dumps(summary, indent=2))
@@ -161,6 +166,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 from None
         raise
     finally:
+        if lock is not None:
+            lock.release()
         dist.close()
     return 0
 

@@ -18,11 +18,14 @@ every process. Layout (see also :mod:`elmokit.pretraining.checkpoint`)::
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,7 +33,7 @@ from ..errors import UsageError
 from ..io import atomic_path, atomic_write_text
 from . import checkpoint as ckpt
 
-__all__ = ["RunFolder", "plot_learning_curve", "BEST_DIR", "BEST_RECORD"]
+__all__ = ["RunFolder", "plot_learning_curve", "check_outside_patterns", "BEST_DIR", "BEST_RECORD"]
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +138,56 @@ class RunFolder:
 
     def plot(self) -> Path | None:
         return plot_learning_curve(self.metrics_path, self.path / "learning_curve.png") if self.writer else None
+
+
+# ---------------------------------------------------------------------------------------------- patterns
+#: Files a run writes (relative to its folder), for :func:`check_outside_patterns`.
+_RUN_WRITES = ("train_config.json", "checkpoint.json", "metrics.jsonl", "learning_curve.png", "ckpt-1.safetensors",
+               "ckpt-1.state.pt", "model/config.json", "model/model.safetensors", "model/vocab.txt", "model/chars.txt",
+               f"{BEST_DIR}/{BEST_RECORD}", f"{BEST_DIR}/model.safetensors", f"{BEST_DIR}/vocab.txt")
+_MAGIC = re.compile(r"[*?[]")
+
+
+def _glob_matches(pattern: list[str], path: list[str]) -> bool:
+    """Whether ``glob.glob(pattern, recursive=True)`` would yield ``path`` (both split into components): ``**`` is any
+    number of components, a component with ``*``, ``?`` or ``[`` is matched by :func:`fnmatch.fnmatchcase`, and a
+    name starting with ``.`` is matched only by a component that starts with ``.`` (glob skips hidden names)."""
+    if not pattern:
+        return not path
+    head = pattern[0]
+    if head == "**":
+        if _glob_matches(pattern[1:], path):
+            return True
+        return bool(path) and not path[0].startswith(".") and _glob_matches(pattern, path[1:])
+    if not path:
+        return False
+    if _MAGIC.search(head):
+        ok = fnmatch.fnmatchcase(path[0], head) and (head.startswith(".") or not path[0].startswith("."))
+    else:
+        ok = path[0] == head
+    return ok and _glob_matches(pattern[1:], path[1:])
+
+
+def check_outside_patterns(out_dir: str | os.PathLike, patterns: Sequence[str | os.PathLike], what: str) -> None:
+    """Refuse a run folder whose files a training or held-out pattern would match (``train 'corp/*' --out-dir corp``
+    would read its own checkpoints as text on ``--resume``). Patterns are compared as absolute paths, as
+    ``glob.glob(recursive=True)`` reads them, with every file a run writes (:data:`_RUN_WRITES`).
+
+    Raises:
+        UsageError: names the folder, the pattern, ``what`` (e.g. ``"training pattern"``) and a file it would match.
+    """
+    folders = {os.path.abspath(out_dir), os.path.realpath(out_dir)}
+    for pattern in patterns:
+        text = os.path.abspath(os.path.expanduser(os.fspath(pattern)))
+        parts = [c for c in text.split(os.sep) if c]
+        for folder in sorted(folders):
+            for name in _RUN_WRITES:
+                candidate = os.path.join(folder, name)
+                if _glob_matches(parts, [c for c in candidate.split(os.sep) if c]):
+                    raise UsageError(
+                        f"the {what} {os.fspath(pattern)!r} would match the files of the run folder {out_dir} (e.g. "
+                        f"{Path(out_dir) / name}), which would then be read as text: put the run folder (--out-dir) "
+                        "outside the corpus folder, or narrow the pattern")
 
 
 def _read_records(metrics_path: Path) -> list[dict[str, Any]]:

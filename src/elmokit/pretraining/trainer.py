@@ -78,7 +78,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file
@@ -87,15 +87,16 @@ from .. import interrupts
 from ..characters import CharVocabulary
 from ..devices import resolve_device  # noqa: F401  (re-exported: elmokit.pretraining.trainer.resolve_device)
 from ..errors import CheckpointError, ElmoError, MissingFileError, UsageError, WeightsError
+from ..io import lock_folder
 from ..vocabulary import Vocabulary
 from ..weights import check_state_fits
 from . import checkpoint as ckpt
 from .config import MAX_LEARNING_RATE, TrainConfig  # noqa: F401  (MAX_LEARNING_RATE re-exported)
-from .data import (PartBatch, StepBatch, TrainingData, char_vocabulary_from_counts, parts_of_process,
-                   read_sentences, vocabulary_from_counts)
+from .data import (PartBatch, StepBatch, TrainingData, char_vocabulary_from_counts, check_corpus_unchanged,
+                   corpus_fingerprint, parts_of_process, read_sentences, vocabulary_from_counts)
 from .distributed import DistContext, single_process
 from .objective import BidirectionalLM, DirectionalNLL
-from .run_folder import RunFolder, plot_learning_curve
+from .run_folder import RunFolder, check_outside_patterns, plot_learning_curve
 
 __all__ = ["TrainConfig", "Trainer", "TrainingError", "StepResult", "build_trainer", "make_optimizer", "save_lm",
            "load_lm", "latest_checkpoint_step", "plot_learning_curve", "step_seed", "VALID_BATCH_SENTENCES"]
@@ -208,6 +209,10 @@ def build_trainer(config: TrainConfig, dist: DistContext | None = None) -> "Trai
 
     dist = dist or single_process()
     config = copy.copy(config).validate()
+    check_outside_patterns(config.out_dir, config.train_files, "training pattern")
+    if config.valid_files:
+        check_outside_patterns(config.out_dir, config.valid_files, "held-out pattern (--valid-files)")
+        dist.agree(lambda: _check_valid_patterns(config.valid_files))
     init = None
     if config.init_from is not None:
         init = dist.agree(lambda: load_init_model(config.init_from))
@@ -254,6 +259,17 @@ def build_trainer(config: TrainConfig, dist: DistContext | None = None) -> "Trai
     trainer = Trainer(config, lm, optimizer, data, dist=dist, valid=valid)
     trainer.init_softmax_kept = kept_softmax
     return trainer
+
+
+def _check_valid_patterns(patterns) -> None:
+    """Every held-out pattern matches a file (before the training text is read; the message names --valid-files)."""
+    from ..data.corpus import TextCorpus
+
+    for pattern in patterns:
+        try:
+            TextCorpus(pattern)  # expands the pattern only; nothing is read yet
+        except MissingFileError as exc:
+            raise MissingFileError(f"the held-out text (valid_files, --valid-files): {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------- trainer
@@ -309,6 +325,10 @@ class Trainer:
         self._owns_out_dir = False  # set once this trainer started, resumed or loaded the run in out_dir
         self._start_state_step: int | None = None  # the step whose weights the model's start state was computed for
         self._interrupt_handled = False
+        self._corpus: dict[str, Any] | None = None  # the training files' fingerprint (main process), see _prepare
+        #: Where the main process reports what the user should see at once (resuming from which step): the CLI
+        #: prints it; by default it is logged at INFO.
+        self.say: Callable[[str], None] = logger.info
 
     @classmethod
     def from_config(cls, config: TrainConfig, dist: DistContext | None = None) -> "Trainer":
@@ -472,8 +492,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _run_identity(self) -> dict[str, Any]:
-        """What a checkpoint's tensors depend on besides the options: the vocabularies' sizes and sha256."""
+        """What a checkpoint's tensors depend on besides the options: the vocabularies' sizes and sha256, and the
+        training files' fingerprint (size, mtime, sha256 of each: on resume, a data position means something only in
+        the same text)."""
         run: dict[str, Any] = {"vocab": {**self._vocab_fingerprint, "file": self.config.vocab_file}}
+        if self._corpus is not None:
+            run["corpus"] = {"files": self._corpus}
         if self.char_vocab is not None:
             run["char_vocab"] = {"size": self.char_vocab.vocab_size,
                                  "sha256": ckpt.text_digest(list(self.char_vocab.characters))}
@@ -588,7 +612,9 @@ class Trainer:
             self._last_valid_step = self.step
         self._owns_out_dir = True
         self.run.truncate_metrics(self.step)
-        logger.info("resumed from step %d (%s)", self.step, t_path)
+        if self.dist.is_main:
+            to = f", training to step {self.config.max_steps}" if self.config.max_steps else ""
+            self.say(f"resumed from step {self.step} (checkpoint {t_path}){to}")
         return True
 
     def _parts_of_state(self, state: dict[str, Any], s_path: Path) -> tuple[dict[int, Any], dict[int, Any]]:
@@ -671,6 +697,7 @@ class Trainer:
         if resume:
             d.on_main(lambda: (self.run.check_is_folder(), self.run.make()))
             d.barrier()
+            d.on_main(self._check_corpus)
             if not d.agree(self.load_checkpoint):
                 orphans = sorted(p.name for p in self.out_dir.iterdir() if ckpt._CKPT_RE.match(p.name))
                 if orphans:
@@ -685,8 +712,19 @@ class Trainer:
         else:
             d.on_main(lambda: self._start_new_run(overwrite))
             self._reset_to_start()
+            d.on_main(lambda: setattr(self, "_corpus", corpus_fingerprint(self.data.files)))
         self._owns_out_dir = True
         d.on_main(lambda: self.run.write_config(self.config.to_json()))
+
+    def _check_corpus(self) -> None:
+        """Main process, on resume: the training files must be those the run's checkpoints were written from (size
+        and sha256 of each, none added or gone; see :func:`~elmokit.pretraining.data.check_corpus_unchanged`)."""
+        try:
+            manifest = ckpt.read_manifest(self.out_dir)
+        except CheckpointError:
+            manifest = None  # load_checkpoint names the damaged manifest
+        saved = manifest.run.get("corpus") if manifest is not None else None
+        self._corpus = check_corpus_unchanged(saved, self.data.files, self.out_dir)
 
     def _reset_to_start(self) -> None:
         self._kept, self._saved_step = [], None
@@ -773,7 +811,8 @@ class Trainer:
             fh.write(json.dumps({"step": self.step, "sha256": h.hexdigest()}) + "\n")
 
     def train(self, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
-        """Run to the end of the configured epochs / steps.
+        """Run to the end of the configured epochs / steps, holding the writer lock of ``out_dir`` throughout (the
+        main process; :func:`elmokit.io.lock_folder`), so no other run starts, resumes or overwrites there meanwhile.
 
         Args:
             resume: continue from the newest good checkpoint in ``out_dir`` (from step 0, with a warning, when there
@@ -793,17 +832,31 @@ class Trainer:
         Raises:
             UsageError: the folder holds a run and neither ``resume`` nor ``overwrite`` is given (names the folder,
                 what it holds and both ways out); both are given; ``out_dir`` is a file.
+            FolderInUseError: another process is writing ``out_dir`` (names its pid, start time and command).
+            DataError: on resume, a training file changed, was added or vanished since the run started (named).
             CheckpointError: on resume, see :meth:`load_checkpoint`.
             TrainingError: a non-finite loss or gradient (names the step; the last good checkpoint is kept), or no
                 batch at all.
             KeyboardInterrupt: Ctrl-C / SIGTERM, after the checkpoint at the interrupt was written.
         """
-        from tqdm.auto import tqdm
-
-        c, d = self.config, self.dist
         if resume and overwrite:
             raise UsageError(f"resume and overwrite exclude each other: --resume continues the run in {self.out_dir}, "
                              "--overwrite replaces it")
+        self.dist.on_main(self.run.check_is_folder)
+        lock = self.dist.on_main(lambda: lock_folder(self.out_dir, "run folder (--out-dir)"))
+        try:
+            return self._train(resume, overwrite)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    # long: the loop's steps in order (prepare, one step at a time with its logging, evaluation and checkpoints,
+    # the end), with the interrupt handling around them
+    def _train(self, resume: bool, overwrite: bool) -> dict[str, Any]:
+        """:meth:`train`, with the folder locked."""
+        from tqdm.auto import tqdm
+
+        c, d = self.config, self.dist
         self._prepare(resume, overwrite)
         if d.is_main and c.n_negative_samples and c.n_negative_samples >= len(self.vocab) - 1:
             logger.warning("the vocabulary has %d tokens, not more than n_negative_samples=%d (--negatives) + 1: "

@@ -42,7 +42,7 @@ import torch
 from .. import interrupts
 from ..elmo import Elmo
 from ..errors import CheckpointError, ConfigError, DataError, MissingFileError, UsageError
-from ..io import atomic_path, atomic_write_text, file_sha256
+from ..io import atomic_path, atomic_write_text, file_sha256, folder_lock, lock_folder
 from ..modules.bilm import BiLM
 from .config import TaskConfig, task_config_from_dict
 from .models import TaskBatch, TokenInputs, SequenceTagger, SentenceClassifier
@@ -668,26 +668,35 @@ def train_from_config(config: TaskConfig, *, out_dir: str | os.PathLike | None =
 
     ``model.results`` then holds ``{"dev": {...}, "test": {...}, "best_epoch", "train_seconds", "seed",
     "mix_weights"}`` (scores from :meth:`TaskModel.evaluate`).
+
+    With ``out_dir``, the folder's writer lock is held from the start (:func:`elmokit.io.lock_folder`): a second
+    training run into the same folder is refused (:class:`~elmokit.errors.FolderInUseError`) instead of replacing this
+    one's model under it.
     """
-    if seed is not None:
-        config = config.override({"train.seed": seed})
-    t = config.train
-    model, data = build_from_config(config, bilm=bilm, log=log, reuse=reuse)
-    model.to(device)
-    start = time.perf_counter()
-    fit(model, data["train"], data["dev"], epochs=t["epochs"], patience=t["patience"], lr=t["lr"],
-        batch_size=t["batch_size"], clip=t["clip"], l2=config.bilm["l2"], seed=t["seed"], max_steps=max_steps,
-        unseen=unseen, log=log)
-    train_seconds = time.perf_counter() - start
-    results = {"best_epoch": model.results.get("best_epoch"), "steps": model.results.get("steps"),
-               "train_seconds": round(train_seconds, 2), "seed": t["seed"], "mix_weights": model.mix_weights()}
-    for name in ("dev", "test"):
-        if name in data:
-            results[name] = model.evaluate(data[name], unseen=unseen)
-    model.results = results
-    if out_dir is not None:
-        save_task_model(model, out_dir)
-    return model
+    lock = lock_folder(out_dir, "task model folder (--out)") if out_dir is not None else None
+    try:
+        if seed is not None:
+            config = config.override({"train.seed": seed})
+        t = config.train
+        model, data = build_from_config(config, bilm=bilm, log=log, reuse=reuse)
+        model.to(device)
+        start = time.perf_counter()
+        fit(model, data["train"], data["dev"], epochs=t["epochs"], patience=t["patience"], lr=t["lr"],
+            batch_size=t["batch_size"], clip=t["clip"], l2=config.bilm["l2"], seed=t["seed"], max_steps=max_steps,
+            unseen=unseen, log=log)
+        train_seconds = time.perf_counter() - start
+        results = {"best_epoch": model.results.get("best_epoch"), "steps": model.results.get("steps"),
+                   "train_seconds": round(train_seconds, 2), "seed": t["seed"], "mix_weights": model.mix_weights()}
+        for name in ("dev", "test"):
+            if name in data:
+                results[name] = model.evaluate(data[name], unseen=unseen)
+        model.results = results
+        if out_dir is not None:
+            save_task_model(model, out_dir)
+        return model
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 # ==================================================================================================== save / load
@@ -697,6 +706,7 @@ def save_task_model(model: TaskModel, out_dir: str | os.PathLike) -> Path:
 
     Raises:
         UsageError: ``out_dir`` is a file.
+        FolderInUseError: another process is writing ``out_dir``.
     """
     from safetensors.torch import save_file
 
@@ -712,9 +722,10 @@ def save_task_model(model: TaskModel, out_dir: str | os.PathLike) -> Path:
         "static_dim": inputs.static.embedding_dim if inputs.static is not None else None,
         "bilm": model.bilm_record, "history": model.history, "results": model.results,
     }
-    with atomic_path(out / _WEIGHTS, suffix=".safetensors") as tmp:
-        save_file(state, str(tmp), metadata={"format": "elmokit-task-model"})
-    atomic_write_text(out / _META, json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+    with folder_lock(out, "task model folder"):  # one writer: the two files come from the same model
+        with atomic_path(out / _WEIGHTS, suffix=".safetensors") as tmp:
+            save_file(state, str(tmp), metadata={"format": "elmokit-task-model"})
+        atomic_write_text(out / _META, json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
     return out
 
 

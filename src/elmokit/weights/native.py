@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from ..characters import CharVocabulary
 from ..config import ElmoConfig
 from ..errors import InputError, MissingFileError, UsageError, WeightsError
-from ..io import atomic_path
+from ..io import LOCK_NAME, atomic_path
 from ..modules.bilm import BiLM, StatefulBiLM
 from . import load_state_checked
 
@@ -103,8 +103,9 @@ def resolve_model_name(name_or_path: str | os.PathLike) -> str | os.PathLike | P
     folder = zoo_model_dir(key)
     command = f"elmokit zoo build {ZOO_MODELS[key]}"
     if not (folder / "card.json").is_file() or not (folder / CONFIG_NAME).is_file():
+        started = folder.is_dir() and any(p.name != LOCK_NAME for p in folder.iterdir())  # not a lone writer lock
         state = ("its build is unfinished (no card.json): continue it with `" + command + " --resume`"
-                 if folder.is_dir() and any(folder.iterdir()) else f"run `{command}` (about 25 minutes on 2 cores)")
+                 if started else f"run `{command}` (about 25 minutes on 2 cores)")
         raise MissingFileError(f"zoo model {key!r} is not built: no {folder / 'card.json'} (the cache is "
                                f"$ELMOKIT_CACHE, default ~/.cache/elmokit): {state}")
     return folder

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MissingFileError, UsageError
-from ..io import atomic_write_text
+from ..io import atomic_write_text, folder_lock
 
 __all__ = ["SPECS", "ZooSpec", "build_model", "model_dir", "list_models", "read_card", "render_card",
            "wikitext_sentences", "load_tokenizer", "MODEL_FILES", "THREADS", "WIKITEXT_PROTOCOL"]
@@ -438,15 +438,14 @@ def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str
     Raises:
         UsageError: unknown language; both ``overwrite`` and ``resume``; the folder holds a build and neither is
             given; the folder is a file; an unknown override.
+        FolderInUseError: another build of the same model is running (names its pid, start time and command): the
+            model folder's writer lock is held from before the folder is looked at to the written card.
         MissingFileError: the data folder or a source file is missing (named).
         DataError / CheckpointError / TrainingError: from the corpus build or training (named).
         KeyboardInterrupt: Ctrl-C/SIGTERM (under :func:`elmokit.interrupts.handling_signals`): during training a
             checkpoint is written first, so ``resume=True`` continues.
     """
-    from ..baselines.ngram import kneser_ney_perplexity
-    from ..baselines.word2vec import WORD2VEC_SETTINGS, train_word2vec
-    from ..pretraining import TrainConfig, build_trainer, evaluate_perplexity, load_lm, unigram_perplexity
-    from .corpora import build_corpus, resolve_data_dir, source_table
+    from .corpora import resolve_data_dir
 
     if overwrite and resume:
         raise UsageError("--overwrite rebuilds from scratch and --resume continues the build: give one of them")
@@ -454,6 +453,22 @@ def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str
     spec, extra = _apply_overrides(base_spec, overrides)
     folder = model_dir(spec.name, cache)
     data = resolve_data_dir(data_dir)  # before the folder is touched
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"the zoo model folder {folder} is a file: remove it or choose another --cache")
+    with folder_lock(folder, "zoo model folder"):
+        return _build(spec, extra, folder, data, overwrite=overwrite, resume=resume, progress=progress,
+                      overrides=overrides)
+
+
+# long: the five steps of a build in order (the module docstring lists them), each timed, then the card
+def _build(spec: ZooSpec, extra: dict, folder: Path, data: Path, *, overwrite: bool, resume: bool, progress: bool,
+           overrides: dict | None) -> dict:
+    """:func:`build_model`'s work, with the model folder locked."""
+    from ..baselines.ngram import kneser_ney_perplexity
+    from ..baselines.word2vec import WORD2VEC_SETTINGS, train_word2vec
+    from ..pretraining import TrainConfig, build_trainer, evaluate_perplexity, load_lm, unigram_perplexity
+    from .corpora import build_corpus, source_table
+
     _prepare_folder(folder, overwrite, resume, spec)
     started = time.perf_counter()
     timing: dict[str, float] = {}
