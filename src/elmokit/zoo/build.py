@@ -457,12 +457,12 @@ def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str
         raise UsageError(f"the zoo model folder {folder} is a file: remove it or choose another --cache")
     with folder_lock(folder, "zoo model folder"):
         return _build(spec, extra, folder, data, overwrite=overwrite, resume=resume, progress=progress,
-                      overrides=overrides)
+                      overrides=overrides, threads=threads)
 
 
 # long: the five steps of a build in order (the module docstring lists them), each timed, then the card
 def _build(spec: ZooSpec, extra: dict, folder: Path, data: Path, *, overwrite: bool, resume: bool, progress: bool,
-           overrides: dict | None) -> dict:
+           overrides: dict | None, threads: int = THREADS) -> dict:
     """:func:`build_model`'s work, with the model folder locked."""
     from ..baselines.ngram import kneser_ney_perplexity
     from ..baselines.word2vec import WORD2VEC_SETTINGS, train_word2vec
