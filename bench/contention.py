@@ -42,8 +42,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from inference import EWT_DEV, read_conllu_forms  # noqa: E402  (the same sentences as bench/inference.py)
+
 ROOT = Path(__file__).resolve().parents[1]
-EWT_DEV = ROOT.parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
 WORKLOADS = ("train", "embed", "latency")
 
 #: name → (environment set before torch loads, torch threads or None for elmokit's/torch's default). ``today``
@@ -70,25 +72,6 @@ LOADS = {
 
 
 # ---------------------------------------------------------------------------------------------- child side
-def read_conllu_forms(path: Path, n: int) -> list[list[str]]:
-    """The FORM column of the first ``n`` sentences (multi-word token ranges and empty nodes skipped)."""
-    sentences, current = [], []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.rstrip("\n")
-            if not line:
-                if current:
-                    sentences.append(current)
-                    current = []
-                    if len(sentences) == n:
-                        break
-            elif not line.startswith("#"):
-                cols = line.split("\t")
-                if "-" not in cols[0] and "." not in cols[0]:
-                    current.append(cols[1])
-    return sentences
-
-
 def _timed(step, seconds: float, warmup: int, min_runs: int) -> tuple[list[float], float]:
     """Run ``step()`` ``warmup`` times, then until ``seconds`` have passed (and at least ``min_runs`` times);
     return the per-run times and the window's total."""
