@@ -53,7 +53,8 @@ from typing import Any
 import numpy as np
 
 from . import interrupts
-from .errors import ElmoError, MissingFileError, UsageError
+from .data.corpus import CorpusDecodeError, decode_line, line_problem
+from .errors import ElmoError, MissingFileError, UsageError, option_wording
 from .io import atomic_path, atomic_write_text
 
 __all__ = ["EmbedJob", "EmbedWorkerError", "EmbeddingReader", "open_embeddings", "sentence_key", "make_tokenizer",
@@ -159,12 +160,11 @@ class InputScan:
 
 
 def scan_input(path: Path, decode_errors: str, part_size: int) -> InputScan:
-    """Count lines, record part offsets, hash the bytes and check the UTF-8 (before any work).
+    """Count lines, record part offsets, hash the bytes and check every line against
+    :func:`elmokit.data.corpus.line_problem`'s rule (valid UTF-8, no NUL byte), before any work.
 
     Raises:
-        CorpusDecodeError (a DataError): invalid UTF-8 with ``decode_errors="strict"`` (names file and line)."""
-    from .data.corpus import CorpusDecodeError
-
+        CorpusDecodeError (a DataError): a bad line with ``decode_errors="strict"`` (names file, line and column)."""
     digest = hashlib.blake2b(digest_size=20)
     offsets: list[int] = []
     skipped: list[int] = []
@@ -176,34 +176,30 @@ def scan_input(path: Path, decode_errors: str, part_size: int) -> InputScan:
                 offsets.append(position)
             position += len(raw)
             digest.update(raw)
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                if decode_errors == "strict":
-                    raise CorpusDecodeError(
-                        path, number, f"byte 0x{raw[exc.start]:02x} at column {exc.start + 1}: {exc.reason}") from None
-                if decode_errors == "skip":
-                    skipped.append(number)
+            if b"\0" in raw or not raw.isascii():  # only these can break the rule (the fast path skips the rest)
+                problem = line_problem(raw)
+                if problem is not None:
+                    if decode_errors == "strict":
+                        raise CorpusDecodeError(path, number, problem)
+                    if decode_errors == "skip":
+                        skipped.append(number)
     return InputScan(path, position, number, part_size, offsets, digest.hexdigest(), skipped)
 
 
 def read_part(scan: InputScan, k: int, decode_errors: str) -> list[str | None]:
-    """The lines of part ``k`` (text without the newline; ``None`` for a skipped undecodable line), read from its
-    byte offset — the same splitting and decoding as :func:`elmokit.data.corpus.read_lines`."""
+    """The lines of part ``k`` (text without the newline; ``None`` for a skipped line), read from its byte offset —
+    the same splitting and decoding as :func:`elmokit.data.corpus.read_lines` (:func:`scan_input` has checked the
+    lines, so ``"strict"`` cannot fail here)."""
     count = scan.part_lines(k)
     first = k * scan.part_size + 1
     out: list[str | None] = []
     with open(scan.path, "rb") as fh:
         fh.seek(scan.offsets[k])
         for number in range(first, first + count):
-            raw = fh.readline()
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                if decode_errors == "skip":
-                    out.append(None)
-                    continue
-                text = raw.decode("utf-8", errors="replace" if decode_errors == "strict" else decode_errors)
+            text, _ = decode_line(fh.readline(), decode_errors, scan.path, number)
+            if text is None:
+                out.append(None)
+                continue
             if number == 1 and text.startswith("\ufeff"):  # a byte-order mark is not part of the first token
                 text = text[1:]
             out.append(text.rstrip("\r\n"))
@@ -508,8 +504,9 @@ class EmbedJob:
                 shutil.rmtree(folder)  # a finished output of ours: replaced, as a file would be
                 existing = None
             else:
-                raise UsageError(f"{folder} holds the parts of an interrupted run: rerun with --resume (resume=True) "
-                                 "to continue it, or delete that folder to start again")
+                raise UsageError(f"{folder} holds the parts of an interrupted run: rerun with "
+                                 f"{option_wording('--resume', 'resume=True')} to continue it, or delete that folder "
+                                 "to start again")
         done: set[int] = set()
         if existing is not None:
             self._check_resumable(existing, wanted)
@@ -549,6 +546,13 @@ class EmbedJob:
             raise UsageError(f"cannot resume {self.folder}: it was written with another model "
                              f"({existing.get('model', {}).get('name') or 'fingerprint differs'})")
 
+    def _drop_if_no_part(self) -> None:
+        """Delete the work folder when it holds no finished part (only ``index.json`` and temporary files): after a
+        failed run it would otherwise block a plain rerun; ``--resume`` without a folder starts afresh."""
+        with contextlib.suppress(OSError):
+            if self.folder.is_dir() and not any(_PART_RE.match(p.name) for p in self.folder.iterdir()):
+                shutil.rmtree(self.folder)
+
     @staticmethod
     def _part_ok(path: Path, k: int, scan: InputScan) -> bool:
         import h5py
@@ -585,13 +589,18 @@ class EmbedJob:
         from tqdm.auto import tqdm
 
         finished = sum(scan.part_lines(k) for k in done)
-        with tqdm(total=scan.lines, initial=finished, unit="sent", disable=not self.progress,
-                  desc="embedding", smoothing=0.05) as bar:
-            if self.workers == 1 or len(todo) <= 1:
-                for k in todo:
-                    writer.write(self.embedder, k, progress=bar.update)
-            else:
-                self._run_workers(writer, todo, bar)
+        try:
+            with tqdm(total=scan.lines, initial=finished, unit="sent", disable=not self.progress,
+                      desc="embedding", smoothing=0.05) as bar:
+                if self.workers == 1 or len(todo) <= 1:
+                    for k in todo:
+                        writer.write(self.embedder, k, progress=bar.update)
+                else:
+                    self._run_workers(writer, todo, bar)
+        except Exception:
+            if world == 1:
+                self._drop_if_no_part()  # a failure before any part was finished leaves nothing to resume
+            raise
         if world > 1:
             group.barrier()  # every part is written
             if rank != 0:
@@ -636,7 +645,8 @@ class EmbedJob:
                         codes = ", ".join(f"{p.name} exit {p.exitcode}" for p in procs if p.exitcode)
                         raise EmbedWorkerError(f"a worker process died ({codes or 'no report'}) with parts "
                                                f"{sorted(remaining)[:10]} unfinished; the finished parts are kept in "
-                                               f"{self.folder}: rerun with --resume (resume=True)")
+                                               f"{self.folder}: rerun with "
+                                               f"{option_wording('--resume', 'resume=True')}") from None
                     continue
                 if kind == "n":
                     bar.update(value)
