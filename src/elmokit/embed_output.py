@@ -574,6 +574,8 @@ class EmbedJob:
             logger.warning("%s: skipped %d line(s) that are not valid UTF-8 (line %s); their datasets are empty",
                            self.input_path, len(scan.skipped), shown)
         rank, world = torchrun_rank()
+        if rank == 0:
+            self._check_tokenisation(scan)
         fingerprint = model_fingerprint(self.embedder.bilm)
         if world == 1:
             done = self._prepare_folder(scan, fingerprint)
@@ -611,6 +613,24 @@ class EmbedJob:
         self._finalise(scan)
         logger.info("wrote %d sentences to %s", scan.lines, self.output_path)
         return scan.lines
+
+    #: How many lines from the start of the input :meth:`_check_tokenisation` looks at.
+    CHECK_LINES = 2000
+
+    def _check_tokenisation(self, scan: InputScan) -> None:
+        """Warn (logging) when the first :attr:`CHECK_LINES` lines look untokenised for the model
+        (:func:`elmokit.data.text_checks.check_tokenisation`): e.g. raw Chinese without ``--tokenizer jieba``."""
+        from .data.text_checks import check_tokenisation
+
+        if not scan.lines:
+            return
+        tokenize = _tokenizer(self.tokenizer)
+        lines = read_part(scan, 0, self.decode_errors)[: self.CHECK_LINES]
+        check = check_tokenisation(((i + 1, tokenize(t)) for i, t in enumerate(lines) if t is not None),
+                                   self.embedder.bilm.config, self.tokenizer)
+        warning = check.warning(lambda name: option_wording(f"--tokenizer {name}", f"tokenizer={name!r}"))
+        if warning:
+            logger.warning("%s: %s", self.input_path, warning)
 
     def _run_workers(self, writer: PartWriter, todo: list[int], bar) -> None:
         import torch.multiprocessing as mp
