@@ -39,12 +39,14 @@ import dataclasses
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import pickle
 import queue
 import re
 import shutil
 import signal
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +73,9 @@ LAYOUT_VERSION = 1
 KILL_ENV = "ELMOKIT_TEST_EMBED_KILL_AT"
 _PART_RE = re.compile(r"^part-(\d{6,})\.hdf5$")
 _TMP_RE = re.compile(r"^\.(part-\d{6,}\.hdf5|index\.json)\..+\.tmp$")
+#: Exit status of a spawned worker that found ``embed_file`` called again while it imported the caller's script (a
+#: script without an ``if __name__ == "__main__":`` guard): the parent names the missing guard.
+UNGUARDED_EXIT = 87
 
 #: Test/diagnostic hook: when set, called as ``_probe(event, **info)`` — ``"part_read"`` (``part``, ``held``: lines
 #: read into memory), ``"batch"`` (``part``, ``held``: arrays alive), ``"part_done"`` (``part``). Unset in normal use.
@@ -79,6 +84,17 @@ _probe: Callable[..., None] | None = None
 
 class EmbedWorkerError(ElmoError, RuntimeError):
     """A worker process of a multi-process ``embed_file`` died or failed; the finished parts are kept for resume."""
+
+
+def _spawn_bootstrapping() -> bool:
+    """Whether this process is a spawned child still importing its parent's ``__main__`` (``multiprocessing`` sets
+    ``_inheriting`` while it does): code that runs then is the script's unguarded top level, run a second time."""
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+def _unguarded_script() -> str:
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    return f"the script {main}" if main else "the calling script"
 
 
 def _notify(event: str, **info: Any) -> None:
@@ -425,6 +441,10 @@ class EmbedJob:
                  resume=False, workers=1, worker_threads=1, part_size=10000, model_name=None) -> None:
         from .embedding import _positive_int
 
+        if _spawn_bootstrapping():
+            # a worker importing an unguarded script reached embed_file again: stop before touching any file; the
+            # parent sees this exit status and names the missing guard (one message instead of a traceback here)
+            raise SystemExit(UNGUARDED_EXIT)
         self.embedder = embedder
         self.spec = embedder.output_spec(layers, pool, keep_sentence_boundaries, dtype)
         if decode_errors not in DECODE_MODES:
@@ -656,6 +676,11 @@ class EmbedJob:
                     kind, value = results.get(timeout=0.2)
                 except queue.Empty:
                     dead = [p for p in procs if p.exitcode not in (None, 0)]
+                    if any(p.exitcode == UNGUARDED_EXIT for p in dead):
+                        raise UsageError(
+                            f"the worker processes could not start: {_unguarded_script()} calls embed_file(workers="
+                            f"{self.workers}) at its top level; each spawned worker imports that script again, so "
+                            "put the call under `if __name__ == \"__main__\":`") from None
                     if dead or all(p.exitcode is not None for p in procs):
                         with contextlib.suppress(queue.Empty):
                             while True:  # an error report may still be in the queue
