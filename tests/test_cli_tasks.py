@@ -41,6 +41,8 @@ def test_tag_train_predict_evaluate(setup, tmp_path, capsys):
     assert status == 0, err
     assert f"tagger saved to {tmp_path / 'm'}" in out and "test entity_f1" in out and "softmax(s) = [" in out
     assert "epoch 1: train loss" in err
+    # the biLM layers of each data file are computed with a progress bar (issue 19: minutes without one)
+    assert "biLM layers of train: 100%" in err and "biLM layers of dev: 100%" in err
     (tmp_path / "in.txt").write_text("the cat sat on the mat\n\ndog ran\n", encoding="utf-8")
     status, out, err = run(capsys, "tag", "predict", tmp_path / "m", tmp_path / "in.txt")
     assert status == 0, err
@@ -75,8 +77,10 @@ def test_tag_train_predict_evaluate(setup, tmp_path, capsys):
 
 
 def test_classify_train_predict_evaluate(setup, tmp_path, capsys):
-    status, out, err = run(capsys, "classify", "train", setup / "cls.toml", "--out", tmp_path / "c", "--json")
+    status, out, err = run(capsys, "classify", "train", setup / "cls.toml", "--out", tmp_path / "c", "--json",
+                           "--no-progress")
     assert status == 0, err
+    assert "biLM layers of train:" not in err and "100%" not in err  # --no-progress
     result = json.loads(out)
     assert result["dev"]["metric"] == "accuracy" and len(result["mix_weights"]) == 2
     (tmp_path / "in.txt").write_text("the cat sat\na red car\n", encoding="utf-8")

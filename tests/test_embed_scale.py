@@ -372,7 +372,7 @@ def test_resume_after_ctrl_c_continues_from_the_finished_parts(bilm, tmp_path, m
     folder = tmp_path / "out.h5.parts"
     assert not out.exists() and sorted(p.name for p in folder.iterdir()) == [
         "index.json", "part-000000.hdf5", "part-000001.hdf5"]
-    with pytest.raises(UsageError, match="interrupted run: rerun with --resume"):
+    with pytest.raises(UsageError, match="interrupted run: rerun with resume=True"):  # the Python wording
         emb.embed_file(src, out, format="hdf5", part_size=5, progress=False)
     with pytest.raises(UsageError, match=r"changed pool \(was 'none', now 'mean'\)"):
         emb.embed_file(src, out, format="hdf5", part_size=5, progress=False, resume=True, pool="mean")

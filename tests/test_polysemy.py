@@ -343,8 +343,9 @@ def test_cli_similar_jieba_wording_and_raw_cjk_hint(tiny_model, tmp_path, capsys
     assert "(matched as one whole jieba word)" in out and "e.g. characters" not in out
 
 
-def test_cli_similar_empty_sentences_file_is_a_usage_error(tiny_model, tmp_path, capsys):
+def test_cli_similar_empty_sentences_file_is_a_data_error(tiny_model, tmp_path, capsys):
+    # exit 1, as perplexity, train and the task readers give for a file that holds nothing to read (issue 19)
     sents = _write(tmp_path / "empty.txt", "\n  \n")
-    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a"]) == 2
+    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a"]) == 1
     err = capsys.readouterr().err
     assert "holds no sentences" in err and str(sents) in err

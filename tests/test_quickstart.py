@@ -9,7 +9,8 @@ import pytest
 
 from elmokit.cli import main as cli_main
 from elmokit.errors import UsageError
-from elmokit.quickstart import (BANK_SENTENCES, SEPARATION_MARGIN, _print_bank, bank_similarities, load_lee_corpus,
+from elmokit.quickstart import (BANK_SENTENCES, PERPLEXITY_MARGIN, SEPARATION_MARGIN, _print_bank,
+                                _print_perplexity_verdict, bank_similarities, load_lee_corpus, perplexity_verdict,
                                 prepare_out_dir, tokenize)
 from elmokit.pretraining.trainer import load_lm
 
@@ -79,6 +80,32 @@ def test_separated_senses_by_hand():
     assert cos.shape == (6, 6) and np.allclose(np.diag(cos), 1.0, atol=1e-6)
 
 
+def test_perplexity_verdict_needs_the_margin(capsys):
+    """Issue 19: 102.3 against Kneser-Ney's 103.2 was printed as "beats", inside the run-to-run spread."""
+    level = perplexity_verdict(102.3, 103.2)
+    assert level == {"verdict": "level with", "margin": PERPLEXITY_MARGIN,
+                     "relative_difference": pytest.approx(102.3 / 103.2 - 1, rel=1e-12)}
+    _print_perplexity_verdict(102.3, 103.2, level)
+    printed = capsys.readouterr().out
+    margin = f"{100 * PERPLEXITY_MARGIN:g}"
+    assert (f"the biLM is level with the Kneser-Ney 3-gram (102.3 vs 103.2: 0.9 % lower, within the ±{margin} % "
+            "margin of run-to-run spread)") in printed
+    # beyond the margin either way; exactly at the margin is still level (the rule is "more than the margin")
+    assert perplexity_verdict(87.7, 103.2)["verdict"] == "beats"
+    assert perplexity_verdict(103.2 * (1 + 2 * PERPLEXITY_MARGIN), 103.2)["verdict"] == "does NOT beat"
+    assert perplexity_verdict(100.0 * (1 - 0.5 * PERPLEXITY_MARGIN), 100.0)["verdict"] == "level with"
+    assert perplexity_verdict(80.0, 100.0, margin=0.2)["verdict"] == "level with"
+    assert perplexity_verdict(79.0, 100.0, margin=0.2)["verdict"] == "beats"
+    assert perplexity_verdict(99.0, 100.0, margin=0.0)["verdict"] == "beats"
+    _print_perplexity_verdict(87.7, 103.2, perplexity_verdict(87.7, 103.2))
+    assert "beats the Kneser-Ney 3-gram (87.7 vs 103.2: 15.0 % lower, beyond the" in capsys.readouterr().out
+    for bad in (float("nan"), 0.0, -1.0, float("inf")):
+        with pytest.raises(UsageError, match="positive finite"):
+            perplexity_verdict(bad, 100.0)
+    with pytest.raises(UsageError, match="margin"):
+        perplexity_verdict(90.0, 100.0, margin=1.5)
+
+
 def test_out_dir_replaces_only_an_earlier_quickstart_run(tmp_path, capsys):
     fresh = tmp_path / "new" / "qs"
     assert prepare_out_dir(fresh) is False and fresh.is_dir()
@@ -144,7 +171,13 @@ def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
     kn = kneser_ney_perplexity(*load_lee_corpus(), load_lm(result["model_dir"]).vocab, order=3)
     assert result["kneser_ney_3"]["average"] == pytest.approx(kn["average"], rel=1e-12)
     assert f"average {kn['average']:.1f}" in printed
-    assert result["beats_kneser_ney"] == (result["perplexity"]["average"] < kn["average"])
+    # the verdict is the margin rule on the printed figures (issue 19), and quickstart.json keeps all of it
+    versus = result["versus_kneser_ney"]
+    assert versus == perplexity_verdict(result["perplexity"]["average"], kn["average"])
+    assert versus["margin"] == PERPLEXITY_MARGIN and result["beats_kneser_ney"] == (versus["verdict"] == "beats")
+    assert f"the biLM {versus['verdict'].replace('level', 'is level')} the Kneser-Ney 3-gram" in printed
+    assert result["perplexity"]["unk_share"] == pytest.approx(result["perplexity"]["unk_targets"]
+                                                             / result["perplexity"]["tokens"])
     assert Vocabulary.from_file(tmp_path / "vocab.txt").tokens == load_lm(result["model_dir"]).vocab.tokens
     assert (tmp_path / "heldout.txt").read_text().splitlines() == [" ".join(s) for s in load_lee_corpus()[1]]
     # the unigram figure is the add-one model over the saved vocabulary, recomputed here independently
@@ -193,6 +226,7 @@ def test_english_job_keeps_its_settings_and_unknown_languages_are_refused(tmp_pa
                              optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0,
                              checkpoint_every=10_000, log_every=10, valid_every=10_000)
     assert job.probes is BANK_SENTENCES and job.probe_key == "bank" and job.margin == SEPARATION_MARGIN
+    assert job.perplexity_margin == PERPLEXITY_MARGIN == 0.05
     assert job.model().char_cnn.max_characters_per_token == 50 and DEFAULT_MINUTES["en"] == 5.0
     train, held, info = job.load_corpus()
     assert (train, held) == load_lee_corpus() and info == {}

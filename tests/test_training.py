@@ -325,7 +325,7 @@ def test_sentence_batching_and_char_vocab_mode(tmp_path):
     from elmokit import ConfigError, Elmo, InputError
 
     elmo = Elmo.from_pretrained(tmp_path / "out" / "model", dropout=0.0)
-    with pytest.raises(InputError, match="char_vocab=model.char_vocab"):
+    with pytest.raises(InputError, match=r"char_vocab=elmo\.bilm\.char_vocab"):
         elmo(batch_to_ids([["苹果", "公司"]], 10))
     assert elmo(batch_to_ids([["苹果", "公司"]], 10, char_vocab=elmo.bilm.char_vocab))["mask"].all()
     with pytest.raises(ConfigError, match="character vocabulary"):

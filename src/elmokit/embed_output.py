@@ -39,12 +39,14 @@ import dataclasses
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import pickle
 import queue
 import re
 import shutil
 import signal
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +55,8 @@ from typing import Any
 import numpy as np
 
 from . import interrupts
-from .errors import ElmoError, MissingFileError, UsageError
+from .data.corpus import CorpusDecodeError, decode_line, line_problem
+from .errors import ElmoError, MissingFileError, UsageError, option_wording
 from .io import LOCK_NAME, atomic_path, atomic_write_text, lock_folder
 
 __all__ = ["EmbedJob", "EmbedWorkerError", "EmbeddingReader", "open_embeddings", "sentence_key", "make_tokenizer",
@@ -70,6 +73,9 @@ LAYOUT_VERSION = 1
 KILL_ENV = "ELMOKIT_TEST_EMBED_KILL_AT"
 _PART_RE = re.compile(r"^part-(\d{6,})\.hdf5$")
 _TMP_RE = re.compile(r"^\.(part-\d{6,}\.hdf5|index\.json)\..+\.tmp$")
+#: Exit status of a spawned worker that found ``embed_file`` called again while it imported the caller's script (a
+#: script without an ``if __name__ == "__main__":`` guard): the parent names the missing guard.
+UNGUARDED_EXIT = 87
 
 #: Test/diagnostic hook: when set, called as ``_probe(event, **info)`` — ``"part_read"`` (``part``, ``held``: lines
 #: read into memory), ``"batch"`` (``part``, ``held``: arrays alive), ``"part_done"`` (``part``). Unset in normal use.
@@ -78,6 +84,17 @@ _probe: Callable[..., None] | None = None
 
 class EmbedWorkerError(ElmoError, RuntimeError):
     """A worker process of a multi-process ``embed_file`` died or failed; the finished parts are kept for resume."""
+
+
+def _spawn_bootstrapping() -> bool:
+    """Whether this process is a spawned child still importing its parent's ``__main__`` (``multiprocessing`` sets
+    ``_inheriting`` while it does): code that runs then is the script's unguarded top level, run a second time."""
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+def _unguarded_script() -> str:
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    return f"the script {main}" if main else "the calling script"
 
 
 def _notify(event: str, **info: Any) -> None:
@@ -159,12 +176,11 @@ class InputScan:
 
 
 def scan_input(path: Path, decode_errors: str, part_size: int) -> InputScan:
-    """Count lines, record part offsets, hash the bytes and check the UTF-8 (before any work).
+    """Count lines, record part offsets, hash the bytes and check every line against
+    :func:`elmokit.data.corpus.line_problem`'s rule (valid UTF-8, no NUL byte), before any work.
 
     Raises:
-        CorpusDecodeError (a DataError): invalid UTF-8 with ``decode_errors="strict"`` (names file and line)."""
-    from .data.corpus import CorpusDecodeError
-
+        CorpusDecodeError (a DataError): a bad line with ``decode_errors="strict"`` (names file, line and column)."""
     digest = hashlib.blake2b(digest_size=20)
     offsets: list[int] = []
     skipped: list[int] = []
@@ -176,34 +192,30 @@ def scan_input(path: Path, decode_errors: str, part_size: int) -> InputScan:
                 offsets.append(position)
             position += len(raw)
             digest.update(raw)
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                if decode_errors == "strict":
-                    raise CorpusDecodeError(
-                        path, number, f"byte 0x{raw[exc.start]:02x} at column {exc.start + 1}: {exc.reason}") from None
-                if decode_errors == "skip":
-                    skipped.append(number)
+            if b"\0" in raw or not raw.isascii():  # only these can break the rule (the fast path skips the rest)
+                problem = line_problem(raw)
+                if problem is not None:
+                    if decode_errors == "strict":
+                        raise CorpusDecodeError(path, number, problem)
+                    if decode_errors == "skip":
+                        skipped.append(number)
     return InputScan(path, position, number, part_size, offsets, digest.hexdigest(), skipped)
 
 
 def read_part(scan: InputScan, k: int, decode_errors: str) -> list[str | None]:
-    """The lines of part ``k`` (text without the newline; ``None`` for a skipped undecodable line), read from its
-    byte offset — the same splitting and decoding as :func:`elmokit.data.corpus.read_lines`."""
+    """The lines of part ``k`` (text without the newline; ``None`` for a skipped line), read from its byte offset —
+    the same splitting and decoding as :func:`elmokit.data.corpus.read_lines` (:func:`scan_input` has checked the
+    lines, so ``"strict"`` cannot fail here)."""
     count = scan.part_lines(k)
     first = k * scan.part_size + 1
     out: list[str | None] = []
     with open(scan.path, "rb") as fh:
         fh.seek(scan.offsets[k])
         for number in range(first, first + count):
-            raw = fh.readline()
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                if decode_errors == "skip":
-                    out.append(None)
-                    continue
-                text = raw.decode("utf-8", errors="replace" if decode_errors == "strict" else decode_errors)
+            text, _ = decode_line(fh.readline(), decode_errors, scan.path, number)
+            if text is None:
+                out.append(None)
+                continue
             if number == 1 and text.startswith("\ufeff"):  # a byte-order mark is not part of the first token
                 text = text[1:]
             out.append(text.rstrip("\r\n"))
@@ -430,6 +442,10 @@ class EmbedJob:
                  overwrite=False) -> None:
         from .embedding import _positive_int
 
+        if _spawn_bootstrapping():
+            # a worker importing an unguarded script reached embed_file again: stop before touching any file; the
+            # parent sees this exit status and names the missing guard (one message instead of a traceback here)
+            raise SystemExit(UNGUARDED_EXIT)
         self.embedder = embedder
         self.spec = embedder.output_spec(layers, pool, keep_sentence_boundaries, dtype)
         if decode_errors not in DECODE_MODES:
@@ -471,8 +487,9 @@ class EmbedJob:
             if out.is_dir():
                 raise UsageError(f"the output {out} is a folder; give the HDF5 file to write")
             if out.exists() and not self.overwrite:
-                raise UsageError(f"the output {out} already exists: pass --overwrite (overwrite=True) to replace it, "
-                                 "or choose another output path")
+                raise UsageError(f"the output {out} already exists: pass "
+                                 f"{option_wording('--overwrite', 'overwrite=True')} to replace it, or choose another "
+                                 "output path")
             if self.folder.exists() and not self.folder.is_dir():
                 raise UsageError(f"{self.folder} is a file: it is where the parts of {out} go; move it away")
         if self.folder.resolve() == inp.resolve().parent:
@@ -516,14 +533,16 @@ class EmbedJob:
                     existing = None
         if existing is not None and self.format == "parts" and existing.get("complete") and not self.resume:
             if not self.overwrite:
-                raise UsageError(f"the output {folder} already holds finished embeddings: pass --overwrite "
-                                 "(overwrite=True) to replace them, or choose another output folder")
+                raise UsageError(f"the output {folder} already holds finished embeddings: pass "
+                                 f"{option_wording('--overwrite', 'overwrite=True')} to replace them, or choose "
+                                 "another output folder")
             self._clear_folder()  # replaced, as asked
             existing = None
         if existing is not None and not self.resume:
             if not self.overwrite:
-                raise UsageError(f"{folder} holds the parts of an interrupted run: rerun with --resume (resume=True) "
-                                 "to continue it, or with --overwrite (overwrite=True) to start again")
+                raise UsageError(f"{folder} holds the parts of an interrupted run: rerun with "
+                                 f"{option_wording('--resume', 'resume=True')} to continue it, or with "
+                                 f"{option_wording('--overwrite', 'overwrite=True')} to start again")
             self._clear_folder()
             existing = None
         done: set[int] = set()
@@ -563,6 +582,13 @@ class EmbedJob:
             raise UsageError(f"cannot resume {self.folder}: it was written with another model "
                              f"({existing.get('model', {}).get('name') or 'fingerprint differs'})")
 
+    def _drop_if_no_part(self) -> None:
+        """Delete the work folder when it holds no finished part (only ``index.json`` and temporary files): after a
+        failed run it would otherwise block a plain rerun; ``--resume`` without a folder starts afresh."""
+        with contextlib.suppress(OSError):
+            if self.folder.is_dir() and not any(_PART_RE.match(p.name) for p in self.folder.iterdir()):
+                shutil.rmtree(self.folder)
+
     @staticmethod
     def _part_ok(path: Path, k: int, scan: InputScan) -> bool:
         import h5py
@@ -601,6 +627,8 @@ class EmbedJob:
             logger.warning("%s: skipped %d line(s) that are not valid UTF-8 (line %s); their datasets are empty",
                            self.input_path, len(scan.skipped), shown)
         rank, world = torchrun_rank()
+        if rank == 0:
+            self._check_tokenisation(scan)
         fingerprint = model_fingerprint(self.embedder.bilm)
         if world == 1:
             done = self._lock_and_prepare(scan, fingerprint)
@@ -616,13 +644,18 @@ class EmbedJob:
         from tqdm.auto import tqdm
 
         finished = sum(scan.part_lines(k) for k in done)
-        with tqdm(total=scan.lines, initial=finished, unit="sent", disable=not self.progress,
-                  desc="embedding", smoothing=0.05) as bar:
-            if self.workers == 1 or len(todo) <= 1:
-                for k in todo:
-                    writer.write(self.embedder, k, progress=bar.update)
-            else:
-                self._run_workers(writer, todo, bar)
+        try:
+            with tqdm(total=scan.lines, initial=finished, unit="sent", disable=not self.progress,
+                      desc="embedding", smoothing=0.05) as bar:
+                if self.workers == 1 or len(todo) <= 1:
+                    for k in todo:
+                        writer.write(self.embedder, k, progress=bar.update)
+                else:
+                    self._run_workers(writer, todo, bar)
+        except Exception:
+            if world == 1:
+                self._drop_if_no_part()  # a failure before any part was finished leaves nothing to resume
+            raise
         if world > 1:
             group.barrier()  # every part is written
             if rank != 0:
@@ -633,6 +666,24 @@ class EmbedJob:
         self._finalise(scan)
         logger.info("wrote %d sentences to %s", scan.lines, self.output_path)
         return scan.lines
+
+    #: How many lines from the start of the input :meth:`_check_tokenisation` looks at.
+    CHECK_LINES = 2000
+
+    def _check_tokenisation(self, scan: InputScan) -> None:
+        """Warn (logging) when the first :attr:`CHECK_LINES` lines look untokenised for the model
+        (:func:`elmokit.data.text_checks.check_tokenisation`): e.g. raw Chinese without ``--tokenizer jieba``."""
+        from .data.text_checks import check_tokenisation
+
+        if not scan.lines:
+            return
+        tokenize = _tokenizer(self.tokenizer)
+        lines = read_part(scan, 0, self.decode_errors)[: self.CHECK_LINES]
+        check = check_tokenisation(((i + 1, tokenize(t)) for i, t in enumerate(lines) if t is not None),
+                                   self.embedder.bilm.config, self.tokenizer)
+        warning = check.warning(lambda name: option_wording(f"--tokenizer {name}", f"tokenizer={name!r}"))
+        if warning:
+            logger.warning("%s: %s", self.input_path, warning)
 
     def _run_workers(self, writer: PartWriter, todo: list[int], bar) -> None:
         import torch.multiprocessing as mp
@@ -658,6 +709,11 @@ class EmbedJob:
                     kind, value = results.get(timeout=0.2)
                 except queue.Empty:
                     dead = [p for p in procs if p.exitcode not in (None, 0)]
+                    if any(p.exitcode == UNGUARDED_EXIT for p in dead):
+                        raise UsageError(
+                            f"the worker processes could not start: {_unguarded_script()} calls embed_file(workers="
+                            f"{self.workers}) at its top level; each spawned worker imports that script again, so "
+                            "put the call under `if __name__ == \"__main__\":`") from None
                     if dead or all(p.exitcode is not None for p in procs):
                         with contextlib.suppress(queue.Empty):
                             while True:  # an error report may still be in the queue
@@ -667,7 +723,8 @@ class EmbedJob:
                         codes = ", ".join(f"{p.name} exit {p.exitcode}" for p in procs if p.exitcode)
                         raise EmbedWorkerError(f"a worker process died ({codes or 'no report'}) with parts "
                                                f"{sorted(remaining)[:10]} unfinished; the finished parts are kept in "
-                                               f"{self.folder}: rerun with --resume (resume=True)")
+                                               f"{self.folder}: rerun with "
+                                               f"{option_wording('--resume', 'resume=True')}") from None
                     continue
                 if kind == "n":
                     bar.update(value)

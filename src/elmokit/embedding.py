@@ -337,10 +337,15 @@ class Embedder:
         segmentation). ``workers`` > 1: that many processes (spawned; each ``worker_threads`` torch threads), each
         writing its own parts — a script calling this must guard its top level with ``if __name__ == "__main__"``.
 
-        ``decode_errors`` is what to do with a line that is not valid UTF-8: ``"strict"`` (default) raises naming
-        file and line, before any work; ``"replace"`` / ``"ignore"`` decode it as Python does; ``"skip"`` leaves it
-        out — its dataset is then a zero-length array and it has no sentence entry; the skipped line numbers are
-        logged and kept in :attr:`skipped_lines`.
+        ``decode_errors`` is what to do with a line that is not text (invalid UTF-8, or a NUL byte:
+        :func:`elmokit.data.corpus.line_problem`): ``"strict"`` (default) raises naming file, line and column, before
+        any work; ``"replace"`` / ``"ignore"`` turn the bad bytes and NULs into U+FFFD or drop them; ``"skip"`` leaves
+        the line out — its dataset is then a zero-length array and it has no sentence entry; the skipped line numbers
+        are logged and kept in :attr:`skipped_lines`. Other control characters are kept. The first 2,000 lines are
+        checked against the model (:func:`elmokit.data.text_checks.check_tokenisation`): lines that look untokenised
+        (raw Chinese without ``tokenizer="jieba"``) log a warning naming the fix. With ``workers`` > 1 in a script
+        whose top level is not guarded, the workers stop at once and a :class:`~elmokit.errors.UsageError` names the
+        missing guard.
 
         An existing output (a file, or a ``"parts"`` folder holding finished embeddings) is replaced only with
         ``overwrite=True``; an interrupted run's parts are continued with ``resume=True`` or discarded with
@@ -351,10 +356,12 @@ class Embedder:
         Raises:
             UsageError: a bad option, ``output_path`` is the input file or the wrong kind of path, it exists and
                 ``overwrite`` is off, an interrupted run's parts are there and neither ``resume`` nor ``overwrite`` is
-                on, or ``resume`` with changed settings or input.
+                on, or ``resume`` with changed settings or input; ``workers`` > 1 called from the unguarded top level
+                of a script.
             FolderInUseError: another process is writing the same output (names its pid and start time).
             MissingFileError: no input file (or a folder).
-            DataError: a line that is not UTF-8 with ``decode_errors="strict"`` (names the file and line).
+            DataError: a line that is not text (invalid UTF-8, a NUL byte) with ``decode_errors="strict"`` (names the
+                file and line). A failure before any part is finished leaves no parts folder behind.
             EmbedWorkerError: a worker process died (the finished parts are kept for ``resume``).
         """
         from .embed_output import EmbedJob

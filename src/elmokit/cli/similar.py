@@ -52,8 +52,9 @@ def _read_sentences(path: Path, tokenize, labelled: bool, decode_errors: str = "
     line holding a TAB prints one warning on stderr (the file is probably labelled).
 
     Raises:
-        InputError: no non-blank line (exit 2: the file given is not a sentences file).
-        DataError: with ``labelled``, a line without a TAB or with an empty label; invalid UTF-8 with ``strict``."""
+        DataError: no non-blank line (exit 1, as ``perplexity``, ``train`` and the task readers: the file is there but
+            holds nothing to read); with ``labelled``, a line without a TAB or with an empty label; a line that is not
+            text (invalid UTF-8, a NUL byte) with ``strict``."""
     from ..data.corpus import read_lines
 
     numbers, sentences, labels, texts = [], [], [], []
@@ -78,7 +79,7 @@ def _read_sentences(path: Path, tokenize, labelled: bool, decode_errors: str = "
         texts.append(text)
     if not sentences:
         skipped = " or skipped (--decode-errors skip)" if decode_errors == "skip" else ""
-        raise InputError(f"the {what} {path} holds no sentences (every line is blank{skipped}): give a text file, one "
+        raise DataError(f"the {what} {path} holds no sentences (every line is blank{skipped}): give a text file, one "
                          "sentence per line")
     return numbers, sentences, labels, texts
 
@@ -121,7 +122,7 @@ def _snippet(tokens: list[str], start: int, end: int, width: int = 6, joiner: st
 
 
 def _fmt(x) -> str:
-    return "—" if x is None else f"{x:.3f}"
+    return "—" if x is None else f"{x:.4f}"
 
 
 def cmd_similar(args: argparse.Namespace) -> int:
@@ -224,28 +225,28 @@ def cmd_similar(args: argparse.Namespace) -> int:
     if show_matrix:
         for name, m in rows:
             print(f"\nlayer {name}: cosine similarity")
-            print("      " + "".join(f"{'#' + str(j):>7}" for j in range(len(m))))
+            print("      " + "".join(f"{'#' + str(j):>8}" for j in range(len(m))))
             for i, r in enumerate(m):
-                print(f"  {'#' + str(i):<4}" + "".join(f"{v:7.3f}" for v in r))
+                print(f"  {'#' + str(i):<4}" + "".join(f"{v:8.4f}" for v in r))
     else:
         print(f"\n({len(occurrences)} occurrences: matrices left out above --max-matrix {args.max_matrix}; "
               "--json prints them)")
-    head = f"\n{'layer':<12}{'pairs':>7}{'mean':>8}{'min':>8}{'max':>8}"
+    head = f"\n{'layer':<12}{'pairs':>7}{'mean':>9}{'min':>9}{'max':>9}"
     if args.labels:
-        head += f"{'within':>8}{'across':>8}{'gap':>8}"
+        head += f"{'within':>9}{'across':>9}{'gap':>9}"
     print(head)
     for name, _ in rows:
         s = result["layers"][name]["summary"]
-        line = f"{name:<12}{s['pairs']:>7}{_fmt(s['mean']):>8}{_fmt(s['min']):>8}{_fmt(s['max']):>8}"
+        line = f"{name:<12}{s['pairs']:>7}{_fmt(s['mean']):>9}{_fmt(s['min']):>9}{_fmt(s['max']):>9}"
         if args.labels:
-            line += f"{_fmt(s['within']):>8}{_fmt(s['across']):>8}{_fmt(s['gap']):>8}"
+            line += f"{_fmt(s['within']):>9}{_fmt(s['across']):>9}{_fmt(s['gap']):>9}"
         print(line)
     if neighbours is not None:
         print(f"\nnearest contextual neighbours in {args.corpus} (layer {args.neighbour_layer}, cosine):")
         for i, row in enumerate(result["neighbours"]["lists"]):
             print(f"  #{i}:")
             for nb in row:
-                print(f"      {nb['score']:.3f}  {nb['token']}  (line {nb['corpus_line']}: {nb['snippet']})")
+                print(f"      {nb['score']:.4f}  {nb['token']}  (line {nb['corpus_line']}: {nb['snippet']})")
     if args.png is not None:
         print(f"\nplot → {args.png}")
     return 0

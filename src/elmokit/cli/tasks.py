@@ -60,7 +60,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UsageError(f"--out {out} already holds a task model: pass --overwrite to replace it, or another "
                              "--out")
         model = train_from_config(config, out_dir=out, seed=args.seed, device=device,
-                                  unseen=args.unseen_labels, log=lambda text: _say(args, text))
+                                  unseen=args.unseen_labels, log=lambda text: _say(args, text),
+                                  progress=not args.no_progress)
     r = model.results
     if args.json:
         print_json_line({"model_dir": str(out), "bilm": model.bilm_record, **r})
@@ -199,6 +200,8 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
         p.add_argument("--json", action="store_true", help="print the results as one JSON line (default: text)")
         add_threads_option(p)
+        p.add_argument("--no-progress", action="store_true",
+                       help="no progress bar while the biLM layers of the data files are computed (default: shown)")
         p.set_defaults(func=cmd_train, interrupted_note=_train_note)
 
         p = tsub.add_parser("predict", parents=parents, help=f"apply a trained {what} to new text",

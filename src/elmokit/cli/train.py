@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from .. import interrupts
+from ..embed_output import TOKENIZERS
 from ..errors import ConfigError, DataError, ElmoError, MissingFileError, UsageError
 from ..io import check_creatable_folder, lock_folder
 from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
@@ -206,13 +207,30 @@ def _check_lm_folder(path: Path) -> None:
 
 def _read_sentences(args: argparse.Namespace) -> list[tuple[int, list[str]]]:
     from ..data.corpus import read_lines
+    from ..embed_output import make_tokenizer
 
     check_input_file(args.file)
-    return [(number, text.split()) for number, text in read_lines(args.file, errors=args.decode_errors)]
+    tokenize = make_tokenizer(args.tokenizer)
+    return [(number, tokenize(text)) for number, text in read_lines(args.file, errors=args.decode_errors)]
+
+
+def _warn(args: argparse.Namespace, text: str | None, kind: str = "warning") -> None:
+    if text:
+        print(f"elmokit {args.command}: {kind}: {text}", file=sys.stderr, flush=True)
+
+
+def _check_text(args: argparse.Namespace, lm, lines: list[tuple[int, list[str]]]) -> None:
+    """Warn (stderr) when the lines look untokenised for ``lm``
+    (:func:`elmokit.data.text_checks.check_tokenisation`)."""
+    from ..data.text_checks import check_tokenisation
+
+    _warn(args, check_tokenisation(lines, lm.config, args.tokenizer).warning())
 
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
-    """Held-out perplexity of a trained LM over a text file (blank lines skipped), as one JSON object."""
+    """Held-out perplexity of a trained LM over a text file (blank lines skipped), as one JSON object, with the share of
+    ``<UNK>`` targets; warnings on stderr for untokenised-looking lines and a high ``<UNK>`` share."""
+    from ..data.text_checks import unk_warning
     from ..pretraining.perplexity import evaluate_perplexity
     from ..pretraining.trainer import load_lm
 
@@ -220,17 +238,22 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
 
     args.model = Path(resolve_model_name(str(args.model)))  # a zoo name → its folder (or how to build it)
     _check_lm_folder(args.model)
-    sentences = [tokens for _, tokens in _read_sentences(args) if tokens]  # blank lines are not sentences
-    if not sentences:
+    lines = [(number, tokens) for number, tokens in _read_sentences(args) if tokens]  # blank lines: no sentence
+    if not lines:
         raise DataError(f"{args.file} holds no sentence (only blank lines): nothing to evaluate")
     lm = load_lm(args.model).to(resolve_cli_device(args.device))
-    result = evaluate_perplexity(lm, sentences, batch_size=args.batch_size)
+    _check_text(args, lm, lines)
+    result = evaluate_perplexity(lm, [tokens for _, tokens in lines], batch_size=args.batch_size)
+    _warn(args, unk_warning(result["unk_targets"], result["tokens"], len(lm.vocab)))
     print(json.dumps(result, indent=2))
     return 0
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    """One JSON line per input line: forward and backward log-probability (nats)."""
+    """One JSON line per input line: forward and backward log-probability (nats) and the number of ``<UNK>`` words;
+    on stderr the file's ``<UNK>`` share (a warning above :data:`elmokit.data.text_checks.UNK_WARN_SHARE`) and a
+    warning for untokenised-looking lines."""
+    from ..data.text_checks import UNK_WARN_SHARE, unk_targets, unk_warning
     from ..pretraining.perplexity import score_sentences
     from ..pretraining.trainer import load_lm
 
@@ -240,11 +263,22 @@ def cmd_score(args: argparse.Namespace) -> int:
     _check_lm_folder(args.model)
     lines = _read_sentences(args)
     lm = load_lm(args.model).to(resolve_cli_device(args.device))
+    _check_text(args, lm, lines)
     scores = score_sentences(lm, [tokens for _, tokens in lines], args.batch_size)
+    unknown_total = targets_total = 0
     for (number, tokens), (f, b) in zip(lines, scores):
         interrupts.check()
-        print_json_line({"line": number, "sentence": " ".join(tokens), "words": len(tokens),
+        unknown, targets = unk_targets(lm.vocab, [tokens])
+        unknown_total += unknown
+        targets_total += targets
+        print_json_line({"line": number, "sentence": " ".join(tokens), "words": len(tokens), "unk": unknown,
                          "logprob_forward": f, "logprob_backward": b})
+    warning = unk_warning(unknown_total, targets_total, len(lm.vocab))
+    if warning:
+        _warn(args, warning)
+    elif targets_total:
+        _warn(args, f"{unknown_total} of the {targets_total} targets ({100 * unknown_total / targets_total:.1f} %) are "
+                    f"<UNK> (a warning above {100 * UNK_WARN_SHARE:.0f} %)", "note")
     return 0
 
 
@@ -265,12 +299,16 @@ def _add_lm_file_args(p: argparse.ArgumentParser) -> None:
     """The arguments shared by ``perplexity`` and ``score``: a trained LM folder and a text file."""
     p.add_argument("model", type=path_arg, help="a trained model folder (OUT_DIR/model, as `elmokit train` writes "
                                                 "it: biLM + softmax + vocab.txt)")
-    p.add_argument("file", type=path_arg, help="tokenised text, one sentence per line (UTF-8)")
+    p.add_argument("file", type=path_arg,
+                   help="text, one sentence per line (UTF-8): tokenised, or raw with --tokenizer")
     p.add_argument("--batch-size", type=positive_int, default=64,
                    help="sentences per forward pass (default: %(default)s)")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default="whitespace",
+                   help="how lines become words: whitespace (pre-tokenised text), moses (sacremoses, raw English), "
+                        "jieba (raw Chinese: word segmentation) (default: %(default)s)")
     p.add_argument("--decode-errors", choices=DECODE_CHOICES, default="strict",
-                   help="invalid UTF-8: stop naming the file and line (strict), replace or ignore the bad bytes, or "
-                        "skip the line (default: %(default)s)")
+                   help="a line that is not text (invalid UTF-8, a NUL byte): stop naming the file and line (strict), "
+                        "replace or ignore the bad bytes, or skip the line (default: %(default)s)")
     p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
 
 

@@ -27,12 +27,12 @@ import itertools
 import logging
 import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import DataError, MissingFileError, UsageError
+from ..errors import DataError, MissingFileError, UsageError, option_wording
 
 logger = logging.getLogger(__name__)
 
@@ -50,30 +50,79 @@ _LONG_POLICIES = ("split", "error")
 
 
 class CorpusDecodeError(DataError):
-    """A corpus line is not valid UTF-8 (with ``errors="strict"``). ``path`` and ``lineno`` (1-based) name it.
+    """A line is not text under :func:`decode_line`'s rule (invalid UTF-8, or a NUL byte) with ``errors="strict"``.
+    ``path`` and ``lineno`` (1-based) name it.
 
     A :class:`~elmokit.errors.DataError` (so also a ``ValueError``)."""
 
     def __init__(self, path: Path, lineno: int, detail: str) -> None:
-        super().__init__(
-            f"{path}:{lineno}: invalid UTF-8 ({detail}); fix the file, or read it anyway with errors='replace', "
-            "'ignore' or 'skip' (command line: --decode-errors)"
-        )
+        how = option_wording("--decode-errors replace, ignore or skip",
+                             "errors= (decode_errors=) 'replace', 'ignore' or 'skip'")
+        super().__init__(f"{path}:{lineno}: {detail}; fix the file, or read it anyway with {how}")
         self.path = path
         self.lineno = lineno
+
+
+def line_problem(raw: bytes) -> str | None:
+    """Why one raw line (bytes, newline included or not) is not text under elmokit's rule, or ``None`` when it is.
+
+    The rule, the same for every command that reads text (``embed``, ``score``, ``perplexity``, ``train``,
+    ``similar``): a line must be valid UTF-8 and hold no NUL byte. NUL is valid UTF-8 but never text: it comes from
+    binary files and UTF-16 text read as UTF-8, and HDF5 cannot store it inside a string. Every other control
+    character is kept: those Python counts as whitespace (``\\t \\v \\f \\r``, ``\\x1c``–``\\x1f``, ``\\x85``)
+    separate tokens like a space, the others are characters of their token.
+
+    Returns e.g. ``"invalid UTF-8 (byte 0xff at column 3: invalid start byte)"`` or ``"a NUL byte at column 7
+    (binary data, or UTF-16 text?)"`` — the first problem in the line (columns count bytes, from 1)."""
+    nul = raw.find(b"\0")
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if nul < 0 or exc.start < nul:
+            return f"invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}: {exc.reason})"
+    if nul >= 0:
+        return f"a NUL byte at column {nul + 1} (binary data, or UTF-16 text?)"
+    return None
+
+
+def decode_line(raw: bytes, errors: str, path: str | os.PathLike, lineno: int | Callable[[], int]
+                ) -> tuple[str | None, bool]:
+    """One raw line as text under :func:`line_problem`'s rule: ``(text, bad)``; ``text`` is ``None`` for a line
+    ``errors="skip"`` leaves out; ``bad`` says whether the line broke the rule.
+
+    ``errors`` is what a bad line gets: ``"strict"`` raises; ``"replace"`` decodes invalid bytes as U+FFFD and turns
+    each NUL into U+FFFD; ``"ignore"`` drops them; ``"skip"`` drops the line. ``lineno`` (1-based) may be a function
+    that computes it, called only for the error.
+
+    Raises:
+        CorpusDecodeError: a bad line with ``errors="strict"``, naming ``path``, the line and the first problem."""
+    try:
+        text = raw.decode("utf-8")
+        if "\0" not in text:
+            return text, False
+    except UnicodeDecodeError:
+        pass
+    if errors == "strict":
+        number = lineno() if callable(lineno) else lineno
+        raise CorpusDecodeError(Path(path), number, line_problem(raw) or "not text")
+    if errors == "skip":
+        return None, True
+    text = raw.decode("utf-8", errors=errors)
+    return text.replace("\0", "\ufffd" if errors == "replace" else ""), True
 
 
 def read_lines(path: str | os.PathLike, errors: str = "strict") -> list[tuple[int, str]]:
     """Every line of one UTF-8 text file as ``(line number (1-based), text without the newline)``, blank lines too.
 
     For commands whose output must line up with their input lines (``embed``, ``score``); training reads
-    :class:`TextCorpus` instead (streamed, shuffled, blank lines dropped).
+    :class:`TextCorpus` instead (streamed, shuffled, blank lines dropped). Lines are decoded by :func:`decode_line`
+    (invalid UTF-8 and NUL bytes are bad lines).
 
     Raises:
         UsageError: an unknown ``errors`` mode.
         MissingFileError: no such file (or a folder).
-        CorpusDecodeError: invalid UTF-8 with ``errors="strict"`` (names file and line); ``"skip"`` drops such lines,
-            ``"replace"``/``"ignore"`` decode them as Python does.
+        CorpusDecodeError: a bad line with ``errors="strict"`` (names file and line); ``"skip"`` drops such lines,
+            ``"replace"``/``"ignore"`` replace or drop the bad bytes.
     """
     if errors not in _DECODE_ERRORS:
         raise UsageError(f"errors must be one of {_DECODE_ERRORS}, got {errors!r}")
@@ -83,16 +132,9 @@ def read_lines(path: str | os.PathLike, errors: str = "strict") -> list[tuple[in
     out: list[tuple[int, str]] = []
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                if errors == "strict":
-                    raise CorpusDecodeError(
-                        path, number, f"byte 0x{raw[exc.start]:02x} at column {exc.start + 1}: {exc.reason}"
-                    ) from None
-                if errors == "skip":
-                    continue
-                text = raw.decode("utf-8", errors=errors)
+            text, _ = decode_line(raw, errors, path, number)
+            if text is None:
+                continue
             if number == 1 and text.startswith("\ufeff"):  # a byte-order mark is not part of the first token
                 text = text[1:]
             out.append((number, text.rstrip("\r\n")))
@@ -258,18 +300,10 @@ class TextCorpus:
                 if end is not None and pos >= end:
                     break
                 pos += len(raw)
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    if self.errors == "strict":
-                        raise CorpusDecodeError(
-                            path, self._line_number(index, lineno),
-                            f"byte 0x{raw[e.start]:02x} at column {e.start + 1}: {e.reason}"
-                        ) from None
-                    n_bad += 1
-                    if self.errors == "skip":
-                        continue
-                    text = raw.decode("utf-8", self.errors)
+                text, bad = decode_line(raw, self.errors, path, lambda: self._line_number(index, lineno))
+                n_bad += bad
+                if text is None:
+                    continue
                 if lineno == 1 and start == 0 and text.startswith("\ufeff"):
                     text = text[1:]
                 tokens = text.split()
@@ -277,7 +311,7 @@ class TextCorpus:
                     yield lineno, tokens
         if n_bad:
             what = "skipped" if self.errors == "skip" else f"decoded with errors={self.errors!r}"
-            logger.warning("%s: %d line(s) with invalid UTF-8 %s", path, n_bad, what)
+            logger.warning("%s: %d line(s) with invalid UTF-8 or NUL bytes %s", path, n_bad, what)
 
     def _chunks(self, index: int, lineno: int, tokens: list[str]) -> Iterator[list[str]]:
         limit = self.max_tokens_per_sentence

@@ -260,15 +260,17 @@ class BiLM(nn.Module):
         if not isinstance(char_ids, torch.Tensor):
             raise InputError(f"char_ids must be a LongTensor (B, T, C) from batch_to_ids, got {type(char_ids).__name__}")
         c = self.config.char_cnn.max_characters_per_token
+        byte_scheme = self.config.char_cnn.char_vocab_size is None
+        scheme = (f"batch_to_ids(sentences{'' if c == 50 else f', {c}'}) (UTF-8 bytes, no char_vocab)" if byte_scheme
+                  else f"batch_to_ids(sentences, {c}, char_vocab=elmo.bilm.char_vocab) (for a BiLM: bilm.char_vocab; "
+                       "this model reads a character vocabulary)")
         if char_ids.dim() != 3 or char_ids.shape[-1] != c:
-            raise InputError(f"char_ids must have shape (B, T, {c}), got {tuple(char_ids.shape)}")
+            raise InputError(f"char_ids must have shape (B, T, {c}), got {tuple(char_ids.shape)}; this model's ids "
+                             f"come from {scheme}")
         if char_ids.dtype not in (torch.long, torch.int32, torch.int64, torch.int16, torch.uint8):
             raise InputError(f"char_ids must be integer ids, got dtype {char_ids.dtype}")
         mask = token_mask(char_ids)
         if char_ids.numel():
-            byte_scheme = self.config.char_cnn.char_vocab_size is None
-            scheme = ("batch_to_ids(sentences) (UTF-8 bytes, no char_vocab)" if byte_scheme
-                      else "batch_to_ids(sentences, char_vocab=model.char_vocab)")
             lo, hi = int(char_ids.min()), int(char_ids.max())
             n = self.config.char_cnn.n_char_rows + 1
             if lo < 0 or hi >= n:

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..errors import CheckpointError, UsageError
+from ..errors import CheckpointError, UsageError, option_wording
 from ..io import atomic_path, atomic_write_text
 
 __all__ = [
@@ -332,7 +332,7 @@ def load_latest(out_dir: str | os.PathLike) -> LoadedCheckpoint | None:
                 else "no older checkpoint is kept")
         logger.warning("checkpoint of step %d is damaged: %s; %s", entry.step, "; ".join(problems), then)
     raise CheckpointError(f"no checkpoint in {out_dir} can be used ({' | '.join(failures)}): start the run again "
-                          "with --overwrite (overwrite=True), or into another folder")
+                          f"with {option_wording('--overwrite', 'overwrite=True')}, or into another folder")
 
 
 def latest_valid_step(out_dir: str | os.PathLike) -> int | None:

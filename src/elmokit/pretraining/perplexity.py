@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from ..data.text_checks import unk_targets
 from ..errors import DataError, UsageError
 from ..vocabulary import Vocabulary
 from .objective import BidirectionalLM
@@ -36,7 +37,10 @@ def evaluate_perplexity(lm: BidirectionalLM, sentences: Iterable[Sequence[str]],
 
     Per direction: ``exp(mean NLL)`` over its n + 1 targets per sentence (forward ``w1 … wn </S>``, backward
     ``<S> w1 … wn``; unknown words count as ``<UNK>``). ``average`` = ``exp(0.5 · (NLL_fwd + NLL_bwd))``, bilm-tf's
-    "average perplexity". Returns ``{"forward", "backward", "average", "tokens", "sentences"}``.
+    "average perplexity". Returns ``{"forward", "backward", "average", "tokens", "sentences", "unk_targets",
+    "unk_share"}``: ``tokens`` = targets per direction, ``unk_targets`` = how many of them are ``<UNK>`` (words
+    outside the vocabulary; :func:`elmokit.data.text_checks.unk_targets`), ``unk_share`` = their share. A perplexity
+    over many ``<UNK>`` targets is low and says little (see :data:`elmokit.data.text_checks.UNK_WARN_SHARE`).
 
     Args:
         batch_size: sentences per forward pass (>= 1); it changes speed and memory, not the result.
@@ -45,10 +49,12 @@ def evaluate_perplexity(lm: BidirectionalLM, sentences: Iterable[Sequence[str]],
         UsageError: ``batch_size`` is not an int >= 1.
         DataError: no sentences.
     """
+    sentences = sentences if isinstance(sentences, Sequence) else list(sentences)  # read twice
     total_f, total_b, n_tok, n_sent = perplexity_sums(lm, sentences, batch_size)
     if n_tok == 0:
         raise DataError("no sentences to evaluate: the input holds no non-empty sentence")
-    return perplexities(total_f, total_b, n_tok, n_sent)
+    unknown, _ = unk_targets(lm.vocab, sentences)
+    return {**perplexities(total_f, total_b, n_tok, n_sent), "unk_targets": unknown, "unk_share": unknown / n_tok}
 
 
 def perplexities(total_f: float, total_b: float, n_tok: int, n_sent: int) -> dict[str, float]:

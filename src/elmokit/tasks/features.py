@@ -277,7 +277,8 @@ def _try_cache(cache_path: str | os.PathLike | None, bilm_sha: str, sent_sha: st
     return cached
 
 
-def _embed_flat(embedder, sentences: list[list[str]], batch_size: int, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+def _embed_flat(embedder, sentences: list[list[str]], batch_size: int, progress: bool | str,
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(total_tokens, L+1, D) float16 and (N+1,) offsets of ``sentences`` through ``embedder``."""
     from tqdm.auto import tqdm
 
@@ -286,7 +287,7 @@ def _embed_flat(embedder, sentences: list[list[str]], batch_size: int, progress:
     data = np.empty((int(offsets[-1]), embedder.num_layers, embedder.output_dim), dtype=np.float16)
     stream = embedder.embed_sentences(sentences, batch_size=batch_size)
     for i, arr in enumerate(tqdm(stream, total=len(sentences), disable=not progress, unit="sent",
-                                 desc="biLM layers")):
+                                 desc=progress if isinstance(progress, str) else "biLM layers")):
         if arr.size and float(np.abs(arr).max()) > _FLOAT16_MAX:
             raise DataError(f"sentence {i}: a biLM value of {float(np.abs(arr).max()):.3g} does not fit float16 "
                             f"(max {_FLOAT16_MAX:g}); these features cannot be cached in float16")
@@ -295,7 +296,7 @@ def _embed_flat(embedder, sentences: list[list[str]], batch_size: int, progress:
 
 
 def compute_layer_features(model: object, sentences: Sequence, *, batch_size: int = 64,
-                           cache_path: str | os.PathLike | None = None, progress: bool = False,
+                           cache_path: str | os.PathLike | None = None, progress: bool | str = False,
                            model_name: str | None = None, num_threads: int | None = None) -> LayerFeatures:
     """The frozen biLM's L+1 layers for every sentence, computed once (see the module docstring for memory and
     exactness).
@@ -307,8 +308,8 @@ def compute_layer_features(model: object, sentences: Sequence, *, batch_size: in
         batch_size: sentences per biLM pass (length-sorted batches).
         cache_path: a ``.safetensors`` file: loaded when it was made by this biLM for these sentences, else
             (missing, stale or damaged) computed and written there atomically.
-        progress: a tqdm bar over sentences. model_name: the name recorded (default: ``model`` when it is a
-            name/path, else its type).
+        progress: a tqdm bar over sentences (a string: the bar's label). model_name: the name recorded (default:
+            ``model`` when it is a name/path, else its type).
         num_threads: torch threads for the computation (restored after; ``None``: unchanged). On a 2-core machine
             shared with other jobs, 1 thread was 12× faster than 2 (3,814 vs 311 tokens/s for ``elmokit-en``,
             load average 5.5): oversubscribed cores make torch's threads wait on each other.
@@ -403,7 +404,7 @@ def segment_characters(char_sentences: Sequence, segment: Callable[[str], object
 
 def char_features_from_words(model: object, char_sentences: Sequence, segment: Callable[[str], object], *,
                              batch_size: int = 64, cache_path: str | os.PathLike | None = None,
-                             progress: bool = False, model_name: str | None = None,
+                             progress: bool | str = False, model_name: str | None = None,
                              num_threads: int | None = None) -> LayerFeatures:
     """Layer features for character-tagged Chinese tasks from a word-level biLM: each sentence's characters are
     joined, segmented into words with ``segment`` (see :func:`segment_characters`; for the zoo model use
