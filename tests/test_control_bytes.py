@@ -86,7 +86,7 @@ def test_embed_refuses_a_nul_byte_before_any_work_in_every_layout(model, tmp_pat
     with open_embeddings(out) as emb:
         assert len(emb) == 3 and emb.sentence(1) == "the \ufffdbank lends" and emb["1"].shape[1] == 3
     capsys.readouterr()
-    assert cli_main(args + ["--decode-errors", "skip"]) == 0
+    assert cli_main(args + ["--decode-errors", "skip", "--overwrite"]) == 0  # replaces the output just written
     assert "1 undecodable line(s) skipped" in capsys.readouterr().out
     with open_embeddings(out) as emb:
         assert emb["1"].shape[1] == 0 and emb["2"].shape[1] == 2

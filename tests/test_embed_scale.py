@@ -382,7 +382,7 @@ def test_resume_after_ctrl_c_continues_from_the_finished_parts(bilm, tmp_path, m
     _assert_same(_read_all(out), reference)
     # a changed input is refused (the finished output is replaced only with overwrite=True)
     monkeypatch.setattr(embed_output, "_probe", interrupt_after_part_1)
-    with pytest.raises(UsageError, match="already exists: pass --overwrite"):
+    with pytest.raises(UsageError, match="already exists: pass overwrite=True"):
         emb.embed_file(src, out, format="hdf5", part_size=5, progress=False)
     with pytest.raises(KeyboardInterrupt):
         emb.embed_file(src, out, format="hdf5", part_size=5, progress=False, overwrite=True)
@@ -472,7 +472,7 @@ def test_parts_folder_rules(bilm, tmp_path):
     emb.embed_file(src, out, format="parts", part_size=5, progress=False)
     index = json.loads((out / "index.json").read_text())
     assert index["complete"] and index["part_files"] == ["part-000000.hdf5", "part-000001.hdf5", "part-000002.hdf5"]
-    with pytest.raises(UsageError, match="already holds finished embeddings: pass --overwrite"):
+    with pytest.raises(UsageError, match="already holds finished embeddings: pass overwrite=True"):
         emb.embed_file(src, out, format="parts", part_size=4, progress=False)
     emb.embed_file(src, out, format="parts", part_size=4, progress=False, overwrite=True)  # replaced, as asked
     assert len(json.loads((out / "index.json").read_text())["part_files"]) == 3

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import DataError, InputError, UsageError
+from ..errors import DataError, UsageError
 from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
                      check_output_file, model_folder, non_negative_int, path_arg, positive_int, resolve_cli_device,
                      text_arg)
