@@ -22,6 +22,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from safetensors.torch import load_file
 from conftest import REPO_ROOT, shared_path
 from elmokit import interrupts
 from elmokit.cli import main as cli_main
+from elmokit.io import atomic_write_text
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"}
 #: more signalled runs per command when set (a stress run by hand: ELMOKIT_SIGNAL_TRIALS=40); CI runs TRIALS
@@ -176,6 +178,32 @@ def test_the_handler_raises_only_inside_the_block():
             time.sleep(1)  # the handler runs in here
         assert interrupts.signal_name() == "SIGTERM"
     interrupts.clear()
+
+
+def test_a_signal_as_a_temporary_file_is_created_leaves_no_file(tmp_path, monkeypatch):
+    # found by the many-points test (embed signalled as part 0 was done, under ATEN_CPU_CAPABILITY=default): the
+    # interrupt landed between mkstemp and atomic_path's try, and part 1's temporary stayed in the parts folder
+    real = tempfile.mkstemp
+
+    def mkstemp_then_signal(*args, **kwargs):
+        created = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled here, with the file created and its name not yet returned
+        return created
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_signal)
+    try:
+        with interrupts.handling_signals(), pytest.raises(KeyboardInterrupt):
+            atomic_write_text(tmp_path / "out.txt", "text")
+        assert list(tmp_path.iterdir()) == []
+        # after an interrupt, the writes a command still makes (a checkpoint, the learning curve) are not cut by it
+        monkeypatch.setattr(tempfile, "mkstemp", real)
+        with interrupts.handling_signals():
+            with pytest.raises(KeyboardInterrupt), interrupts.deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+            atomic_write_text(tmp_path / "after.txt", "written")
+        assert (tmp_path / "after.txt").read_text() == "written"
+    finally:
+        interrupts.clear()
 
 
 def test_children_started_while_blocked_inherit_the_blocked_signals():

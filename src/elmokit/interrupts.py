@@ -27,8 +27,8 @@ import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["handling_signals", "install_for_process", "blocked", "unblock", "deferred", "check", "requested",
-           "clear", "signal_name", "SIGNALS"]
+__all__ = ["handling_signals", "install_for_process", "blocked", "unblock", "deferred", "shielded", "check",
+           "requested", "clear", "signal_name", "SIGNALS"]
 
 #: The signals handled: Ctrl-C and ``kill``'s default.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -170,6 +170,22 @@ def deferred() -> Iterator[None]:
     finally:
         _depth -= 1
     if _depth == 0 and _received:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Run a few statements that an interrupt must not separate (create a file and remember its name): a signal
+    arriving inside the block raises ``KeyboardInterrupt`` at its end instead (outside :func:`deferred` regions, as
+    it would have without the block); one received before the block is left to the caller's next :func:`check`."""
+    global _depth
+    before = len(_received)
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+    if _depth == 0 and _armed and len(_received) > before:
         raise KeyboardInterrupt
 
 
