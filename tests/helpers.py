@@ -84,3 +84,32 @@ TINY_TRAIN_OPTIONS = {
 }
 #: Words of the tiny training corpora.
 TINY_WORDS = "the a cat dog sat ran on under mat tree big small red fast slowly quietly".split()
+
+
+def assert_close_to_scale(got, want, tol: float, *, equal_nan: bool = False, dim: int | None = None) -> None:
+    """Assert ``|got - want| <= tol * max(1, |want|)`` elementwise: ``tol`` absolute for values up to 1, relative
+    above. float32 results computed in another order (another kernel, another CPU's vector width, a batch of another
+    size) differ by a few units in the last place of the values summed, so an absolute bound alone holds only for the
+    magnitudes it was tried on (a highway layer fed 1e6 gives values near 1e4, where one float32 step is 0.001).
+    With ``dim``, the scale is the largest finite ``|want|`` along that dimension instead of each value: a sum's
+    rounding is relative to the size of the terms summed, which a value that is small by cancellation understates.
+    Tensors or arrays; with ``equal_nan``, NaN matches NaN; infinities must match exactly."""
+    import torch
+
+    got = torch.as_tensor(got).detach().double().cpu()
+    want = torch.as_tensor(want).detach().double().cpu()
+    assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+    finite = torch.isfinite(want) & torch.isfinite(got)
+    same = (got == want) | (equal_nan & torch.isnan(got) & torch.isnan(want))
+    assert bool((finite | same).all()), f"non-finite values differ at {(~(finite | same)).nonzero()[:5].tolist()}"
+    diff = torch.where(finite, (got - want).abs(), torch.zeros_like(got))
+    scale = torch.where(torch.isfinite(want), want.abs(), torch.zeros_like(want))
+    if dim is not None:
+        scale = scale.amax(dim=dim, keepdim=True).expand_as(want)
+    allowed = tol * scale.clamp(min=1.0)
+    ratio = torch.where(finite, diff / allowed, torch.zeros_like(got))
+    if ratio.numel() and float(ratio.max()) > 1:
+        i = int(ratio.argmax())
+        raise AssertionError(f"{int((ratio > 1).sum())} of {ratio.numel()} values differ by more than {tol:g} x "
+                             f"max(1, |value|); worst at flat index {i}: got {float(got.flatten()[i])!r}, want "
+                             f"{float(want.flatten()[i])!r} (difference {float(diff.flatten()[i]):.3g})")

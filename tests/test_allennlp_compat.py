@@ -12,7 +12,7 @@ from torch import nn
 
 from elmokit import Elmo, Embedder, InputError, TokenVectorCache, UsageError, batch_to_ids
 from elmokit.characters import CharVocabulary
-from helpers import fixture_dir, fixture_model, tiny_random_bilm
+from helpers import assert_close_to_scale, fixture_dir, fixture_model, tiny_random_bilm
 
 SENTS = [["The", "sentence", "."], ["ELMo", "helps", "disambiguate", "ELMo", "from", "Elmo", "."]]
 
@@ -152,14 +152,14 @@ def test_vocab_to_cache_gives_the_character_path_numbers(bilm):
     for args in ((chars, words), (None, words)):
         got = _reps(cached, *args)
         assert torch.equal(got["mask"], ref["mask"])
-        assert (got["elmo_representations"][0] - ref["elmo_representations"][0]).abs().max() <= 1e-6
+        assert_close_to_scale(got["elmo_representations"][0], ref["elmo_representations"][0], 1e-6)
     assert len(cached.word_cache) == 10 and cached.word_cache.vectors.shape == (10, 16)
     # id 0 is padding: masked out, whatever words[0] is
     assert _reps(cached, None, torch.tensor([[3, 4, 0, 0]]))["mask"].tolist() == [[True, True, False, False]]
     # the cache holds the context-free token vectors of the words
     with torch.no_grad():
         direct = bilm.token_encoder(batch_to_ids([WORDS[1:]]))[0]
-    assert (cached.word_cache.vectors[1:] - direct).abs().max() <= 1e-6
+    assert_close_to_scale(cached.word_cache.vectors[1:], direct, 1e-6)
 
 
 def test_vocab_to_cache_higher_dims_and_fallback(bilm, caplog):
@@ -169,7 +169,7 @@ def test_vocab_to_cache_higher_dims_and_fallback(bilm, caplog):
     stacked = _reps(cached, torch.stack([chars] * 4, 1), torch.stack([words] * 4, 1))
     assert stacked["elmo_representations"][0].shape == (3, 4, 4, 32) and stacked["mask"].shape == (3, 4, 4)
     for k in range(4):
-        assert (stacked["elmo_representations"][0][:, k] - single).abs().max() <= 1e-6
+        assert_close_to_scale(stacked["elmo_representations"][0][:, k], single, 1e-6)
     stacked_words_only = _reps(cached, None, torch.stack([words] * 2, 1))
     assert stacked_words_only["elmo_representations"][0].shape == (3, 2, 4, 32)
     # an id outside the cache: AllenNLP falls back to the character ids; without them it is an error
@@ -177,7 +177,8 @@ def test_vocab_to_cache_higher_dims_and_fallback(bilm, caplog):
     oov[0, 0] = 99
     with caplog.at_level(logging.INFO, logger="elmokit.elmo"):
         fallback = _reps(cached, chars, oov)["elmo_representations"][0]
-    assert (fallback - single).abs().max() <= 1e-6 and "outside the cached vocabulary" in caplog.text
+    assert_close_to_scale(fallback, single, 1e-6)
+    assert "outside the cached vocabulary" in caplog.text
     with pytest.raises(InputError, match="99, outside the cached vocabulary of 10 words"):
         cached(None, oov)
     with pytest.raises(InputError, match="integer tensor"):
@@ -190,7 +191,8 @@ def test_vocab_to_cache_higher_dims_and_fallback(bilm, caplog):
     plain = Elmo(bilm=bilm, dropout=0.0)
     with caplog.at_level(logging.WARNING, logger="elmokit.elmo"):
         got = _reps(plain, chars, words)["elmo_representations"][0]
-    assert "no vocab_to_cache" in caplog.text and (got - single).abs().max() <= 1e-6
+    assert "no vocab_to_cache" in caplog.text
+    assert_close_to_scale(got, single, 1e-6)
     with pytest.raises(UsageError, match="vocab_to_cache entry 1 is a int"):
         Elmo(bilm=bilm, vocab_to_cache=["a", 3])
     with pytest.raises(UsageError, match="list of words"):

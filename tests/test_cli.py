@@ -22,7 +22,7 @@ from elmokit.cli import main as cli_main
 from elmokit.config import elmo_tiny
 from elmokit.modules.bilm import BiLM
 from elmokit.weights.native import save_pretrained
-from helpers import fixture_model
+from helpers import assert_close_to_scale, fixture_model
 
 
 def _err(capsys) -> str:
@@ -99,7 +99,7 @@ def test_long_line_is_embedded_alone_and_results_do_not_change(tmp_path):
     del emb.bilm.forward_token_vectors
     assert all(b * t <= 64 or b == 1 for b, t in shapes) and (1, 200) in shapes
     for s, arr in zip(sentences, got):
-        np.testing.assert_allclose(arr, emb.embed_batch([s])[0], atol=1e-5)
+        assert_close_to_scale(arr, emb.embed_batch([s])[0], 1e-5)  # layer values reach ~2.2
 
 
 def test_truncated_safetensors_is_a_clear_error(tmp_path, capsys):

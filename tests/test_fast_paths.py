@@ -8,6 +8,7 @@ import torch
 from elmokit.config import LSTMConfig
 from elmokit.modules.char_cnn import CharCNN
 from elmokit.modules.lstm import BiLSTM
+from helpers import assert_close_to_scale
 
 
 def _char_cnn() -> CharCNN:
@@ -18,9 +19,9 @@ def _char_cnn() -> CharCNN:
 def _assert_equals_conv1d(cnn: CharCNN, ids: torch.Tensor) -> None:
     """The fast char CNN equals its Conv1d reference: values with and without autograd, and parameter gradients."""
     fast, ref = cnn(ids), cnn.forward_conv1d(ids)
-    assert torch.allclose(fast, ref, atol=1e-6, rtol=0)
+    assert_close_to_scale(fast, ref, 1e-6)
     with torch.no_grad():  # the inference path (amax, cached weights)
-        assert torch.allclose(cnn(ids), ref, atol=1e-6, rtol=0)
+        assert_close_to_scale(cnn(ids), ref, 1e-6)
     weights = torch.randn_like(ref)
     grads = []
     for forward in (cnn.forward, cnn.forward_conv1d):
@@ -134,14 +135,14 @@ def test_fused_highway_equals_two_linears_and_follows_weight_changes():
     with torch.no_grad():
         fused = hw(x)
     reference = hw(x.requires_grad_(True)).detach()  # the nn.Linear path (autograd on)
-    assert torch.allclose(fused, reference, atol=1e-6, rtol=0)
+    assert_close_to_scale(fused, reference, 1e-6)
     with torch.no_grad():
         hw.gates[1].weight.mul_(-2.0)
         changed = hw(x)
     assert not torch.allclose(changed, fused, atol=1e-3)
-    assert torch.allclose(changed, hw(x).detach(), atol=1e-6, rtol=0)
+    assert_close_to_scale(changed, hw(x).detach(), 1e-6)
     with torch.no_grad():  # 3-D input keeps its shape
-        assert torch.allclose(hw(x.detach().view(5, 1, 16)).view(5, 16), changed, atol=1e-6, rtol=0)
+        assert_close_to_scale(hw(x.detach().view(5, 1, 16)).view(5, 16), changed, 1e-6)
 
 
 def test_token_encoder_inference_chunks_equal_one_piece(monkeypatch):
@@ -159,7 +160,7 @@ def test_token_encoder_inference_chunks_equal_one_piece(monkeypatch):
         whole = encoder(ids)
         monkeypatch.setattr(TokenEncoder, "inference_chunk", 8)
         chunked = encoder(ids)
-    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+    assert_close_to_scale(chunked, whole, 1e-6)
     assert bool((chunked[1, 20:] == 0).all()) and bool((chunked[1, :20] != 0).any())
     out = encoder(ids)  # grad enabled: one piece even above the threshold
     out.sum().backward()
@@ -216,12 +217,12 @@ def test_skipping_the_boundary_steps_is_exact_for_every_kept_position():
     lengths = full.mask.sum(1)
     for row, n in enumerate(lengths.tolist()):
         inner = slice(1, n - 1)
-        assert torch.allclose(fast.layers[row, :, inner], full.layers[row, :, inner], atol=1e-6, rtol=0)
-        assert torch.allclose(fast.layers[row, 0, :n], full.layers[row, 0, :n], atol=1e-6, rtol=0)  # layer 0
+        assert_close_to_scale(fast.layers[row, :, inner], full.layers[row, :, inner], 1e-6)
+        assert_close_to_scale(fast.layers[row, 0, :n], full.layers[row, 0, :n], 1e-6)  # layer 0
         assert float(fast.forward_top[row, n - 1].abs().max()) == 0.0  # the forward stack never read </S>
         assert float(fast.backward_top[row, 0].abs().max()) == 0.0  # the backward stack never read <S>
     plain = bilm(ids)
-    assert torch.allclose(stripped.layers, plain.layers, atol=1e-6, rtol=0)
+    assert_close_to_scale(stripped.layers, plain.layers, 1e-6)
     assert torch.equal(stripped.mask, plain.mask)
 
 

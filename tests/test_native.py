@@ -16,6 +16,7 @@ from elmokit.config import LSTMConfig
 from elmokit.modules import native
 from elmokit.modules.highway import Highway
 from elmokit.modules.lstm import BiLSTM
+from helpers import assert_close_to_scale
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +49,11 @@ def test_lstm_layer_equals_the_torchscript_loop(kernels, monkeypatch):
         assert len(calls) == 2  # both layers took the kernel
         _no_native(monkeypatch)
         ref_outs, (ref_c, ref_h) = lstm(x, lengths, state)
+    # outputs with the skip connection and start states reach ~3: 2e-6 absolute up to 1, relative above
     for out, ref in zip(outs, ref_outs):
-        torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
-    torch.testing.assert_close(c, ref_c, atol=2e-6, rtol=0)
-    torch.testing.assert_close(h, ref_h, atol=2e-6, rtol=0)
+        assert_close_to_scale(out, ref, 2e-6)
+    assert_close_to_scale(c, ref_c, 2e-6)
+    assert_close_to_scale(h, ref_h, 2e-6)
     assert float(ref_c[:, :, :4].abs().max()) == 0.5  # the cell clip fired (row 4 keeps its start state)
     assert float(ref_outs[0].abs().max()) == pytest.approx(0.3)  # the projection clip fired (layer 0: no residual)
     assert bool((outs[0][:, 4] == 0).all())  # the zero-length row: no output, its start state kept
@@ -76,7 +78,7 @@ def test_lstm_layer_small_configuration_shapes(kernels):
         got = native.lstm_layer(kernels, x, [1] * 11, c, h, w_ih, bias, native.pack_lstm(w_hh),
                                 lstm.weight_proj[0], 3.0, 3.0)
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
+        assert_close_to_scale(g, w, 2e-6)
 
 
 def test_pack_lstm_layout_and_errors():
@@ -106,8 +108,10 @@ def test_highway_kernel_equals_the_gemm_path(kernels, monkeypatch, rows):
         _no_native(monkeypatch)
         want = highway(x)
         ref = highway.double()(x.double())
-    torch.testing.assert_close(got, want, atol=5e-6, rtol=0)
-    assert float((got.double() - ref).abs().max()) <= 5e-6
+    # sums of 2048 products in other orders: values up to ~3 differed by 2.6e-6 (√2048·2^-24 ≈ 2.7e-6 of the
+    # values summed); the bound is relative above 1
+    assert_close_to_scale(got, want, 5e-6)
+    assert_close_to_scale(got, ref, 5e-6)
 
 
 def test_highway_kernel_is_not_used_where_it_cannot_be(kernels, monkeypatch):
@@ -161,7 +165,7 @@ def test_bilm_single_sentence_equals_the_fallback(kernels, monkeypatch, lstm_dim
         _no_native(monkeypatch)
         want = [bilm(ids).layers for ids in batches]
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
+        assert_close_to_scale(g, w, 2e-6)
 
 
 def test_a_failed_build_falls_back_with_one_warning(monkeypatch, caplog):
@@ -224,14 +228,28 @@ def test_huge_and_non_finite_inputs_give_the_fallback_values(kernels, monkeypatc
     got = run()
     _no_native(monkeypatch)
     want = run()
-    # relative as well as absolute: the 1e6 case carries values near 1e4 through the highway, where float32 rounds
-    # by ~1e-3 (a fresh machine of this kind differed by 0.0078 = 4.9e-7 relative against ATen's different code
-    # path); 1e-5 relative is ~80 float32 ulps, still far below any saturation or NaN bug this test is for
+    # the rows fed 1e6 / 1e30 reach 5.3e4 / 5.3e28, where float32 rounding of the kernel's sums in another order
+    # than ATen's is far above any absolute bound: 0.0078 and 9.4e21. The second layer sums such values of both
+    # signs, so the error is relative to the row's largest value, not to each value (9.4e21 is 2.4e-6 of the value
+    # 4.0e27 where it fell, 1.8e-7 of its row): 2e-6 absolute up to 1, relative to each row's largest value above
+    # (the differences seen are ~1.5 float32 steps of it, 2^-23 = 1.2e-7)
     for (g_hw, g_lstm), (w_hw, w_lstm) in zip(got, want):
-        torch.testing.assert_close(g_hw, w_hw, atol=2e-6, rtol=1e-5, equal_nan=True)
-        torch.testing.assert_close(g_lstm, w_lstm, atol=2e-6, rtol=1e-5, equal_nan=True)
+        assert_close_to_scale(g_hw, w_hw, 2e-6, equal_nan=True, dim=-1)
+        assert_close_to_scale(g_lstm, w_lstm, 2e-6, equal_nan=True, dim=-1)
     assert not bool(torch.isnan(got[0][0]).any()) and not bool(torch.isnan(got[0][1]).any())  # 1e6: saturated
     assert bool(torch.isnan(got[3][1]).any())  # NaN in: NaN out, as ATen
+
+
+def test_the_scaled_tolerance_is_absolute_up_to_1_and_relative_above():
+    want = torch.tensor([0.5, 1.0, 16442.0, float("nan"), float("inf")])
+    assert_close_to_scale(want + torch.tensor([1.9e-6, -1.9e-6, 0.0078, 0, 0]), want, 2e-6, equal_nan=True)
+    for bad in ([2.1e-6, 0, 0, 0, 0], [0, 0, 0.04, 0, 0]):  # 2.1e-6 at 0.5; 2.4e-6 relative at 16442
+        with pytest.raises(AssertionError, match="1 of 5 values differ"):
+            assert_close_to_scale(want + torch.tensor(bad), want, 2e-6, equal_nan=True)
+    with pytest.raises(AssertionError, match="non-finite"):
+        assert_close_to_scale(want, want, 2e-6)  # NaN is not NaN unless equal_nan
+    with pytest.raises(AssertionError, match="non-finite"):
+        assert_close_to_scale(-want, want.abs(), 2e-6, equal_nan=True)  # -inf is not inf
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -251,5 +269,5 @@ def test_fused_lstm_loop_with_other_thread_counts(kernels, threads):
         finally:
             torch.set_num_threads(before)
     for g, w in zip(got[0], want[0]):
-        torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
-    torch.testing.assert_close(got[1][0], want[1][0], atol=2e-6, rtol=0)
+        assert_close_to_scale(g, w, 2e-6)
+    assert_close_to_scale(got[1][0], want[1][0], 2e-6)

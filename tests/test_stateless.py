@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from elmokit import Elmo, Embedder, batch_to_ids
 from elmokit.errors import InputError
 from elmokit.modules.bilm import StatefulBiLM
-from helpers import fixture_model
+from helpers import assert_close_to_scale, fixture_model
 
 MODEL = None
 
@@ -79,7 +79,7 @@ def test_elmo_batch_invariance_with_layer_norm_off():
     with torch.no_grad():
         both = elmo(batch_to_ids([["a", "b", "c"], ["river", "bank"]]))["elmo_representations"][0]
         alone = elmo(batch_to_ids([["river", "bank"]]))["elmo_representations"][0]
-    assert (both[1, :2] - alone[0]).abs().max() <= 1e-5
+    assert_close_to_scale(both[1, :2], alone[0], 1e-5)
 
 
 def test_embedder_runs_a_stateful_model_statelessly_without_changing_it():
@@ -149,5 +149,5 @@ def test_one_model_is_safe_from_many_threads():
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = list(pool.map(work, [i for _ in range(3) for i in range(len(sentences))]))
     for i, vectors, direct in results:
-        assert (abs(vectors - expected[i])).max() <= 1e-6
-        assert torch.allclose(direct, expected_bilm[i], atol=1e-6, rtol=0)
+        assert_close_to_scale(vectors, expected[i], 1e-6)  # layer values reach ~3.4: relative above 1
+        assert_close_to_scale(direct, expected_bilm[i], 1e-6)

@@ -410,6 +410,7 @@ def _worker_main(embedder, writer: PartWriter, threads: int, tasks, results, par
     with interrupts.handling_signals():
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us (SIGTERM)
         try:
+            interrupts.unblock()  # started with the signals blocked (see _run_workers): a pending SIGTERM lands here
             while os.getppid() == parent:  # an orphan (the parent was killed) stops
                 try:
                     k = tasks.get(timeout=1.0)
@@ -559,9 +560,10 @@ class EmbedJob:
         else:
             if self.resume:
                 logger.info("nothing to resume in %s: starting from the beginning", folder)
+            self._clear_folder()  # the folder exists: it holds the writer lock
+        with interrupts.deferred():  # a new folder gets its index whole: never an empty parts folder left by Ctrl-C
             folder.mkdir(parents=True, exist_ok=True)
-            self._clear_folder()
-        atomic_write_text(index_path, json.dumps(wanted, indent=1, ensure_ascii=False))
+            atomic_write_text(index_path, json.dumps(wanted, indent=1, ensure_ascii=False))
         return done
 
     def _check_resumable(self, existing: dict, wanted: dict) -> None:
@@ -700,8 +702,12 @@ class EmbedJob:
                              args=(self.embedder, writer, self.worker_threads, tasks, results, os.getpid()))
                  for w in range(n)]
         try:
-            for p in procs:
-                p.start()
+            # not cut half way (a child fed a truncated pickle prints a traceback), and the children start with
+            # Ctrl-C/SIGTERM blocked: pending until their handler is installed (_worker_main), never a traceback from
+            # the middle of their imports when Ctrl-C reaches the whole process group
+            with interrupts.deferred(), interrupts.blocked():
+                for p in procs:
+                    p.start()
             remaining = set(todo)
             while remaining:
                 interrupts.check()
@@ -758,7 +764,8 @@ class EmbedJob:
                 atomic_write_text(index_path, json.dumps(index, indent=1, ensure_ascii=False))
                 return
         self._merge(scan)  # interruptible: the output appears atomically, the parts stay until it has
-        shutil.rmtree(self.folder)
+        with interrupts.deferred():  # the output is complete: its parts folder goes whole, never half-deleted
+            shutil.rmtree(self.folder)
 
     def _merge(self, scan: InputScan) -> None:
         import h5py

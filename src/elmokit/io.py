@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from . import interrupts
 from .errors import FolderInUseError, UsageError
 
 try:
@@ -48,16 +49,20 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = None
     try:
+        # created and known together: Ctrl-C/SIGTERM in between (under elmokit.interrupts) would leave it behind
+        with interrupts.shielded():
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
+            tmp_path = Path(tmp)
+            os.close(fd)
         yield tmp_path
         os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the permissions open() would
         os.replace(tmp_path, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp_path.unlink()
+        if tmp_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                tmp_path.unlink()
         raise
 
 

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from . import interrupts
 from .errors import DataError, InputError, MissingFileError, UsageError
 
 logger = logging.getLogger(__name__)
@@ -234,8 +235,10 @@ class Vocabulary:
         """
         path = Path(path)
         directory = path.parent if str(path.parent) else Path(".")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        tmp = None
         try:
+            with interrupts.shielded():  # created and known together: Ctrl-C in between would leave it behind
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
             with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
                 for tok in self._id_to_token:
                     f.write(tok)
@@ -245,7 +248,8 @@ class Vocabulary:
             os.replace(tmp, path)
         except BaseException:
             try:
-                os.unlink(tmp)
+                if tmp is not None:
+                    os.unlink(tmp)
             except FileNotFoundError:
                 pass
             raise

@@ -10,7 +10,9 @@ Conventions, the same for every command:
   ``elmokit <command>: internal error: <type>: <message> (this is a bug; rerun with -v for the traceback)``;
 * exit status: 0 done, 1 failed (:data:`~elmokit.errors.ElmoError.exit_status` 1, or an OS error, or a bug),
   2 usage (argparse's errors and errors with ``exit_status`` 2), 130 interrupted (Ctrl-C or SIGTERM — also when
-  the interrupt was swallowed on the way, see :mod:`elmokit.interrupts`);
+  the interrupt was swallowed on the way, see :mod:`elmokit.interrupts`); the program (:func:`entry`) handles the
+  signals from its first milliseconds to its exit, so one signal at any moment ends in 130 (or in the command's own
+  status when it came after the work was done), never in death by a signal;
 * output that the terminal or pipe cannot encode (an ASCII locale) is escaped, never an error once the work is done;
   a reader that goes away (``| head``) ends the command quietly with 0.
 """
@@ -30,7 +32,7 @@ from .. import interrupts, threads
 from ..allocator import keep_freed_memory
 from ..errors import ElmoError, cli_wording, exit_status
 
-__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED"]
+__all__ = ["main", "entry", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -165,6 +167,22 @@ def _interrupted(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED
 
 
+def entry() -> int:
+    """The ``elmokit`` program (the console script and ``python -m elmokit``): :func:`main` with Ctrl-C/SIGTERM
+    handled for the whole process from its first milliseconds (:func:`elmokit.interrupts.install_for_process`, before
+    the commands' modules and torch are imported). A signal before the command's work starts ends it with 130 and
+    nothing written; one after the work ended (while the status is reported, during interpreter shutdown) leaves the
+    status as it was. Returns the exit status."""
+    interrupts.install_for_process()
+    status = main()
+    # CPython marks an interrupt that ended a string exec()/eval() as unhandled even when it was caught (dataclasses,
+    # namedtuple and torch generate code that way, so a signal can land there), and under `python -m` it then ends
+    # the process by SIGINT instead of with the status: "killed by signal 2" after a clean exit 130. Each string
+    # evaluation resets that mark, and nothing raises an interrupt after the command (the handler only records).
+    exec("")  # noqa: S102 — an empty string: the reset only
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``elmokit`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status (see the module docstring);
     ``--help``/``--version`` return 0 and argparse errors 2 instead of raising ``SystemExit``."""
@@ -187,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     command = args.command
     try:
-        with interrupts.handling_signals(), cli_wording():  # messages name flags (--resume), not resume=True
+        # the handler raises KeyboardInterrupt only inside this block (armed); before and after it, it records.
+        # cli_wording: messages name flags (--resume), not resume=True
+        with interrupts.handling_signals(), cli_wording():
             keep_freed_memory()  # freed large blocks are reused, not page-faulted in again (see elmokit.allocator)
             with contextlib.ExitStack() as stack:
                 if getattr(args, "uses_threads", False):  # computing commands: --threads (default: elmokit.threads)

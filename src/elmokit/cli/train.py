@@ -189,6 +189,9 @@ def train_interrupted_note(args: argparse.Namespace) -> str:
     except Exception:  # noqa: BLE001 (the note must never hide the interrupt itself)
         step = None
     if step is None:
+        if (args.out_dir / "train_config.json").is_file():  # stopped before its first checkpoint
+            return (f"no checkpoint was written in {args.out_dir} yet: --resume starts its run again from step 0 "
+                    "(or start another with --overwrite)")
         return f"no checkpoint was written in {args.out_dir} yet, so there is nothing to resume"
     return f"the checkpoint of step {step} in {args.out_dir} is kept (continue with --resume)"
 
