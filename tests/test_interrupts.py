@@ -330,7 +330,8 @@ def test_embed_signalled_at_many_points_ends_in_130_or_0_and_resumes(tmp_path):
     words = "the river bank is muddy after the rain and a boat on the water".split()
     text.write_text("".join(" ".join(words[(i + j) % len(words)] for j in range(4 + i % 9)) + "\n"
                             for i in range(600)))
-    options = ["--part-size", "100", "--batch-size", "16", "--no-progress"]
+    # --threads 1 as the subprocesses' OMP_NUM_THREADS: the in-process reruns compute with the same thread count
+    options = ["--part-size", "100", "--batch-size", "16", "--no-progress", "--threads", "1"]
 
     def argv_of(k: int) -> list[str]:
         out = tmp_path / f"run{k}" / "out.hdf5"
@@ -379,7 +380,7 @@ def test_train_signalled_at_many_points_ends_in_130_or_0_and_resumes(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("the river bank is muddy .\nthe money bank is closed .\na boat on the river .\n" * 30)
     options = ["--preset", "tiny", "--batch-size", "4", "--negatives", "0", "--log-every", "1", "--no-progress",
-               "--max-steps", "30", "--checkpoint-every", "10"]
+               "--max-steps", "30", "--checkpoint-every", "10", "--threads", "1"]  # the in-process resumes as the runs
 
     def argv_of(k: int) -> list[str]:
         return ["train", str(corpus), "--out-dir", str(tmp_path / f"run{k}"), *options]
