@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import threads as _threads
+from elmokit import threads as _threads
 
 _threads.configure_openmp()  # before anything imports torch (OpenMP reads its settings once, when torch loads)
 
@@ -62,14 +62,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
-    from .characters import CharVocabulary, batch_to_ids
-    from .config import (PRESETS, CharCNNConfig, ElmoConfig, LSTMConfig, elmo_medium, elmo_original,
+    from elmokit.characters import CharVocabulary, batch_to_ids
+    from elmokit.config import (PRESETS, CharCNNConfig, ElmoConfig, LSTMConfig, elmo_medium, elmo_original,
                          elmo_original_5b, elmo_small, elmo_tiny)
-    from .elmo import Elmo, TokenVectorCache
-    from .embedding import Embedder
-    from .errors import (CheckpointError, ConfigError, DataError, ElmoError, InputError, MissingFileError,
+    from elmokit.elmo import Elmo, TokenVectorCache
+    from elmokit.embedding import Embedder
+    from elmokit.errors import (CheckpointError, ConfigError, DataError, ElmoError, InputError, MissingFileError,
                          UsageError, WeightsError)
-    from .modules.bilm import BiLM, BiLMOutput
-    from .modules.scalar_mix import ScalarMix
-    from .weights.native import load_native, load_pretrained_bilm, save_pretrained
-    from .weights.original import export_original, load_original
+    from elmokit.modules.bilm import BiLM, BiLMOutput
+    from elmokit.modules.scalar_mix import ScalarMix
+    from elmokit.weights.native import load_native, load_pretrained_bilm, save_pretrained
+    from elmokit.weights.original import export_original, load_original

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import DataError, InputError, UsageError
+from elmokit.errors import DataError, InputError, UsageError
 
 __all__ = [
     "ByteCharacterMapper",
@@ -258,7 +258,7 @@ class CharVocabulary:
             MissingFileError: no such file (or a folder).
             DataError: not UTF-8, or a bad line (names file and line).
         """
-        from .errors import MissingFileError
+        from elmokit.errors import MissingFileError
 
         path = Path(path)
         if not path.is_file():
@@ -275,7 +275,7 @@ class CharVocabulary:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write one character per line, atomically."""
-        from .io import atomic_write_text
+        from elmokit.io import atomic_write_text
 
         atomic_write_text(path, "".join(ch + "\n" for ch in self.characters))
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, MissingFileError
+from elmokit.errors import ConfigError, MissingFileError
 
 __all__ = [
     "CharCNNConfig",
@@ -271,7 +271,7 @@ class ElmoConfig:
 
     def to_json_file(self, path: str | os.PathLike) -> None:
         """Write ``to_options()`` as JSON atomically."""
-        from .io import atomic_write_text
+        from elmokit.io import atomic_write_text
 
         atomic_write_text(path, json.dumps(self.to_options(), indent=2) + "\n")
 

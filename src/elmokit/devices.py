@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import UsageError
+from elmokit.errors import UsageError
 
 __all__ = ["resolve_device"]
 

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .characters import batch_to_ids
-from .config import ElmoConfig
-from .errors import InputError, UsageError
-from .modules.bilm import BiLM, BiLMOutput, StatefulBiLM, remove_sentence_boundaries
-from .modules.scalar_mix import ScalarMix
+from elmokit.characters import batch_to_ids
+from elmokit.config import ElmoConfig
+from elmokit.errors import InputError, UsageError
+from elmokit.modules.bilm import BiLM, BiLMOutput, StatefulBiLM, remove_sentence_boundaries
+from elmokit.modules.scalar_mix import ScalarMix
 
 __all__ = ["Elmo", "TokenVectorCache"]
 
@@ -186,7 +186,7 @@ class Elmo(nn.Module):
             if options_file is None or weight_file is None:
                 raise UsageError("Elmo needs options_file and weight_file (the original options.json and HDF5), or "
                                  "a prebuilt biLM as module=..., or Elmo.from_pretrained(name_or_folder)")
-            from .weights.original import load_original
+            from elmokit.weights.original import load_original
 
             given = load_original(options_file, weight_file, stateful=stateful)
         else:
@@ -272,7 +272,7 @@ class Elmo(nn.Module):
                         **kwargs) -> "Elmo":
         """Load a released model by name (``small``, ``medium``, ``original``, ``original-5.5b``: downloaded once
         into the cache) or a local directory (elmokit native format, or ``options.json`` + one ``*.hdf5``)."""
-        from .weights.native import load_pretrained_bilm
+        from elmokit.weights.native import load_pretrained_bilm
 
         stateful = kwargs.pop("stateful", False)
         bilm = load_pretrained_bilm(name_or_path, stateful=stateful)

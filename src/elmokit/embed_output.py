@@ -54,10 +54,10 @@ from typing import Any
 
 import numpy as np
 
-from . import interrupts
-from .data.corpus import CorpusDecodeError, decode_line, line_problem
-from .errors import ElmoError, MissingFileError, UsageError, option_wording
-from .io import LOCK_NAME, atomic_path, atomic_write_text, lock_folder
+from elmokit import interrupts
+from elmokit.data.corpus import CorpusDecodeError, decode_line, line_problem
+from elmokit.errors import ElmoError, MissingFileError, UsageError, option_wording
+from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text, lock_folder
 
 __all__ = ["EmbedJob", "EmbedWorkerError", "EmbeddingReader", "open_embeddings", "sentence_key", "make_tokenizer",
            "work_folder", "FORMATS", "TOKENIZERS"]
@@ -372,7 +372,7 @@ class _RankGroup:
         0, ``None`` elsewhere."""
         import torch.distributed as dist
 
-        from . import errors
+        from elmokit import errors
 
         result, failure = None, None
         if rank == 0:
@@ -441,7 +441,7 @@ class EmbedJob:
                  dtype="float32", use_sentence_keys=False, forget_sentences=False, tokenizer="whitespace",
                  resume=False, workers=1, worker_threads=1, part_size=10000, model_name=None,
                  overwrite=False) -> None:
-        from .embedding import _positive_int
+        from elmokit.embedding import _positive_int
 
         if _spawn_bootstrapping():
             # a worker importing an unguarded script reached embed_file again: stop before touching any file; the
@@ -675,7 +675,7 @@ class EmbedJob:
     def _check_tokenisation(self, scan: InputScan) -> None:
         """Warn (logging) when the first :attr:`CHECK_LINES` lines look untokenised for the model
         (:func:`elmokit.data.text_checks.check_tokenisation`): e.g. raw Chinese without ``--tokenizer jieba``."""
-        from .data.text_checks import check_tokenisation
+        from elmokit.data.text_checks import check_tokenisation
 
         if not scan.lines:
             return

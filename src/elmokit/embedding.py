@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import interrupts
-from .characters import CharVocabulary, batch_to_ids, validate_sentences
-from .elmo import TokenVectorCache
-from .errors import InputError, UsageError
-from .modules.bilm import BiLM, StatefulBiLM
-from .pooling import OutputSpec
+from elmokit import interrupts
+from elmokit.characters import CharVocabulary, batch_to_ids, validate_sentences
+from elmokit.elmo import TokenVectorCache
+from elmokit.errors import InputError, UsageError
+from elmokit.modules.bilm import BiLM, StatefulBiLM
+from elmokit.pooling import OutputSpec
 
 __all__ = ["Embedder"]
 
@@ -48,7 +48,7 @@ def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -
             (the message says what to pass).
         MissingFileError / ConfigError / WeightsError: from the loaders (naming the file).
     """
-    from .elmo import Elmo
+    from elmokit.elmo import Elmo
 
     if isinstance(model, (BiLM, StatefulBiLM, Elmo)):
         if weight_file is not None:
@@ -62,7 +62,7 @@ def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -
             if not isinstance(weight_file, (str, os.PathLike)):
                 raise UsageError(f"weight_file must be the path of the HDF5 weight file, got {weight_file!r} "
                                  "(batch_size and the other options are keyword-only: Embedder(model, batch_size=64))")
-            from .weights.original import load_original
+            from elmokit.weights.original import load_original
 
             return load_original(model, weight_file)
         path = Path(model)
@@ -71,7 +71,7 @@ def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -
                 raise UsageError(f"{path} is an options file: pass its HDF5 weight file too, "
                                  "Embedder(options_file, weight_file)")
             raise UsageError(f"{path} is a file; {_MODEL_HELP}")
-        from .weights.native import load_pretrained_bilm
+        from elmokit.weights.native import load_pretrained_bilm
 
         return load_pretrained_bilm(model)
     raise UsageError(f"Embedder got a {type(model).__name__} as its model: {_MODEL_HELP}")
@@ -129,7 +129,7 @@ class Embedder:
             raise UsageError(f"empty_tokens must be one of {_EMPTY_TOKEN_MODES}, got {empty_tokens!r}")
         self.empty_tokens = empty_tokens
         if device is not None:
-            from .devices import resolve_device
+            from elmokit.devices import resolve_device
 
             target = resolve_device(device)
         else:
@@ -364,7 +364,7 @@ class Embedder:
                 file and line). A failure before any part is finished leaves no parts folder behind.
             EmbedWorkerError: a worker process died (the finished parts are kept for ``resume``).
         """
-        from .embed_output import EmbedJob
+        from elmokit.embed_output import EmbedJob
 
         job = EmbedJob(self, input_path, output_path, layers=layers, batch_size=batch_size, progress=progress,
                        decode_errors=decode_errors, format=format, pool=pool,

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import interrupts
-from .errors import FolderInUseError, UsageError
+from elmokit import interrupts
+from elmokit.errors import FolderInUseError, UsageError
 
 try:
     import fcntl

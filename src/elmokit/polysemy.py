@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .data.text_checks import is_cjk  # noqa: F401 (kept here too; its home is elmokit.data.text_checks)
-from .errors import InputError, UsageError
+from elmokit.data.text_checks import is_cjk  # noqa: F401 (kept here too; its home is elmokit.data.text_checks)
+from elmokit.errors import InputError, UsageError
 
 __all__ = ["MATCH_MODES", "Occurrence", "Neighbour", "is_cjk", "find_spans", "find_occurrences", "context_window",
            "occurrence_vectors", "cosine_matrix", "layer_similarities", "label_similarity", "nearest_neighbours",
@@ -506,7 +506,7 @@ def plot_occurrences(vectors: np.ndarray, path: str | Path, labels: Sequence[obj
     import matplotlib.pyplot as plt
     from matplotlib.font_manager import FontProperties
 
-    from .io import atomic_path
+    from elmokit.io import atomic_path
 
     names = sorted({str(x) for x in labels}, key=str) if labels is not None else [None]
     missing = _missing_glyphs(title + "".join(str(x) for x in names if x is not None))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import UsageError
+from elmokit.errors import UsageError
 
 __all__ = ["POOL_MODES", "LAYER_NAMES", "LayerSpec", "OutputSpec", "masked_mean", "masked_max", "pool",
            "select_layers", "parse_layers"]

@@ -42,10 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import CharCNNConfig, ElmoConfig, LSTMConfig
-from .errors import UsageError
-from .io import LOCK_NAME, atomic_write_text, folder_lock
-from .threads import cpu_share
+from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
+from elmokit.errors import UsageError
+from elmokit.io import LOCK_NAME, atomic_write_text, folder_lock
+from elmokit.threads import cpu_share
 
 __all__ = ["run_quickstart", "run_job", "QuickstartJob", "quickstart_job", "LANGUAGES", "DEFAULT_MINUTES",
            "load_lee_corpus", "tokenize", "quickstart_config", "BANK_SENTENCES", "SEPARATION_MARGIN",
@@ -256,7 +256,7 @@ def prepare_out_dir(out_dir: Path) -> bool:
     # inside train/ too, only what `elmokit train` writes (a file of yours in train/model/ is not deleted)
     train_dir = out_dir / "train"
     if train_dir.is_dir():
-        from .pretraining.checkpoint import run_files
+        from elmokit.pretraining.checkpoint import run_files
 
         own = {p for p in run_files(train_dir) if p.name not in ("model", "best")}
         model_files = {"config.json", "model.safetensors", "vocab.txt", "chars.txt"}  # what save_lm writes
@@ -341,7 +341,7 @@ def quickstart_job(lang: str = "en") -> QuickstartJob:
     if lang == "en":
         return _lee_job()
     if lang == "zh":
-        from .quickstart_zh import zh_job
+        from elmokit.quickstart_zh import zh_job
 
         return zh_job()
     raise UsageError(f"--lang must be one of {', '.join(LANGUAGES)}, got {lang!r}")
@@ -438,11 +438,11 @@ def run_job(job: QuickstartJob, out_dir: Path, minutes: float = 5.0, seed: int =
 
     Raises: as :func:`run_quickstart`.
     """
-    from .devices import resolve_device
-    from .embedding import Embedder
-    from .baselines.ngram import kneser_ney_perplexity
-    from .pretraining.perplexity import evaluate_perplexity, unigram_perplexity
-    from .pretraining.trainer import TrainConfig, Trainer, load_lm
+    from elmokit.devices import resolve_device
+    from elmokit.embedding import Embedder
+    from elmokit.baselines.ngram import kneser_ney_perplexity
+    from elmokit.pretraining.perplexity import evaluate_perplexity, unigram_perplexity
+    from elmokit.pretraining.trainer import TrainConfig, Trainer, load_lm
 
     if steps is not None and steps < 1:
         raise UsageError(f"steps must be >= 1, got {steps}")

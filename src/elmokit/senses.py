@@ -43,8 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError, InputError, MissingFileError, UsageError
-from .polysemy import find_spans
+from elmokit.errors import DataError, InputError, MissingFileError, UsageError
+from elmokit.polysemy import find_spans
 
 __all__ = ["SenseExample", "CASINGS", "read_coarsewsd", "coarsewsd_words", "coarsewsd_senses",
            "read_coarsewsd_baselines", "APPLE_CATEGORIES", "AppleSet", "build_apple_set", "group_split", "recase", "truecase_table",
@@ -559,7 +559,7 @@ def example_vectors(embedder, examples: Sequence[SenseExample], *, context: int 
     """
     import hashlib
 
-    from .polysemy import Occurrence, occurrence_vectors
+    from elmokit.polysemy import Occurrence, occurrence_vectors
 
     path = None
     if cache_dir is not None:
@@ -575,7 +575,7 @@ def example_vectors(embedder, examples: Sequence[SenseExample], *, context: int 
     occs = [Occurrence(i, e.start, e.end) for i, e in enumerate(examples)]
     arr = occurrence_vectors(embedder, sentences, occs, context=context, batch_size=batch_size)
     if path is not None:
-        from .io import atomic_path
+        from elmokit.io import atomic_path
 
         with atomic_path(path, suffix=".npy") as tmp:
             with open(tmp, "wb") as fh:

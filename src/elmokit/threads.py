@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UsageError
+from elmokit.errors import UsageError
 
 __all__ = ["SPIN_COUNT", "configure_openmp", "openmp_settings", "available_cpus", "default_threads", "set_threads",
            "using_threads", "CpuShare", "cpu_share"]

@@ -21,8 +21,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from . import interrupts
-from .errors import DataError, InputError, MissingFileError, UsageError
+from elmokit import interrupts
+from elmokit.errors import DataError, InputError, MissingFileError, UsageError
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ own perplexity protocol (:mod:`.ngram`) and static word2vec vectors trained on t
 
 Importing this package is light: numpy only; gensim is imported inside :mod:`.word2vec`'s functions.
 """
-from .ngram import KneserNeyLM, kneser_ney_perplexity
-from .word2vec import WORD2VEC_SETTINGS, load_word2vec, train_word2vec
+from elmokit.baselines.ngram import KneserNeyLM, kneser_ney_perplexity
+from elmokit.baselines.word2vec import WORD2VEC_SETTINGS, load_word2vec, train_word2vec
 
 __all__ = ["KneserNeyLM", "kneser_ney_perplexity", "WORD2VEC_SETTINGS", "train_word2vec", "load_word2vec"]

@@ -34,8 +34,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import DataError, InputError, UsageError
-from ..vocabulary import BOS, EOS, Vocabulary
+from elmokit.errors import DataError, InputError, UsageError
+from elmokit.vocabulary import BOS, EOS, Vocabulary
 
 __all__ = ["KneserNeyLM", "kneser_ney_perplexity"]
 

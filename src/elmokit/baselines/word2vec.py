@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ..errors import DataError, InputError, MissingFileError, UsageError
-from ..io import atomic_path, atomic_write_text
-from ..vocabulary import UNK
+from elmokit.errors import DataError, InputError, MissingFileError, UsageError
+from elmokit.io import atomic_path, atomic_write_text
+from elmokit.vocabulary import UNK
 
 __all__ = ["WORD2VEC_SETTINGS", "train_word2vec", "load_word2vec", "VECTORS_FILE", "SETTINGS_FILE"]
 
@@ -41,7 +41,7 @@ WORD2VEC_SETTINGS: dict = {
 VECTORS_FILE = "vectors.bin"
 SETTINGS_FILE = "word2vec.json"
 
-from ..io import file_sha256 as _sha256_file
+from elmokit.io import file_sha256 as _sha256_file
 
 
 def _prepare(sentences: Iterable[Sequence[str]], min_count: int) -> tuple[list[list[str]], str, int]:

@@ -28,9 +28,9 @@ import sys
 import traceback
 from collections.abc import Iterator
 
-from .. import interrupts, threads
-from ..allocator import keep_freed_memory
-from ..errors import ElmoError, cli_wording, exit_status
+from elmokit import interrupts, threads
+from elmokit.allocator import keep_freed_memory
+from elmokit.errors import ElmoError, cli_wording, exit_status
 
 __all__ = ["main", "entry", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
@@ -62,7 +62,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``elmokit`` parser with every command registered (each command's ``func`` set as a default)."""
-    from . import embed, models, quickstart, similar, tasks, train, zoo
+    from elmokit.cli import embed, models, quickstart, similar, tasks, train, zoo
 
     global_flags = _Parser(add_help=False)
     # SUPPRESS: when the flag is not repeated after the command, the value parsed before it stays

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import threads
-from ..errors import MissingFileError, UsageError
+from elmokit import threads
+from elmokit.errors import MissingFileError, UsageError
 
 __all__ = [
     "positive_int", "int_at_least", "non_negative_int", "positive_float", "probability", "seed", "path_arg",
@@ -162,7 +162,7 @@ def check_model(name_or_path: str) -> None:
             is not built (the message says which ``elmokit zoo build`` command builds it).
         UsageError: a file where a model folder or name is wanted.
     """
-    from ..weights.native import RELEASED, known_model_names, resolve_model_name
+    from elmokit.weights.native import RELEASED, known_model_names, resolve_model_name
 
     name_or_path = resolve_model_name(name_or_path)  # a zoo name → its built folder (MissingFileError if unbuilt)
     path = Path(name_or_path)
@@ -192,7 +192,7 @@ def model_folder(model: str) -> Path | None:
     """The folder a model argument is read from: a zoo name's folder (``elmokit-en`` → ``$ELMOKIT_CACHE/zoo/…``), the
     folder itself, or a released model's download folder in the cache; ``None`` when it is none of these (an
     options.json given as a file). Outputs must never be written inside it (they would replace the model's files)."""
-    from ..weights.native import RELEASED, cache_dir, resolve_model_name
+    from elmokit.weights.native import RELEASED, cache_dir, resolve_model_name
 
     path = Path(resolve_model_name(model))
     if path.is_dir():
@@ -235,7 +235,7 @@ def read_options_json(path: Path, option: str) -> dict[str, Any]:
             object.
     """
     check_input_file(path, f"{option} file")
-    from ..config import read_options_json as read
+    from elmokit.config import read_options_json as read
 
     return read(path, f"{'the ' if not option.startswith('-') else ''}{option} to be an options.json (the "
                       "architecture, as the original ELMo releases ship it)")
@@ -250,7 +250,7 @@ def resolve_cli_device(name: str | None):
     """
     import torch
 
-    from ..devices import resolve_device
+    from elmokit.devices import resolve_device
 
     device = resolve_device(name)
     if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):

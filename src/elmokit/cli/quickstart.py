@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import (DEVICE_HELP, add_threads_option, path_arg, positive_float, positive_int, resolve_cli_device, seed,
+from elmokit.cli.common import (DEVICE_HELP, add_threads_option, path_arg, positive_float, positive_int, resolve_cli_device, seed,
                      text_arg)
 
 __all__ = ["register", "cmd_quickstart", "DEFAULT_OUT_DIRS"]
@@ -19,7 +19,7 @@ def _out_dir(args: argparse.Namespace) -> Path:
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """Train, evaluate, save and embed; a folder holding an earlier quickstart run is replaced (with a note)."""
-    from .. import quickstart
+    from elmokit import quickstart
 
     resolve_cli_device(args.device)
     quickstart.run_quickstart(_out_dir(args), minutes=args.minutes, seed=args.seed, steps=args.steps,
@@ -34,8 +34,8 @@ def quickstart_interrupted_note(args: argparse.Namespace) -> str:
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    from ..quickstart import DEFAULT_MINUTES, LANGUAGES, PERPLEXITY_MARGIN, SEPARATION_MARGIN
-    from ..quickstart_zh import PERPLEXITY_MARGIN_ZH
+    from elmokit.quickstart import DEFAULT_MINUTES, LANGUAGES, PERPLEXITY_MARGIN, SEPARATION_MARGIN
+    from elmokit.quickstart_zh import PERPLEXITY_MARGIN_ZH
 
     p = sub.add_parser(
         "quickstart", parents=parents,

@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import DataError, UsageError
-from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
+from elmokit.errors import DataError, UsageError
+from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
                      check_output_file, model_folder, non_negative_int, path_arg, positive_int, resolve_cli_device,
                      text_arg)
 
@@ -55,7 +55,7 @@ def _read_sentences(path: Path, tokenize, labelled: bool, decode_errors: str = "
         DataError: no non-blank line (exit 1, as ``perplexity``, ``train`` and the task readers: the file is there but
             holds nothing to read); with ``labelled``, a line without a TAB or with an empty label; a line that is not
             text (invalid UTF-8, a NUL byte) with ``strict``."""
-    from ..data.corpus import read_lines
+    from elmokit.data.corpus import read_lines
 
     numbers, sentences, labels, texts = [], [], [], []
     warned = not warn_tabs
@@ -129,11 +129,11 @@ def cmd_similar(args: argparse.Namespace) -> int:
     """Check the arguments (model, input, output, corpus), load the model, find the occurrences, print."""
     import numpy as np
 
-    from ..embed_output import make_tokenizer
-    from ..embedding import Embedder
-    from ..polysemy import (find_occurrences, is_cjk, label_similarity, layer_names, layer_similarities,
+    from elmokit.embed_output import make_tokenizer
+    from elmokit.embedding import Embedder
+    from elmokit.polysemy import (find_occurrences, is_cjk, label_similarity, layer_names, layer_similarities,
                             nearest_neighbours, occurrence_vectors, plot_occurrences)
-    from ..weights.native import load_pretrained_bilm, resolve_model_name
+    from elmokit.weights.native import load_pretrained_bilm, resolve_model_name
 
     word = args.word
     if not word or word != word.strip() or len(word.split()) != 1:
@@ -212,7 +212,7 @@ def cmd_similar(args: argparse.Namespace) -> int:
                          title=f"{word}: {len(occurrences)} occurrences, {Path(args.model).name}")
         result["png"] = str(args.png)
     if args.json:
-        from .common import print_json_line
+        from elmokit.cli.common import print_json_line
 
         print_json_line(result)
         return 0

@@ -17,11 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-from .. import interrupts
-from ..embed_output import TOKENIZERS
-from ..errors import ConfigError, DataError, ElmoError, MissingFileError, UsageError
-from ..io import check_creatable_folder, lock_folder
-from .common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
+from elmokit import interrupts
+from elmokit.embed_output import TOKENIZERS
+from elmokit.errors import ConfigError, DataError, ElmoError, MissingFileError, UsageError
+from elmokit.io import check_creatable_folder, lock_folder
+from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
                      int_at_least, non_negative_int, path_arg, positive_float, positive_int, print_json_line,
                      probability, read_options_json, resolve_cli_device, seed, text_arg)
 
@@ -59,7 +59,7 @@ def _flag(field_name: str) -> str:
 
 def _model_options(args: argparse.Namespace) -> dict:
     """The architecture options dict from ``--options`` (its ``lstm`` and ``char_cnn`` sections) or ``--preset``."""
-    from ..config import PRESETS, ElmoConfig
+    from elmokit.config import PRESETS, ElmoConfig
 
     if args.options:
         path = Path(args.options)
@@ -103,7 +103,7 @@ def _resumed_config(args: argparse.Namespace, out: Path):
         CheckpointError: it cannot be read as a TrainConfig.
         UsageError: an option that fixes the run was given with another value than the run's (all are named).
     """
-    from ..pretraining.config import TrainConfig
+    from elmokit.pretraining.config import TrainConfig
 
     saved = out / "train_config.json"
     if not saved.is_file():
@@ -118,9 +118,9 @@ def _resumed_config(args: argparse.Namespace, out: Path):
 def cmd_train(args: argparse.Namespace) -> int:
     """Start a run in ``--out-dir`` (refused where a run already is, unless ``--overwrite``), or ``--resume`` it; with
     ``torchrun``, as one of several processes."""
-    from ..pretraining.config import TrainConfig
-    from ..pretraining.distributed import init_from_env
-    from ..pretraining.trainer import Trainer
+    from elmokit.pretraining.config import TrainConfig
+    from elmokit.pretraining.distributed import init_from_env
+    from elmokit.pretraining.trainer import Trainer
 
     out = args.out_dir
     check_creatable_folder(out, "--out-dir")
@@ -158,7 +158,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(json.dumps(summary, indent=2))
     except RuntimeError as exc:
         if dist.world_size > 1 and not isinstance(exc, ElmoError) and _peer_lost(exc):
-            from ..pretraining.trainer import TrainingError, latest_checkpoint_step
+            from elmokit.pretraining.trainer import TrainingError, latest_checkpoint_step
 
             step = latest_checkpoint_step(config.out_dir)
             kept = (f"the checkpoint of step {step} is kept (continue with --resume, on as many processes as its "
@@ -183,7 +183,7 @@ def _peer_lost(exc: BaseException) -> bool:
 def train_interrupted_note(args: argparse.Namespace) -> str:
     """What an interrupted ``train`` left: the latest checkpoint (and the --resume hint) or none."""
     try:
-        from ..pretraining.trainer import latest_checkpoint_step
+        from elmokit.pretraining.trainer import latest_checkpoint_step
 
         step = latest_checkpoint_step(args.out_dir)
     except Exception:  # noqa: BLE001 (the note must never hide the interrupt itself)
@@ -209,8 +209,8 @@ def _check_lm_folder(path: Path) -> None:
 
 
 def _read_sentences(args: argparse.Namespace) -> list[tuple[int, list[str]]]:
-    from ..data.corpus import read_lines
-    from ..embed_output import make_tokenizer
+    from elmokit.data.corpus import read_lines
+    from elmokit.embed_output import make_tokenizer
 
     check_input_file(args.file)
     tokenize = make_tokenizer(args.tokenizer)
@@ -225,7 +225,7 @@ def _warn(args: argparse.Namespace, text: str | None, kind: str = "warning") -> 
 def _check_text(args: argparse.Namespace, lm, lines: list[tuple[int, list[str]]]) -> None:
     """Warn (stderr) when the lines look untokenised for ``lm``
     (:func:`elmokit.data.text_checks.check_tokenisation`)."""
-    from ..data.text_checks import check_tokenisation
+    from elmokit.data.text_checks import check_tokenisation
 
     _warn(args, check_tokenisation(lines, lm.config, args.tokenizer).warning())
 
@@ -233,11 +233,11 @@ def _check_text(args: argparse.Namespace, lm, lines: list[tuple[int, list[str]]]
 def cmd_perplexity(args: argparse.Namespace) -> int:
     """Held-out perplexity of a trained LM over a text file (blank lines skipped), as one JSON object, with the share of
     ``<UNK>`` targets; warnings on stderr for untokenised-looking lines and a high ``<UNK>`` share."""
-    from ..data.text_checks import unk_warning
-    from ..pretraining.perplexity import evaluate_perplexity
-    from ..pretraining.trainer import load_lm
+    from elmokit.data.text_checks import unk_warning
+    from elmokit.pretraining.perplexity import evaluate_perplexity
+    from elmokit.pretraining.trainer import load_lm
 
-    from ..weights.native import resolve_model_name
+    from elmokit.weights.native import resolve_model_name
 
     args.model = Path(resolve_model_name(str(args.model)))  # a zoo name → its folder (or how to build it)
     _check_lm_folder(args.model)
@@ -256,11 +256,11 @@ def cmd_score(args: argparse.Namespace) -> int:
     """One JSON line per input line: forward and backward log-probability (nats) and the number of ``<UNK>`` words;
     on stderr the file's ``<UNK>`` share (a warning above :data:`elmokit.data.text_checks.UNK_WARN_SHARE`) and a
     warning for untokenised-looking lines."""
-    from ..data.text_checks import UNK_WARN_SHARE, unk_targets, unk_warning
-    from ..pretraining.perplexity import score_sentences
-    from ..pretraining.trainer import load_lm
+    from elmokit.data.text_checks import UNK_WARN_SHARE, unk_targets, unk_warning
+    from elmokit.pretraining.perplexity import score_sentences
+    from elmokit.pretraining.trainer import load_lm
 
-    from ..weights.native import resolve_model_name
+    from elmokit.weights.native import resolve_model_name
 
     args.model = Path(resolve_model_name(str(args.model)))  # a zoo name → its folder (or how to build it)
     _check_lm_folder(args.model)
@@ -288,7 +288,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- parser
 def _train_default(name: str, unit: str = "") -> str:
     """``"(default: X)"`` from TrainConfig's field ``name`` — what a new run takes when the option is left out."""
-    from ..pretraining.config import TrainConfig
+    from elmokit.pretraining.config import TrainConfig
 
     for f in dataclasses.fields(TrainConfig):
         if f.name == name:
@@ -316,8 +316,8 @@ def _add_lm_file_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    from ..config import PRESETS
-    from ..pretraining.config import (RESUME_MAY_CHANGE, Batching, OptimizerName, default_learning_rate,
+    from elmokit.config import PRESETS
+    from elmokit.pretraining.config import (RESUME_MAY_CHANGE, Batching, OptimizerName, default_learning_rate,
                                       literal_choices)
 
     d = _train_default

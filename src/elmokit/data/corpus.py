@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import DataError, MissingFileError, UsageError, option_wording
+from elmokit.errors import DataError, MissingFileError, UsageError, option_wording
 
 logger = logging.getLogger(__name__)
 

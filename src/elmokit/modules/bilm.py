@@ -6,12 +6,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..characters import boundary_char_ids
-from ..config import ElmoConfig
-from ..errors import InputError, UsageError
-from .derived import DerivedWeights
-from .lstm import BiLSTM, LSTMState
-from .token_encoder import TokenEncoder
+from elmokit.characters import boundary_char_ids
+from elmokit.config import ElmoConfig
+from elmokit.errors import InputError, UsageError
+from elmokit.modules.derived import DerivedWeights
+from elmokit.modules.lstm import BiLSTM, LSTMState
+from elmokit.modules.token_encoder import TokenEncoder
 
 __all__ = ["BiLM", "BiLMOutput", "StatefulBiLM", "add_sentence_boundaries", "remove_sentence_boundaries", "reverse_padded",
            "token_mask"]
@@ -279,7 +279,7 @@ class BiLM(nn.Module):
             _check_left_aligned(mask, "char_ids")
             # ids made for the other scheme run and give wrong vectors: refuse them when every real token has the
             # other scheme's begin-of-word first and its end-of-word or in-word pad last (hand-made ids pass)
-            from ..characters import ByteCharacterMapper, CharVocabulary
+            from elmokit.characters import ByteCharacterMapper, CharVocabulary
 
             other = CharVocabulary if byte_scheme else ByteCharacterMapper
             real = char_ids[mask]

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..errors import ConfigError, InputError
-from .derived import DerivedWeights
+from elmokit.errors import ConfigError, InputError
+from elmokit.modules.derived import DerivedWeights
 
 __all__ = ["CharCNN"]
 

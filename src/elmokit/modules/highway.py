@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import native
-from .derived import DerivedWeights
+from elmokit.modules import native
+from elmokit.modules.derived import DerivedWeights
 
 __all__ = ["Highway"]
 

@@ -35,10 +35,10 @@ from typing import List, Tuple
 import torch
 from torch import nn
 
-from ..config import LSTMConfig
-from ..errors import InputError
-from . import native
-from .derived import DerivedWeights
+from elmokit.config import LSTMConfig
+from elmokit.errors import InputError
+from elmokit.modules import native
+from elmokit.modules.derived import DerivedWeights
 
 __all__ = ["BiLSTM", "LSTMState", "inference_steps"]
 

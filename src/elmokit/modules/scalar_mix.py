@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..errors import InputError, UsageError
+from elmokit.errors import InputError, UsageError
 
 __all__ = ["ScalarMix"]
 

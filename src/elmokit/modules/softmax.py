@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError, InputError, UsageError
+from elmokit.errors import ConfigError, InputError, UsageError
 
 logger = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import CharCNNConfig
-from ..errors import InputError
-from .char_cnn import CharCNN
-from .highway import Highway
+from elmokit.config import CharCNNConfig
+from elmokit.errors import InputError
+from elmokit.modules.char_cnn import CharCNN
+from elmokit.modules.highway import Highway
 
 __all__ = ["TokenEncoder"]
 

@@ -12,10 +12,10 @@ held-out perplexity, several processes (torchrun), continued pretraining from re
 * :mod:`.perplexity` — held-out perplexity, scores, a unigram baseline;
 * :mod:`.start_state` — the fixed start state stored with a window-trained model.
 """
-from .config import RESUME_MAY_CHANGE, TrainConfig
-from .objective import BidirectionalLM, DirectionalNLL
-from .perplexity import evaluate_perplexity, score_sentences, unigram_perplexity
-from .trainer import (StepResult, Trainer, TrainingError, build_trainer, latest_checkpoint_step, load_lm,
+from elmokit.pretraining.config import RESUME_MAY_CHANGE, TrainConfig
+from elmokit.pretraining.objective import BidirectionalLM, DirectionalNLL
+from elmokit.pretraining.perplexity import evaluate_perplexity, score_sentences, unigram_perplexity
+from elmokit.pretraining.trainer import (StepResult, Trainer, TrainingError, build_trainer, latest_checkpoint_step, load_lm,
                       plot_learning_curve, save_lm)
 
 __all__ = ["TrainConfig", "RESUME_MAY_CHANGE", "BidirectionalLM", "DirectionalNLL", "Trainer", "TrainingError",

@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..errors import CheckpointError, UsageError, option_wording
-from ..io import atomic_path, atomic_write_text
+from elmokit.errors import CheckpointError, UsageError, option_wording
+from elmokit.io import atomic_path, atomic_write_text
 
 __all__ = [
     "MANIFEST_NAME",

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..config import ElmoConfig
-from ..errors import CheckpointError, ConfigError, UsageError
+from elmokit.config import ElmoConfig
+from elmokit.errors import CheckpointError, ConfigError, UsageError
 
 __all__ = ["TrainConfig", "Batching", "OptimizerName", "DecodeErrors", "DeviceName", "RESUME_MAY_CHANGE",
            "MAX_LEARNING_RATE", "literal_choices", "default_learning_rate"]

@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..characters import CharVocabulary
-from ..data.corpus import SentenceBatcher, StreamBatch, StreamWindows, TextCorpus
-from ..errors import CheckpointError, DataError, UsageError
-from ..vocabulary import Vocabulary
-from .config import TrainConfig
+from elmokit.characters import CharVocabulary
+from elmokit.data.corpus import SentenceBatcher, StreamBatch, StreamWindows, TextCorpus
+from elmokit.errors import CheckpointError, DataError, UsageError
+from elmokit.vocabulary import Vocabulary
+from elmokit.pretraining.config import TrainConfig
 
 __all__ = ["PartBatch", "StepBatch", "TrainingData", "part_batch_size", "parts_of_process", "vocabulary_from_counts",
            "char_vocabulary_from_counts", "PartCounts", "read_sentences", "corpus_fingerprint", "corpus_changes",

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from ..characters import CharVocabulary
-from ..config import ElmoConfig
-from ..errors import ConfigError, UsageError, WeightsError
-from ..modules.bilm import BiLM
-from ..vocabulary import Vocabulary
-from ..weights import check_state_fits
-from .objective import BidirectionalLM
+from elmokit.characters import CharVocabulary
+from elmokit.config import ElmoConfig
+from elmokit.errors import ConfigError, UsageError, WeightsError
+from elmokit.modules.bilm import BiLM
+from elmokit.vocabulary import Vocabulary
+from elmokit.weights import check_state_fits
+from elmokit.pretraining.objective import BidirectionalLM
 
 __all__ = ["InitModel", "load_init_model", "check_architecture", "apply_init_model", "describe_architecture"]
 
@@ -67,7 +67,7 @@ def load_init_model(name_or_path: str) -> InitModel:
         ConfigError / WeightsError: the options or weights cannot be read or do not fit each other (names the file and
             the tensor); a native folder whose softmax does not fit its ``vocab.txt``.
     """
-    from ..weights.native import CONFIG_NAME, WEIGHTS_NAME, load_pretrained_bilm, resolve_model_name
+    from elmokit.weights.native import CONFIG_NAME, WEIGHTS_NAME, load_pretrained_bilm, resolve_model_name
 
     bilm = load_pretrained_bilm(name_or_path)
     init = InitModel(str(name_or_path), bilm)

@@ -18,13 +18,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..characters import CharVocabulary, batch_to_ids
-from ..config import ElmoConfig
-from ..errors import ConfigError
-from ..modules.bilm import BiLM
-from ..modules.lstm import LSTMState
-from ..modules.softmax import SoftmaxLM
-from ..vocabulary import Vocabulary
+from elmokit.characters import CharVocabulary, batch_to_ids
+from elmokit.config import ElmoConfig
+from elmokit.errors import ConfigError
+from elmokit.modules.bilm import BiLM
+from elmokit.modules.lstm import LSTMState
+from elmokit.modules.softmax import SoftmaxLM
+from elmokit.vocabulary import Vocabulary
 
 __all__ = ["BidirectionalLM", "DirectionalNLL"]
 

@@ -7,10 +7,10 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from ..data.text_checks import unk_targets
-from ..errors import DataError, UsageError
-from ..vocabulary import Vocabulary
-from .objective import BidirectionalLM
+from elmokit.data.text_checks import unk_targets
+from elmokit.errors import DataError, UsageError
+from elmokit.vocabulary import Vocabulary
+from elmokit.pretraining.objective import BidirectionalLM
 
 __all__ = ["evaluate_perplexity", "perplexity_sums", "unigram_perplexity", "score_sentences"]
 

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import UsageError
-from ..io import atomic_path, atomic_write_text
-from . import checkpoint as ckpt
+from elmokit.errors import UsageError
+from elmokit.io import atomic_path, atomic_write_text
+from elmokit.pretraining import checkpoint as ckpt
 
 __all__ = ["RunFolder", "plot_learning_curve", "check_outside_patterns", "BEST_DIR", "BEST_RECORD"]
 

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from ..modules.lstm import LSTMState
-from .objective import BidirectionalLM
+from elmokit.modules.lstm import LSTMState
+from elmokit.pretraining.objective import BidirectionalLM
 
 __all__ = ["window_rows", "mean_start_state", "START_STATE_SENTENCES", "START_STATE_STREAMS", "describe"]
 

@@ -83,20 +83,20 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import load_file
 
-from .. import interrupts
-from ..characters import CharVocabulary
-from ..devices import resolve_device  # noqa: F401  (re-exported: elmokit.pretraining.trainer.resolve_device)
-from ..errors import CheckpointError, ElmoError, MissingFileError, UsageError, WeightsError
-from ..io import lock_folder
-from ..vocabulary import Vocabulary
-from ..weights import check_state_fits
-from . import checkpoint as ckpt
-from .config import MAX_LEARNING_RATE, TrainConfig  # noqa: F401  (MAX_LEARNING_RATE re-exported)
-from .data import (PartBatch, StepBatch, TrainingData, char_vocabulary_from_counts, check_corpus_unchanged,
+from elmokit import interrupts
+from elmokit.characters import CharVocabulary
+from elmokit.devices import resolve_device  # noqa: F401  (re-exported: elmokit.pretraining.trainer.resolve_device)
+from elmokit.errors import CheckpointError, ElmoError, MissingFileError, UsageError, WeightsError
+from elmokit.io import lock_folder
+from elmokit.vocabulary import Vocabulary
+from elmokit.weights import check_state_fits
+from elmokit.pretraining import checkpoint as ckpt
+from elmokit.pretraining.config import MAX_LEARNING_RATE, TrainConfig  # noqa: F401  (MAX_LEARNING_RATE re-exported)
+from elmokit.pretraining.data import (PartBatch, StepBatch, TrainingData, char_vocabulary_from_counts, check_corpus_unchanged,
                    corpus_fingerprint, parts_of_process, read_sentences, vocabulary_from_counts)
-from .distributed import DistContext, single_process
-from .objective import BidirectionalLM, DirectionalNLL
-from .run_folder import RunFolder, check_outside_patterns, plot_learning_curve
+from elmokit.pretraining.distributed import DistContext, single_process
+from elmokit.pretraining.objective import BidirectionalLM, DirectionalNLL
+from elmokit.pretraining.run_folder import RunFolder, check_outside_patterns, plot_learning_curve
 
 __all__ = ["TrainConfig", "Trainer", "TrainingError", "StepResult", "build_trainer", "make_optimizer", "save_lm",
            "load_lm", "latest_checkpoint_step", "plot_learning_curve", "step_seed", "VALID_BATCH_SENTENCES"]
@@ -140,7 +140,7 @@ class StepResult:
 def save_lm(lm: BidirectionalLM, out_dir: str | os.PathLike) -> Path:
     """Save a trained LM in the native format: the biLM (loadable by :func:`elmokit.load_native`, ``Elmo``), the softmax
     (``softmax.weight``, ``softmax.bias``), ``vocab.txt`` and, in character-vocabulary mode, ``chars.txt``."""
-    from ..weights.native import save_pretrained
+    from elmokit.weights.native import save_pretrained
 
     return save_pretrained(lm.bilm, out_dir, vocab_lines=lm.vocab.tokens,
                            extra_tensors={f"softmax.{k}": v for k, v in lm.softmax.state_dict().items()})
@@ -154,7 +154,7 @@ def load_lm(model_dir: str | os.PathLike) -> BidirectionalLM:
             (only an embedding model was saved); a zoo model that is not built.
         WeightsError: the softmax does not fit ``vocab.txt`` and the config.
     """
-    from ..weights.native import WEIGHTS_NAME, load_native, resolve_model_name
+    from elmokit.weights.native import WEIGHTS_NAME, load_native, resolve_model_name
 
     model_dir = Path(resolve_model_name(model_dir))
     missing = [n for n in ("config.json", WEIGHTS_NAME, "vocab.txt") if not (model_dir / n).is_file()]
@@ -205,7 +205,7 @@ def build_trainer(config: TrainConfig, dist: DistContext | None = None) -> "Trai
         DataError: corpus or vocabulary contents unusable (naming file:line), a data part without lines.
         WeightsError: an init model whose files cannot be read or do not fit.
     """
-    from .init_from import apply_init_model, check_architecture, load_init_model
+    from elmokit.pretraining.init_from import apply_init_model, check_architecture, load_init_model
 
     dist = dist or single_process()
     config = copy.copy(config).validate()
@@ -263,7 +263,7 @@ def build_trainer(config: TrainConfig, dist: DistContext | None = None) -> "Trai
 
 def _check_valid_patterns(patterns) -> None:
     """Every held-out pattern matches a file (before the training text is read; the message names --valid-files)."""
-    from ..data.corpus import TextCorpus
+    from elmokit.data.corpus import TextCorpus
 
     for pattern in patterns:
         try:
@@ -439,7 +439,7 @@ class Trainer:
         window-trained run the one :meth:`refresh_start_state` gives —, eval mode; see
         :func:`elmokit.pretraining.perplexity.evaluate_perplexity`): ``{"forward", "backward", "average", "tokens",
         "sentences"}``. Collective: each process scores its share and the sums are added up."""
-        from .perplexity import perplexities, perplexity_sums
+        from elmokit.pretraining.perplexity import perplexities, perplexity_sums
 
         was_training = self.lm.training
         mine = (self.valid or [])[self.dist.rank::self.dist.world_size]
@@ -460,8 +460,8 @@ class Trainer:
         training steps do not use it (windows carry their own state from zeros)."""
         if self.config.batching != "windows" or self._start_state_step == self.step:
             return
-        from ..data.corpus import TextCorpus
-        from .start_state import describe, mean_start_state
+        from elmokit.data.corpus import TextCorpus
+        from elmokit.pretraining.start_state import describe, mean_start_state
 
         corpus = TextCorpus(list(self.config.train_files), errors=self.config.decode_errors)
         state, samples = mean_start_state(self.lm, corpus.sentences(0))

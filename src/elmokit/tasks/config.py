@@ -50,7 +50,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from ..errors import ConfigError, MissingFileError
+from elmokit.errors import ConfigError, MissingFileError
 
 __all__ = ["TaskConfig", "load_task_config", "task_config_from_dict", "SCHEMA", "READERS", "DEFAULT_METRIC"]
 

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DataError, InputError, MissingFileError, UsageError
-from ..io import atomic_path
+from elmokit.errors import DataError, InputError, MissingFileError, UsageError
+from elmokit.io import atomic_path
 
 __all__ = ["LayerFeatures", "compute_layer_features", "char_features_from_words", "segment_characters",
            "zoo_segmenter", "random_bilm_like", "bilm_sha256", "sentences_sha256", "FORMAT"]
@@ -52,7 +52,7 @@ def bilm_sha256(bilm) -> str:
     """Hex sha256 of a biLM's configuration, character vocabulary (if any) and weights (names and float bytes, in
     state-dict order): equal for two models exactly when their features are. ``bilm``: a :class:`~elmokit.BiLM`,
     an :class:`~elmokit.Elmo` or anything :func:`elmokit.embedding.resolve_model` accepts."""
-    from ..embedding import resolve_model
+    from elmokit.embedding import resolve_model
 
     bilm = resolve_model(bilm)
     h = hashlib.sha256()
@@ -321,7 +321,7 @@ def compute_layer_features(model: object, sentences: Sequence, *, batch_size: in
         InputError: a malformed sentence or token (from the Embedder, naming it). UsageError / MissingFileError /
         WeightsError: the model cannot be loaded. DataError: a value beyond float16's range.
     """
-    from ..embedding import Embedder
+    from elmokit.embedding import Embedder
 
     _check_threads(num_threads)
     sents = _token_lists(sentences)
@@ -344,7 +344,7 @@ def compute_layer_features(model: object, sentences: Sequence, *, batch_size: in
 def zoo_segmenter(name_or_dir: str | os.PathLike = "elmokit-zh") -> Callable[[str], list[str]]:
     """The zoo model's tokeniser (:func:`elmokit.zoo.build.load_tokenizer`: text → sentences of words) as
     ``text → words`` (the sentences concatenated), for :func:`char_features_from_words`."""
-    from ..zoo.build import load_tokenizer
+    from elmokit.zoo.build import load_tokenizer
 
     tokenize = load_tokenizer(name_or_dir)
     return lambda text: [w for sentence in tokenize(text) for w in sentence]
@@ -417,7 +417,7 @@ def char_features_from_words(model: object, char_sentences: Sequence, segment: C
 
     Raises: DataError / UsageError from :func:`segment_characters`; the errors of :func:`compute_layer_features`.
     """
-    from ..embedding import Embedder
+    from elmokit.embedding import Embedder
 
     _check_threads(num_threads)
     chars = _token_lists(char_sentences)
@@ -456,8 +456,8 @@ def random_bilm_like(name_or_model: object, seed: int):
     and dtype.
 
     ``name_or_model``: anything :class:`elmokit.Embedder` accepts. Raises the loaders' errors for a bad model."""
-    from ..embedding import resolve_model
-    from ..modules.bilm import BiLM
+    from elmokit.embedding import resolve_model
+    from elmokit.modules.bilm import BiLM
 
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise UsageError(f"seed must be an int, got {seed!r}")

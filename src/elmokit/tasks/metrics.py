@@ -9,8 +9,8 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
-from ..errors import InputError, UsageError
-from .readers import SCHEMES, convert_tags
+from elmokit.errors import InputError, UsageError
+from elmokit.tasks.readers import SCHEMES, convert_tags
 
 __all__ = ["entity_scores", "accuracy", "macro_f1"]
 

@@ -31,10 +31,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..characters import batch_to_ids
-from ..elmo import Elmo
-from ..errors import InputError, UsageError
-from ..modules.char_cnn import CharCNN
+from elmokit.characters import batch_to_ids
+from elmokit.elmo import Elmo
+from elmokit.errors import InputError, UsageError
+from elmokit.modules.char_cnn import CharCNN
 
 __all__ = ["TaskBatch", "TokenInputs", "SequenceTagger", "SentenceClassifier", "PAD", "UNK"]
 

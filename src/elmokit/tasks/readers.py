@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DataError, MissingFileError, UsageError
+from elmokit.errors import DataError, MissingFileError, UsageError
 
 __all__ = [
     "TaggedSentence", "LabelledSentence", "TagSequenceError", "SCHEMES",

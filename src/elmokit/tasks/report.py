@@ -11,8 +11,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..errors import InputError, UsageError
-from ..io import atomic_path, atomic_write_text
+from elmokit.errors import InputError, UsageError
+from elmokit.io import atomic_path, atomic_write_text
 
 __all__ = ["mean_std", "format_mean_std", "format_cell", "results_table", "write_results", "softmax",
            "format_layer_weights", "plot_layer_weights"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DataError, MissingFileError, UsageError
+from elmokit.errors import DataError, MissingFileError, UsageError
 
 __all__ = ["StaticVectors", "build_vocab", "PAD", "UNK"]
 
@@ -62,15 +62,15 @@ class StaticVectors:
         Raises:
             MissingFileError: the vectors are not there (for a zoo name: says to build it with ``elmokit zoo build``).
             DataError: the file is not a readable word2vec binary."""
-        from ..baselines.word2vec import VECTORS_FILE, load_word2vec
-        from ..weights.native import ZOO_MODELS
+        from elmokit.baselines.word2vec import VECTORS_FILE, load_word2vec
+        from elmokit.weights.native import ZOO_MODELS
 
         if not isinstance(name_or_path, (str, os.PathLike)):
             raise UsageError(f"StaticVectors.load takes a zoo model name or a path, got {type(name_or_path).__name__}")
         text = os.fspath(name_or_path)
         path = Path(text)
         if text.lower() in ZOO_MODELS and not path.exists():
-            from ..zoo.build import model_dir
+            from elmokit.zoo.build import model_dir
 
             path = model_dir(text.lower()) / "word2vec" / VECTORS_FILE
             if not path.is_file():

@@ -39,13 +39,13 @@ from typing import Any
 
 import torch
 
-from .. import interrupts
-from ..elmo import Elmo
-from ..errors import CheckpointError, ConfigError, DataError, MissingFileError, UsageError
-from ..io import atomic_path, atomic_write_text, file_sha256, folder_lock, lock_folder
-from ..modules.bilm import BiLM
-from .config import TaskConfig, task_config_from_dict
-from .models import TaskBatch, TokenInputs, SequenceTagger, SentenceClassifier
+from elmokit import interrupts
+from elmokit.elmo import Elmo
+from elmokit.errors import CheckpointError, ConfigError, DataError, MissingFileError, UsageError
+from elmokit.io import atomic_path, atomic_write_text, file_sha256, folder_lock, lock_folder
+from elmokit.modules.bilm import BiLM
+from elmokit.tasks.config import TaskConfig, task_config_from_dict
+from elmokit.tasks.models import TaskBatch, TokenInputs, SequenceTagger, SentenceClassifier
 
 __all__ = [
     "TaskData", "TaskModel", "fit", "build_from_config", "train_from_config", "save_task_model", "load_task_model",
@@ -106,7 +106,7 @@ def read_task_file(config: TaskConfig, path: str | os.PathLike) -> TaskData:
     Raises:
         MissingFileError / DataError: from the readers (naming ``FILE:LINE``).
     """
-    from . import readers
+    from elmokit.tasks import readers
 
     d = config.data
     reader = d["reader"]
@@ -150,7 +150,7 @@ def _segmenter(name: str) -> Callable[[str], list[str]]:
         import jieba
 
         return aligned_segmenter(lambda text: jieba.lcut(text, HMM=True))
-    from ..zoo.build import load_tokenizer
+    from elmokit.zoo.build import load_tokenizer
 
     tokenize = load_tokenizer(name)
     return aligned_segmenter(lambda text: [w for sentence in tokenize(text) for w in sentence])
@@ -199,7 +199,7 @@ def describe_bilm(spec: str, bilm: BiLM, *, random_like: str | None = None, rand
         record.update(name=f"random({random_like}, seed {random_seed})", random_like=random_like,
                       random_seed=random_seed)
     else:
-        from ..weights.native import resolve_model_name
+        from elmokit.weights.native import resolve_model_name
 
         folder = Path(resolve_model_name(spec))
         weights = folder / "model.safetensors"
@@ -217,10 +217,10 @@ def resolve_bilm(spec: str, *, random_like: str | None = None, random_seed: int 
         UsageError / MissingFileError / ConfigError / WeightsError: from the loaders.
     """
     if spec == "random":
-        from .features import random_bilm_like
+        from elmokit.tasks.features import random_bilm_like
 
         return random_bilm_like(random_like, random_seed).eval()
-    from ..weights.native import load_pretrained_bilm
+    from elmokit.weights.native import load_pretrained_bilm
 
     return load_pretrained_bilm(spec).eval()
 
@@ -385,7 +385,7 @@ class TaskModel:
         Raises:
             DataError: an unseen label (with ``unseen="error"``), a token/tag count mismatch (``FILE:LINE``).
         """
-        from . import metrics
+        from elmokit.tasks import metrics
 
         unseen_count = self.check_labels(data, unseen)
         if self.kind == "tag":
@@ -430,8 +430,8 @@ def compute_features(bilm: BiLM, tokens: Sequence[Sequence[str]], *, segmenter=N
     when ``use_disk``; with ``segmenter`` each character gets its word's vectors
     (:func:`~elmokit.tasks.features.char_features_from_words`). ``progress``: a tqdm bar over the sentences while
     they are computed (a string labels it)."""
-    from . import features as feats
-    from ..weights.native import cache_dir
+    from elmokit.tasks import features as feats
+    from elmokit.weights.native import cache_dir
 
     path = None
     if use_disk:
@@ -478,7 +478,7 @@ def fit(model: TaskModel, train: TaskData, dev: TaskData, *, epochs: int = 5, pa
         TrainingError: the loss became NaN or infinite.
         KeyboardInterrupt: Ctrl-C/SIGTERM (checked between steps).
     """
-    from ..pretraining.trainer import TrainingError
+    from elmokit.pretraining.trainer import TrainingError
 
     say = log or logger.info
     torch.manual_seed(seed)
@@ -598,7 +598,7 @@ def build_from_config(config: TaskConfig, *, bilm: BiLM | None = None, seed: int
     Raises:
         MissingFileError / DataError: data files; UsageError / WeightsError: the biLM or vectors; ConfigError.
     """
-    from . import static as static_mod
+    from elmokit.tasks import static as static_mod
 
     say = log or logger.info
     if reuse:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 import warnings
 
-from ..pretraining import *  # noqa: F401,F403
-from ..pretraining import __all__ as _pretraining_all
-from ..pretraining import checkpoint, objective, perplexity, trainer
+from elmokit.pretraining import *  # noqa: F401,F403
+from elmokit.pretraining import __all__ as _pretraining_all
+from elmokit.pretraining import checkpoint, objective, perplexity, trainer
 
 warnings.warn("elmokit.training is deprecated: import elmokit.pretraining instead (training.lm is "
               "pretraining.objective)", DeprecationWarning, stacklevel=2)

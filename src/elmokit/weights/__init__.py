@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import WeightsError
-from ..modules.bilm import BiLM
+from elmokit.errors import WeightsError
+from elmokit.modules.bilm import BiLM
 
 __all__ = ["check_state_fits", "load_state_checked"]
 

@@ -24,12 +24,12 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..characters import CharVocabulary
-from ..config import ElmoConfig
-from ..errors import InputError, MissingFileError, UsageError, WeightsError
-from ..io import LOCK_NAME, atomic_path
-from ..modules.bilm import BiLM, StatefulBiLM
-from . import load_state_checked
+from elmokit.characters import CharVocabulary
+from elmokit.config import ElmoConfig
+from elmokit.errors import InputError, MissingFileError, UsageError, WeightsError
+from elmokit.io import LOCK_NAME, atomic_path
+from elmokit.modules.bilm import BiLM, StatefulBiLM
+from elmokit.weights import load_state_checked
 
 __all__ = ["save_pretrained", "load_native", "load_pretrained_bilm", "cache_dir", "download", "RELEASED",
            "ZOO_MODELS", "zoo_model_dir", "resolve_model_name", "known_model_names", "CONFIG_NAME", "WEIGHTS_NAME"]
@@ -174,7 +174,7 @@ def save_pretrained(model: BiLM, out_dir: str | os.PathLike, *, vocab_lines: lis
         save_file(tensors, str(tmp), metadata=metadata)
         _sort_metadata(tmp)
     if vocab_lines is not None:
-        from ..io import atomic_write_text
+        from elmokit.io import atomic_write_text
 
         atomic_write_text(out_dir / "vocab.txt", "".join(line + "\n" for line in vocab_lines))
     model.config.to_json_file(out_dir / CONFIG_NAME)
@@ -293,7 +293,7 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
             ``elmokit zoo build LANG``).
         ConfigError / WeightsError: as the loaders.
     """
-    from .original import load_original
+    from elmokit.weights.original import load_original
 
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise UsageError(f"model must be a folder path, a released model name or a zoo model name "
@@ -333,7 +333,7 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
 
 def read_config_json(path: str | os.PathLike) -> dict:
     """Parse a JSON file (helper for the CLI). Raises :class:`MissingFileError` / :class:`ConfigError` naming it."""
-    from ..errors import ConfigError
+    from elmokit.errors import ConfigError
 
     path = Path(path)
     if not path.is_file():

@@ -16,11 +16,11 @@ import h5py
 import numpy as np
 import torch
 
-from ..config import ElmoConfig
-from ..errors import ConfigError, MissingFileError, WeightsError
-from ..io import atomic_path
-from ..modules.bilm import BiLM, StatefulBiLM
-from . import load_state_checked
+from elmokit.config import ElmoConfig
+from elmokit.errors import ConfigError, MissingFileError, WeightsError
+from elmokit.io import atomic_path
+from elmokit.modules.bilm import BiLM, StatefulBiLM
+from elmokit.weights import load_state_checked
 
 __all__ = ["load_original", "load_original_state", "export_original", "conversion_table", "Entry"]
 

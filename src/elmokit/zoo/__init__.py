@@ -4,7 +4,7 @@ model card; the names ``elmokit-en`` / ``elmokit-zh`` resolve there in every loa
 
 Importing it is light: sacremoses, jieba, gensim and nltk are imported inside the functions that use them.
 """
-from .corpora import RECIPES, build_corpus, leak_check, read_kept_out, read_source, resolve_data_dir, sentence_key
+from elmokit.zoo.corpora import RECIPES, build_corpus, leak_check, read_kept_out, read_source, resolve_data_dir, sentence_key
 
 __all__ = ["RECIPES", "build_corpus", "leak_check", "read_kept_out", "read_source", "resolve_data_dir",
            "sentence_key"]

@@ -43,8 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import MissingFileError, UsageError
-from ..io import atomic_write_text, folder_lock
+from elmokit.errors import MissingFileError, UsageError
+from elmokit.io import atomic_write_text, folder_lock
 
 __all__ = ["SPECS", "ZooSpec", "build_model", "model_dir", "list_models", "read_card", "render_card",
            "wikitext_sentences", "load_tokenizer", "MODEL_FILES", "THREADS", "WIKITEXT_PROTOCOL"]
@@ -60,7 +60,7 @@ MODEL_FILES = ("config.json", "model.safetensors", "vocab.txt", "chars.txt", "to
 _OWN_ENTRIES = (*MODEL_FILES, "corpus", "corpus.json", "word2vec", "train", "learning_curve.png", "card.json",
                 "README.md")
 
-from ..io import file_sha256 as _sha256
+from elmokit.io import file_sha256 as _sha256
 
 
 def _char_cnn(max_characters_per_token: int) -> dict:
@@ -142,7 +142,7 @@ def model_dir(lang_or_name: str, cache: str | os.PathLike | None = None) -> Path
     Raises:
         UsageError: not a zoo language or name.
     """
-    from ..weights.native import cache_dir
+    from elmokit.weights.native import cache_dir
 
     spec = _spec(lang_or_name)
     return Path(cache if cache is not None else cache_dir()) / "zoo" / spec.name
@@ -178,7 +178,7 @@ def _git_commit() -> dict:
 
 def _copy(src: Path, dst: Path) -> None:
     """Copy ``src`` to ``dst`` atomically (an interrupted copy leaves the old file or none)."""
-    from ..io import atomic_path
+    from elmokit.io import atomic_path
 
     with atomic_path(dst, suffix=dst.suffix) as tmp:
         shutil.copyfile(src, tmp)
@@ -239,7 +239,7 @@ def wikitext_sentences(path: str | os.PathLike) -> tuple[list[list[str]], dict]:
     if not path.is_file():
         raise MissingFileError(f"WikiText-2 test file not found: {path} (expected wikitext-2/test.txt in the data "
                                "folder)")
-    from ..vocabulary import UNK
+    from elmokit.vocabulary import UNK
 
     sentences: list[list[str]] = []
     stats = {"lines": 0, "headings": 0, "sentences": 0, "words": 0, "unk": 0}
@@ -271,7 +271,7 @@ def wikitext_sentences(path: str | os.PathLike) -> tuple[list[list[str]], dict]:
 
 # ==================================================================================================== tokenizers
 def _tokenizer_info(spec: ZooSpec, manifest: dict) -> dict:
-    from .corpora import segmenter_versions
+    from elmokit.zoo.corpora import segmenter_versions
 
     versions = segmenter_versions()
     if spec.tokenizer == "jieba":
@@ -298,8 +298,8 @@ def load_tokenizer(name_or_dir: str | os.PathLike) -> Callable[[str], list[list[
     Raises:
         MissingFileError: the folder has no ``tokenizer.json`` (not a zoo model) or the zoo model is not built.
     """
-    from ..weights.native import resolve_model_name
-    from . import corpora
+    from elmokit.weights.native import resolve_model_name
+    from elmokit.zoo import corpora
 
     folder = Path(resolve_model_name(name_or_dir))
     info_path = folder / "tokenizer.json"
@@ -349,7 +349,7 @@ def _corpus_is_intact(corpus: Path) -> dict | None:
 
 
 def _word2vec_is_intact(folder: Path, train_sha: str, settings: dict) -> dict | None:
-    from ..baselines.word2vec import SETTINGS_FILE, VECTORS_FILE, WORD2VEC_SETTINGS
+    from elmokit.baselines.word2vec import SETTINGS_FILE, VECTORS_FILE, WORD2VEC_SETTINGS
 
     try:
         meta = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))
@@ -445,7 +445,7 @@ def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str
         KeyboardInterrupt: Ctrl-C/SIGTERM (under :func:`elmokit.interrupts.handling_signals`): during training a
             checkpoint is written first, so ``resume=True`` continues.
     """
-    from .corpora import resolve_data_dir
+    from elmokit.zoo.corpora import resolve_data_dir
 
     if overwrite and resume:
         raise UsageError("--overwrite rebuilds from scratch and --resume continues the build: give one of them")
@@ -464,10 +464,10 @@ def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str
 def _build(spec: ZooSpec, extra: dict, folder: Path, data: Path, *, overwrite: bool, resume: bool, progress: bool,
            overrides: dict | None, threads: int = THREADS) -> dict:
     """:func:`build_model`'s work, with the model folder locked."""
-    from ..baselines.ngram import kneser_ney_perplexity
-    from ..baselines.word2vec import WORD2VEC_SETTINGS, train_word2vec
-    from ..pretraining import TrainConfig, build_trainer, evaluate_perplexity, load_lm, unigram_perplexity
-    from .corpora import build_corpus, source_table
+    from elmokit.baselines.ngram import kneser_ney_perplexity
+    from elmokit.baselines.word2vec import WORD2VEC_SETTINGS, train_word2vec
+    from elmokit.pretraining import TrainConfig, build_trainer, evaluate_perplexity, load_lm, unigram_perplexity
+    from elmokit.zoo.corpora import build_corpus, source_table
 
     _prepare_folder(folder, overwrite, resume, spec)
     started = time.perf_counter()
@@ -532,7 +532,7 @@ def _build(spec: ZooSpec, extra: dict, folder: Path, data: Path, *, overwrite: b
             wt_path = Path(extra.get("wikitext_file") or data / "wikitext-2" / "test.txt")
             wt, wt_stats = wikitext_sentences(wt_path)
             words = [t for s in wt for t in s]
-            from ..vocabulary import UNK
+            from elmokit.vocabulary import UNK
 
             oov = sum(1 for t in words if t != UNK and t not in lm.vocab)
             wikitext = {"file": str(wt_path), "sha256": _sha256(wt_path), **wt_stats,

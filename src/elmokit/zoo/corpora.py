@@ -58,8 +58,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DataError, MissingFileError, UsageError
-from ..io import atomic_write_text
+from elmokit.errors import DataError, MissingFileError, UsageError
+from elmokit.io import atomic_write_text
 
 __all__ = ["RECIPES", "Recipe", "Source", "KeptOut", "BLOCK_SENTENCES", "resolve_data_dir", "read_source",
            "read_kept_out", "build_corpus", "leak_check", "sentence_key", "split_english", "split_chinese",
@@ -74,7 +74,7 @@ VOCAB_MIN_COUNT = 3
 
 Document = list[list[str]]
 
-from ..io import file_sha256 as _sha256_file
+from elmokit.io import file_sha256 as _sha256_file
 
 
 # ==================================================================================================== text helpers
@@ -902,7 +902,7 @@ def build_corpus(name: str, data_dir: str | os.PathLike | None = None, out_dir: 
         MissingFileError: a source or kept-out folder/file is missing (named), or the data folder is.
         DataError: nothing to write, or the files to write fail the leak check (a bug; nothing is written).
     """
-    from ..vocabulary import Vocabulary
+    from elmokit.vocabulary import Vocabulary
 
     start = time.perf_counter()
     r = _recipe(name)
