@@ -96,7 +96,7 @@ def child(args: argparse.Namespace) -> None:
     result: dict = {"threads": torch.get_num_threads(), "omp": elmokit_threads.openmp_settings()}
     if args.workload == "train":
         from elmokit.pretraining.trainer import TrainConfig, build_trainer
-        from elmokit.quickstart import load_lee_corpus, quickstart_config
+        from elmokit.recipes.quickstart import load_lee_corpus, quickstart_config
 
         train, _ = load_lee_corpus()
         work = Path(args.work)

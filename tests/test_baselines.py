@@ -259,7 +259,7 @@ def test_word2vec_errors(tmp_path):
 
 
 def test_import_elmokit_baselines_and_zoo_is_light():
-    code = ("import sys, elmokit.baselines, elmokit.zoo; "
+    code = ("import sys, elmokit.baselines, elmokit.recipes.zoo; "
             "print(any(m in sys.modules for m in ('gensim', 'nltk', 'jieba', 'sacremoses')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False"

@@ -187,7 +187,7 @@ def test_sigterm_during_embed_leaves_no_partial_file(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "elmokit", "embed", str(folder), str(text),
                              str(tmp_path / "out.hdf5"), "--batch-size", "8"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    parts = tmp_path / "out.hdf5.parts"  # the work is written in parts there (see elmokit.embed_output)
+    parts = tmp_path / "out.hdf5.parts"  # the work is written in parts there (see elmokit.embedding.writer)
     deadline = time.time() + 120
     while time.time() < deadline and not list(parts.glob(".part-*.tmp")):
         time.sleep(0.05)

@@ -243,7 +243,7 @@ def test_fuzz_train(world, capsys, argv):
 @given(argv=quickstart_argv())
 @_settings(10)
 def test_fuzz_quickstart(world, monkeypatch, capsys, argv):
-    from elmokit import quickstart
+    from elmokit.recipes.quickstart import en as quickstart
 
     sentences = [s.split() for s in ("The river bank was muddy .", "She took money to the bank .",
                                      "A boat drifted down the river .", "The bank raised its rates .")]

@@ -20,7 +20,7 @@ from elmokit import Embedder
 from elmokit.cli import main as cli_main
 from elmokit.config import elmo_tiny
 from elmokit.data.corpus import CorpusDecodeError, decode_line, line_problem, read_lines
-from elmokit.embed_output import open_embeddings, work_folder
+from elmokit.embedding.reader import open_embeddings, work_folder
 from elmokit.modules.bilm import BiLM
 from elmokit.pretraining.objective import BidirectionalLM
 from elmokit.pretraining.trainer import save_lm

@@ -28,12 +28,12 @@ from elmokit import Elmo, Embedder, InputError, UsageError, batch_to_ids, save_p
 from elmokit.characters import CharVocabulary
 from elmokit.cli import main as cli_main
 from elmokit.config import elmo_tiny
-from elmokit.embed_output import work_folder
+from elmokit.embedding.reader import work_folder
 from elmokit.modules.bilm import BiLM
 from elmokit.pretraining.objective import BidirectionalLM
 from elmokit.pretraining.trainer import save_lm
 from elmokit.vocabulary import Vocabulary
-from elmokit import polysemy
+from elmokit.analysis import polysemy
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,7 +157,7 @@ def test_plot_scale_is_shared_and_in_cosine_units():
 def test_cjk_plot_text_without_a_cjk_font_is_romanised_and_said(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(polysemy, "cjk_font", lambda chars: None)
     rng = np.random.default_rng(0)
-    with caplog.at_level(logging.WARNING, logger="elmokit.polysemy"):
+    with caplog.at_level(logging.WARNING, logger="elmokit.analysis.polysemy"):
         polysemy.plot_occurrences(rng.normal(size=(4, 2, 8)), tmp_path / "p.png", ["水果", "公司"] * 2,
                                   title="苹果: 4 occurrences")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -4,8 +4,6 @@ as the only writer, and vocabularies counted part by part."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from conftest import REPO_ROOT
 from elmokit.characters import CharVocabulary
 from elmokit.config import ElmoConfig, elmo_tiny
 from elmokit.errors import ConfigError, UsageError
@@ -53,26 +50,6 @@ def _losses(out: Path) -> dict[int, float]:
 
 
 # ---------------------------------------------------------------------------------------------- package names
-def test_old_import_paths_still_work_and_warn():
-    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
-            "try:\n    import elmokit.training.trainer\nexcept DeprecationWarning as w:\n    print('warned:', w)\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(REPO_ROOT / "src"), "PATH": ""})
-    assert "warned: elmokit.training is deprecated: import elmokit.pretraining" in res.stdout
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import elmokit.training.checkpoint as old_checkpoint
-        import elmokit.training.lm as old_lm
-        import elmokit.training.trainer as old_trainer
-    from elmokit.pretraining import checkpoint, objective, trainer
-
-    # the same modules, so code patching the old names (tests, scripts) patches the real ones
-    assert old_trainer is trainer and old_lm is objective and old_checkpoint is checkpoint
-    assert old_trainer.Trainer is Trainer and old_trainer.TrainConfig is TrainConfig
-
-
 # ---------------------------------------------------------------------------------------------- the config
 @pytest.mark.parametrize("name,tp", [("batching", Batching), ("optimizer", OptimizerName),
                                      ("decode_errors", DecodeErrors)])

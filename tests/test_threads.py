@@ -163,7 +163,7 @@ def test_cpu_share_of_a_busy_loop_and_a_sleep():
 
 
 class _FakeTrainer:
-    """What :func:`elmokit.quickstart._steps_for_budget` uses of a Trainer: ``config.max_steps``/``valid_every``,
+    """What :func:`elmokit.recipes.quickstart.protocol._steps_for_budget` uses of a Trainer: ``config.max_steps``/``valid_every``,
     ``step``, ``step_seconds`` and ``train(resume)``, with step times given by ``seconds_of(step)``."""
 
     def __init__(self, seconds_of):
@@ -178,7 +178,7 @@ class _FakeTrainer:
 
 
 def _budget(monkeypatch, capsys, seconds_of, share: float, minutes: float = 5.0):
-    from elmokit import quickstart
+    from elmokit.recipes.quickstart import protocol as quickstart
 
     @__import__("contextlib").contextmanager
     def fake_share():

@@ -306,8 +306,8 @@ def test_embed_refuses_a_parts_folder_another_process_writes(tmp_path, tiny_mode
 
 
 def test_zoo_build_and_quickstart_refuse_a_folder_in_use(tmp_path):
-    from elmokit.quickstart import run_quickstart
-    from elmokit.zoo.build import build_model, model_dir
+    from elmokit.recipes.quickstart import run_quickstart
+    from elmokit.recipes.zoo.build import build_model, model_dir
 
     folder = model_dir("en", tmp_path / "cache")
     with holding(folder, tmp_path / "qs") as holder:

@@ -20,8 +20,10 @@ from collections.abc import Iterator
 __all__ = [
     "ElmoError",
     "UsageError",
+    "UsageTypeError",
     "ConfigError",
     "InputError",
+    "InputTypeError",
     "MissingFileError",
     "WeightsError",
     "CheckpointError",
@@ -51,6 +53,11 @@ class UsageError(ElmoError, ValueError):
     exit_status = 2
 
 
+class UsageTypeError(UsageError, TypeError):
+    """A :class:`UsageError` for an argument of the wrong type (``batch_size=2.0``, ``workers="2"``): also a
+    ``TypeError``, as Python's own functions raise for the wrong type."""
+
+
 class ConfigError(ElmoError, ValueError):
     """An options/config file or value is invalid (the message names the file and key, and what is expected)."""
 
@@ -61,6 +68,11 @@ class InputError(ElmoError, ValueError):
     """Model input is malformed: wrong type, wrong shape, or an unusable sentence/token (the message says which)."""
 
     exit_status = 2
+
+
+class InputTypeError(InputError, TypeError):
+    """An :class:`InputError` for model input of the wrong type (a string where a list of tokens is expected, a flat
+    list where a list of sentences is): also a ``TypeError``."""
 
 
 class MissingFileError(ElmoError, FileNotFoundError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from elmokit import embed_output
+from elmokit.embedding import writer as embed_output
 from elmokit.errors import UsageError
 from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
                      check_output_file, model_folder, path_arg, positive_int, resolve_cli_device, text_arg)
@@ -14,7 +14,7 @@ __all__ = ["register", "cmd_embed"]
 
 def _layers_arg(text: str):
     """argparse type for --layers: all | top | average | a layer number | L+1 comma-separated mix weights."""
-    from elmokit.pooling import parse_layers
+    from elmokit.embedding.pooling import parse_layers
 
     try:
         return parse_layers(text)
@@ -36,7 +36,7 @@ def _read_word_list(path: Path) -> list[str]:
 
 def _layers(args: argparse.Namespace):
     """--layers, or AllenNLP's --all/--top/--average (the same choice twice is fine, two different ones are not)."""
-    from elmokit.pooling import parse_layers
+    from elmokit.embedding.pooling import parse_layers
 
     alias = args.layers_alias
     if alias is not None and args.layers is not None and args.layers != parse_layers(alias):
@@ -103,7 +103,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 def embed_interrupted_note(args: argparse.Namespace) -> str:
     """What an interrupted ``embed`` leaves: the finished parts, and how to continue."""
-    from elmokit.embed_output import INDEX_NAME, work_folder
+    from elmokit.embedding.reader import INDEX_NAME, work_folder
 
     folder = work_folder(args.output, args.format)
     if (folder / INDEX_NAME).is_file():

@@ -121,7 +121,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             "options": model.config.to_options()}
     card = Path(args.model) / "card.json"
     if card.is_file():
-        from elmokit.zoo.build import read_card
+        from elmokit.recipes.zoo.build import read_card
 
         data = read_card(card.parent)
         if data is not None:

@@ -1,4 +1,4 @@
-"""``elmokit quickstart``: the main job (see :mod:`elmokit.quickstart`; ``--lang zh``: :mod:`elmokit.quickstart_zh`)."""
+"""``elmokit quickstart``: the main job (see :mod:`elmokit.recipes.quickstart`; ``--lang zh``: :mod:`elmokit.recipes.quickstart.zh`)."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +19,7 @@ def _out_dir(args: argparse.Namespace) -> Path:
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """Train, evaluate, save and embed; a folder holding an earlier quickstart run is replaced (with a note)."""
-    from elmokit import quickstart
+    from elmokit.recipes import quickstart
 
     resolve_cli_device(args.device)
     quickstart.run_quickstart(_out_dir(args), minutes=args.minutes, seed=args.seed, steps=args.steps,
@@ -34,8 +34,8 @@ def quickstart_interrupted_note(args: argparse.Namespace) -> str:
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    from elmokit.quickstart import DEFAULT_MINUTES, LANGUAGES, PERPLEXITY_MARGIN, SEPARATION_MARGIN
-    from elmokit.quickstart_zh import PERPLEXITY_MARGIN_ZH
+    from elmokit.recipes.quickstart import DEFAULT_MINUTES, LANGUAGES, PERPLEXITY_MARGIN, SEPARATION_MARGIN
+    from elmokit.recipes.quickstart.zh import PERPLEXITY_MARGIN_ZH
 
     p = sub.add_parser(
         "quickstart", parents=parents,

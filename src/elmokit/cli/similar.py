@@ -4,7 +4,7 @@ Prints, per layer beside layer 0 (the static, context-free token layer), the pai
 word's occurrences (the matrix when there are few, a summary always), with labels (``label<TAB>sentence`` lines and
 ``--labels``) the mean similarity within and across labels; ``--corpus`` adds the nearest contextual neighbours of
 each occurrence; ``--png`` draws the 2-D PCA projection of the occurrences per layer, coloured by label. See
-:mod:`elmokit.polysemy` for how a word is matched (whole tokens; for CJK words also a run of tokens, e.g. characters,
+:mod:`elmokit.analysis.polysemy` for how a word is matched (whole tokens; for CJK words also a run of tokens, e.g. characters,
 whose vectors are averaged).
 """
 from __future__ import annotations
@@ -129,9 +129,9 @@ def cmd_similar(args: argparse.Namespace) -> int:
     """Check the arguments (model, input, output, corpus), load the model, find the occurrences, print."""
     import numpy as np
 
-    from elmokit.embed_output import make_tokenizer
+    from elmokit.data.tokenizers import word_tokenizer as make_tokenizer
     from elmokit.embedding import Embedder
-    from elmokit.polysemy import (find_occurrences, is_cjk, label_similarity, layer_names, layer_similarities,
+    from elmokit.analysis.polysemy import (find_occurrences, is_cjk, label_similarity, layer_names, layer_similarities,
                             nearest_neighbours, occurrence_vectors, plot_occurrences)
     from elmokit.weights.native import load_pretrained_bilm, resolve_model_name
 

@@ -19,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from elmokit.data.tokenizers import load_tokenizer, word_tokenizer
 from elmokit.errors import DataError, UsageError
 from elmokit.io import check_creatable_folder, folder_lock
 from elmokit.cli.common import (DEVICE_HELP, add_threads_option, check_input_file, check_output_file, path_arg, positive_int,
@@ -95,16 +96,11 @@ def _tokenizer(model):
         if folder is not None and (folder / "tokenizer.json").is_file():
             name = str(folder)
     if name is not None and name != "whitespace":
-        from elmokit.zoo.build import load_tokenizer
-
         tokenize = load_tokenizer(name)
         return lambda line: [t for sentence in tokenize(line) for t in sentence]
     if name == "whitespace":
         return str.split
-    from sacremoses import MosesTokenizer
-
-    moses = MosesTokenizer(lang="en")
-    return lambda line: moses.tokenize(line, escape=False)
+    return word_tokenizer("moses")  # the one Moses tokeniser (its words pass the same clean-up as embed's)
 
 
 def _read_input(path: Path, tokenize) -> list[list[str]]:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from elmokit import interrupts
-from elmokit.embed_output import TOKENIZERS
+from elmokit.data.tokenizers import TOKENIZERS
 from elmokit.errors import ConfigError, DataError, ElmoError, MissingFileError, UsageError
 from elmokit.io import check_creatable_folder, lock_folder
 from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
@@ -210,7 +210,7 @@ def _check_lm_folder(path: Path) -> None:
 
 def _read_sentences(args: argparse.Namespace) -> list[tuple[int, list[str]]]:
     from elmokit.data.corpus import read_lines
-    from elmokit.embed_output import make_tokenizer
+    from elmokit.data.tokenizers import word_tokenizer as make_tokenizer
 
     check_input_file(args.file)
     tokenize = make_tokenizer(args.tokenizer)

@@ -1,11 +1,11 @@
-"""``elmokit zoo build {en,zh}`` and ``elmokit zoo list``: the models trained here (see :mod:`elmokit.zoo.build`)."""
+"""``elmokit zoo build {en,zh}`` and ``elmokit zoo list``: the models trained here (see :mod:`elmokit.recipes.zoo.build`)."""
 from __future__ import annotations
 
 import argparse
 import json
 
 from elmokit.errors import UsageError
-from elmokit.zoo.build import THREADS
+from elmokit.recipes.zoo.build import THREADS
 from elmokit.cli.common import add_threads_option, path_arg
 
 __all__ = ["register", "cmd_zoo_build", "cmd_zoo_list"]
@@ -13,7 +13,7 @@ __all__ = ["register", "cmd_zoo_build", "cmd_zoo_list"]
 
 def cmd_zoo_build(args: argparse.Namespace) -> int:
     """Build (or ``--resume``) one zoo model; print where it went and its figures."""
-    from elmokit.zoo.build import build_model, model_dir
+    from elmokit.recipes.zoo.build import build_model, model_dir
 
     if args.overwrite and args.resume:
         raise UsageError("--overwrite rebuilds from scratch and --resume continues the build: give one of them")
@@ -38,7 +38,7 @@ def cmd_zoo_build(args: argparse.Namespace) -> int:
 
 def cmd_zoo_list(args: argparse.Namespace) -> int:
     """One line per zoo model (built or not, path, card summary); ``--json`` for the records."""
-    from elmokit.zoo.build import list_models
+    from elmokit.recipes.zoo.build import list_models
 
     models = list_models(args.cache)
     if args.json:
@@ -66,7 +66,7 @@ def _interrupted_note(args: argparse.Namespace) -> str:
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    from elmokit.zoo.build import SPECS
+    from elmokit.recipes.zoo.build import SPECS
 
     zoo = sub.add_parser("zoo", parents=parents, help="the models trained here (elmokit-en, elmokit-zh): build, list",
                          description="The English and Chinese biLMs this project trains, each rebuilt from scratch "

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from elmokit.checks import positive_int
 from elmokit.errors import DataError, MissingFileError, UsageError, option_wording
 
 logger = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ class TextCorpus:
         part: int = 0,
         parts: int = 1,
     ) -> None:
-        _check_positive_int("parts", parts)
+        positive_int("parts", parts)
         if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < parts:
             raise UsageError(f"part must be an int in [0, parts={parts}), got {part!r}")
         if errors not in _DECODE_ERRORS:
@@ -431,14 +432,9 @@ def _as_corpus(corpus: TextCorpus | PatternLike) -> TextCorpus:
     raise UsageError(f"expected a TextCorpus or a file pattern, got {type(corpus).__name__}")
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{name} must be an int >= 1, got {value!r}")
-
-
 def _check_epochs(num_epochs: object) -> None:
     if num_epochs is not None:
-        _check_positive_int("num_epochs", num_epochs)
+        positive_int("num_epochs", num_epochs)
 
 
 def _check_fingerprint(kind: str, saved: dict[str, Any], current: dict[str, Any]) -> None:
@@ -569,8 +565,8 @@ class SentenceBatcher:
         pool_batches: int = 100,
         drop_last: bool = False,
     ) -> None:
-        _check_positive_int("batch_size", batch_size)
-        _check_positive_int("pool_batches", pool_batches)
+        positive_int("batch_size", batch_size)
+        positive_int("pool_batches", pool_batches)
         self.corpus = _as_corpus(corpus)
         self.batch_size = batch_size
         self.bucket_by_length = bool(bucket_by_length)
@@ -716,8 +712,8 @@ class StreamWindows:
         num_epochs: int | None = 1,
         drop_last: bool = True,
     ) -> None:
-        _check_positive_int("batch_size", batch_size)
-        _check_positive_int("unroll_steps", unroll_steps)
+        positive_int("batch_size", batch_size)
+        positive_int("unroll_steps", unroll_steps)
         self.corpus = _as_corpus(corpus)
         self.batch_size = batch_size
         self.unroll_steps = unroll_steps

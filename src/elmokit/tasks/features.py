@@ -342,9 +342,9 @@ def compute_layer_features(model: object, sentences: Sequence, *, batch_size: in
 
 # ============================================================================================ characters → words
 def zoo_segmenter(name_or_dir: str | os.PathLike = "elmokit-zh") -> Callable[[str], list[str]]:
-    """The zoo model's tokeniser (:func:`elmokit.zoo.build.load_tokenizer`: text → sentences of words) as
+    """The zoo model's tokeniser (:func:`elmokit.data.tokenizers.load_tokenizer`: text → sentences of words) as
     ``text → words`` (the sentences concatenated), for :func:`char_features_from_words`."""
-    from elmokit.zoo.build import load_tokenizer
+    from elmokit.data.tokenizers import load_tokenizer
 
     tokenize = load_tokenizer(name_or_dir)
     return lambda text: [w for sentence in tokenize(text) for w in sentence]
@@ -354,7 +354,7 @@ def segment_characters(char_sentences: Sequence, segment: Callable[[str], object
                        ) -> list[tuple[list[str], list[int]]]:
     """Segment character-tokenised sentences into words: for each sentence, ``(words, owner)`` where ``owner[i]`` is
     the index of the word holding token i. The tokens are joined (no separator) and given to ``segment`` (``str →
-    list of words``, or → list of sentences of words, as :func:`elmokit.zoo.build.load_tokenizer` returns; empty
+    list of words``, or → list of sentences of words, as :func:`elmokit.data.tokenizers.load_tokenizer` returns; empty
     words are dropped).
 
     Raises:

@@ -56,7 +56,7 @@ class StaticVectors:
     @classmethod
     def load(cls, name_or_path: str | os.PathLike) -> "StaticVectors":
         """Load word2vec vectors: a zoo model name (``"elmokit-en"`` → ``$ELMOKIT_CACHE/zoo/elmokit-en/word2vec/
-        vectors.bin``, via :func:`elmokit.zoo.build.model_dir`), a zoo model folder, a ``word2vec`` folder, or a
+        vectors.bin``, via :func:`elmokit.recipes.zoo.build.model_dir`), a zoo model folder, a ``word2vec`` folder, or a
         gensim word2vec binary file (read with :func:`elmokit.baselines.word2vec.load_word2vec`).
 
         Raises:
@@ -70,7 +70,7 @@ class StaticVectors:
         text = os.fspath(name_or_path)
         path = Path(text)
         if text.lower() in ZOO_MODELS and not path.exists():
-            from elmokit.zoo.build import model_dir
+            from elmokit.recipes.zoo.build import model_dir
 
             path = model_dir(text.lower()) / "word2vec" / VECTORS_FILE
             if not path.is_file():

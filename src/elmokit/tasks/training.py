@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from elmokit import interrupts
+from elmokit.data.tokenizers import load_tokenizer, word_tokenizer
 from elmokit.elmo import Elmo
 from elmokit.errors import CheckpointError, ConfigError, DataError, MissingFileError, UsageError
 from elmokit.io import atomic_path, atomic_write_text, file_sha256, folder_lock, lock_folder
@@ -147,11 +148,7 @@ def aligned_segmenter(segment: Callable[[str], list[str]]) -> Callable[[str], li
 def _segmenter(name: str) -> Callable[[str], list[str]]:
     """``"elmokit-zh"`` (any zoo model / folder with a tokenizer.json) or ``"jieba"`` → aligned ``str → words``."""
     if name == "jieba":
-        import jieba
-
-        return aligned_segmenter(lambda text: jieba.lcut(text, HMM=True))
-    from elmokit.zoo.build import load_tokenizer
-
+        return aligned_segmenter(word_tokenizer("jieba"))
     tokenize = load_tokenizer(name)
     return aligned_segmenter(lambda text: [w for sentence in tokenize(text) for w in sentence])
 

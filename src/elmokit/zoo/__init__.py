@@ -1,10 +1,9 @@
-"""The model zoo: the data recipes of the English and Chinese biLMs (:mod:`.corpora`) and their builds
-(:mod:`.build`: ``elmokit zoo build {en,zh}`` → ``$ELMOKIT_CACHE/zoo/elmokit-<lang>``, with the word2vec baseline and a
-model card; the names ``elmokit-en`` / ``elmokit-zh`` resolve there in every loader).
+"""One-release alias package: the model zoo moved to :mod:`elmokit.recipes.zoo` (importing it here warns);
+``elmokit.zoo.build`` and ``elmokit.zoo.corpora`` are the modules of their new home."""
+import warnings
 
-Importing it is light: sacremoses, jieba, gensim and nltk are imported inside the functions that use them.
-"""
-from elmokit.zoo.corpora import RECIPES, build_corpus, leak_check, read_kept_out, read_source, resolve_data_dir, sentence_key
+from elmokit.recipes.zoo import *  # noqa: F403 (the alias re-exports the package's names)
+from elmokit.recipes.zoo import __all__  # noqa: F401
 
-__all__ = ["RECIPES", "build_corpus", "leak_check", "read_kept_out", "read_source", "resolve_data_dir",
-           "sentence_key"]
+warnings.warn("elmokit.zoo moved to elmokit.recipes.zoo: import it from there (elmokit.zoo is an alias for one "
+              "release)", FutureWarning, stacklevel=2)

@@ -1,4 +1,4 @@
-"""``python -m elmokit.zoo {en,zh} OUT_DIR``: build a zoo corpus and print its per-source table."""
-from elmokit.zoo.corpora import main
+"""One-release alias: ``python -m elmokit.recipes.zoo`` (``python -m elmokit.zoo`` still runs it)."""
+from elmokit.recipes.zoo.corpora import main
 
 raise SystemExit(main())

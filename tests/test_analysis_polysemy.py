@@ -1,4 +1,4 @@
-"""Polysemy tools (elmokit.polysemy) and `elmokit similar`: matching, vectors, cosines, neighbours, plots, the CLI."""
+"""Polysemy tools (elmokit.analysis.polysemy) and `elmokit similar`: matching, vectors, cosines, neighbours, plots, the CLI."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from elmokit.config import elmo_tiny
 from elmokit.errors import InputError, UsageError
 from elmokit.weights.native import RELEASED
 from elmokit.modules.bilm import BiLM
-from elmokit.polysemy import (Occurrence, context_window, cosine_matrix, find_occurrences, find_spans, is_cjk,
+from elmokit.analysis.polysemy import (Occurrence, context_window, cosine_matrix, find_occurrences, find_spans, is_cjk,
                               label_similarity, layer_similarities, nearest_neighbours, occurrence_vectors, pca_2d,
                               plot_occurrences)
 from elmokit.weights.native import save_pretrained

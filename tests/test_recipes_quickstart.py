@@ -9,9 +9,9 @@ import pytest
 
 from elmokit.cli import main as cli_main
 from elmokit.errors import UsageError
-from elmokit.quickstart import (BANK_SENTENCES, PERPLEXITY_MARGIN, SEPARATION_MARGIN, _print_bank,
-                                _print_perplexity_verdict, bank_similarities, load_lee_corpus, perplexity_verdict,
-                                prepare_out_dir, tokenize)
+from elmokit.recipes.quickstart import (BANK_SENTENCES, PERPLEXITY_MARGIN, SEPARATION_MARGIN, bank_similarities,
+                                        load_lee_corpus, perplexity_verdict, prepare_out_dir, tokenize)
+from elmokit.recipes.quickstart.protocol import _print_bank, _print_perplexity_verdict
 from elmokit.pretraining.trainer import load_lm
 
 
@@ -219,7 +219,7 @@ def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
 
 def test_english_job_keeps_its_settings_and_unknown_languages_are_refused(tmp_path):
     """The shared protocol (run_job) runs the English job with the settings run_quickstart had before --lang."""
-    from elmokit.quickstart import DEFAULT_MINUTES, quickstart_job, run_quickstart
+    from elmokit.recipes.quickstart import DEFAULT_MINUTES, quickstart_job, run_quickstart
 
     job = quickstart_job("en")
     assert job.train == dict(min_count=2, batching="sentences", batch_size=32, unroll_steps=20, n_epochs=1000,

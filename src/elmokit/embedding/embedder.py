@@ -1,7 +1,7 @@
 """``Embedder``: sentences and files → ELMo layer arrays (NumPy), sentence vectors and HDF5 files.
 
-File output (streamed, in parts, resumable, several workers) is :mod:`elmokit.embed_output`; pooling and layer
-selection are :mod:`elmokit.pooling`."""
+File output (streamed, in parts, resumable, several workers) is :mod:`elmokit.embedding.writer`; pooling and layer
+selection are :mod:`elmokit.embedding.pooling`."""
 from __future__ import annotations
 
 import logging
@@ -17,7 +17,9 @@ from elmokit.characters import CharVocabulary, batch_to_ids, validate_sentences
 from elmokit.elmo import TokenVectorCache
 from elmokit.errors import InputError, UsageError
 from elmokit.modules.bilm import BiLM, StatefulBiLM
-from elmokit.pooling import OutputSpec
+from elmokit.checks import positive_int
+from elmokit.embedding.pooling import OutputSpec
+from elmokit.embedding.writer import EmbedJob
 
 __all__ = ["Embedder"]
 
@@ -27,12 +29,6 @@ _EMPTY_TOKEN_MODES = ("error", "keep")
 
 _MODEL_HELP = ("pass a BiLM, an Elmo, an options.json path with its weight file (Embedder(options_file, "
                "weight_file), as AllenNLP's ElmoEmbedder), a model folder, or a released model name")
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -> BiLM:
@@ -123,8 +119,8 @@ class Embedder:
                  device: str | torch.device | None = None, char_vocab: CharVocabulary | None = None,
                  max_batch_tokens: int = 8192, empty_tokens: str = "error",
                  vocab_to_cache: Sequence[str] | TokenVectorCache | None = None) -> None:
-        self.batch_size = _positive_int("batch_size", batch_size)
-        self.max_batch_tokens = _positive_int("max_batch_tokens", max_batch_tokens)
+        self.batch_size = positive_int("batch_size", batch_size)
+        self.max_batch_tokens = positive_int("max_batch_tokens", max_batch_tokens)
         if empty_tokens not in _EMPTY_TOKEN_MODES:
             raise UsageError(f"empty_tokens must be one of {_EMPTY_TOKEN_MODES}, got {empty_tokens!r}")
         self.empty_tokens = empty_tokens
@@ -187,7 +183,7 @@ class Embedder:
 
     def output_spec(self, layers: object = "all", pool: str = "none", keep_sentence_boundaries: bool = False,
                     dtype: str = "float32") -> OutputSpec:
-        """An :class:`~elmokit.pooling.OutputSpec` checked against this model (raises :class:`UsageError`)."""
+        """An :class:`~elmokit.embedding.pooling.OutputSpec` checked against this model (raises :class:`UsageError`)."""
         return OutputSpec.make(layers, pool, keep_sentence_boundaries, dtype, num_layers=self.num_layers)
 
     # ------------------------------------------------------------------------------------------ one forward pass
@@ -254,7 +250,7 @@ class Embedder:
                     keep_sentence_boundaries: bool = False, dtype: str = "float32") -> list[np.ndarray]:
         """B sentences → B arrays, in one forward pass: (L+1, n_i, 2P) float32 by default.
 
-        ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as in :class:`~elmokit.pooling.OutputSpec`:
+        ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as in :class:`~elmokit.embedding.pooling.OutputSpec`:
         e.g. ``layers="top", pool="mean"`` gives one (2P,) sentence vector each, the mean over real tokens only.
 
         Raises :class:`InputError` for malformed input (names sentence and token), :class:`UsageError` for a bad
@@ -281,7 +277,7 @@ class Embedder:
         A sentence's vectors do not depend on its neighbours, its batch or the order of the stream beyond float
         rounding (≤ 1e-4 max abs, tested on small models); with ``batch_size=1`` they are bitwise the same whatever
         the order (each sentence runs alone)."""
-        batch_size = self.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
+        batch_size = self.batch_size if batch_size is None else positive_int("batch_size", batch_size)
         spec = self.output_spec(layers, pool, keep_sentence_boundaries, dtype)
         if isinstance(sentences, (str, bytes)):
             validate_sentences(sentences)  # raises the "single string" InputError
@@ -324,12 +320,12 @@ class Embedder:
         * ``"hdf5"``: the same datasets, and a ``"sentences"`` string dataset (entry i = line i+1, stripped) instead
           of the JSON map: constant memory (the default of ``elmokit embed``).
         * ``"parts"``: ``output_path`` is a folder of part files and an ``index.json``, nothing merged (no second
-          copy on disk); read it with :func:`elmokit.embed_output.open_embeddings`.
+          copy on disk); read it with :func:`elmokit.embedding.writer.open_embeddings`.
 
         Datasets are 0-based, lines 1-based; a blank line gives a zero-length array (a zero vector when pooled), so
         dataset numbers follow line numbers. A byte-order mark at the start is not part of the first token.
         ``use_sentence_keys``: each dataset is named by its stripped line (AllenNLP's ``use_sentence_keys``; ``/``,
-        ``%``, NUL and a lone ``.`` are %-escaped, see :func:`elmokit.embed_output.sentence_key`), a repeated line is
+        ``%``, NUL and a lone ``.`` are %-escaped, see :func:`elmokit.embedding.writer.sentence_key`), a repeated line is
         written once, blank lines are left out, and there is no sentence map. ``forget_sentences``: no sentence map.
 
         ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as :meth:`embed_batch`; ``tokenizer``:
@@ -364,8 +360,6 @@ class Embedder:
                 file and line). A failure before any part is finished leaves no parts folder behind.
             EmbedWorkerError: a worker process died (the finished parts are kept for ``resume``).
         """
-        from elmokit.embed_output import EmbedJob
-
         job = EmbedJob(self, input_path, output_path, layers=layers, batch_size=batch_size, progress=progress,
                        decode_errors=decode_errors, format=format, pool=pool,
                        keep_sentence_boundaries=keep_sentence_boundaries, dtype=dtype,

@@ -16,12 +16,12 @@ import torch
 
 from conftest import REPO_ROOT
 from elmokit import Embedder, TokenVectorCache, batch_to_ids
-from elmokit import embed_output
+from elmokit.embedding import writer as embed_output
 from elmokit.cli import main as cli_main
-from elmokit.embed_output import open_embeddings, sentence_key
+from elmokit.embedding.reader import open_embeddings, sentence_key
 from elmokit.errors import UsageError
 from elmokit.io import LOCK_NAME
-from elmokit.pooling import masked_max, masked_mean, parse_layers
+from elmokit.embedding.pooling import masked_max, masked_mean, parse_layers
 from elmokit.weights.native import save_pretrained
 from helpers import fixture_dir, fixture_model, tiny_random_bilm
 

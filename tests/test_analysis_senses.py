@@ -1,4 +1,4 @@
-"""Sense separation (elmokit.senses): classifiers and scores on hand cases, the readers, the split, the static
+"""Sense separation (elmokit.analysis.senses): classifiers and scores on hand cases, the readers, the split, the static
 baseline, the embedding cache."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from conftest import shared_path
 from elmokit import Embedder
 from elmokit.errors import DataError, InputError, MissingFileError, UsageError
-from elmokit.senses import (SenseExample, build_apple_set, centroid_predict, choose_static_settings, coarsewsd_senses,
+from elmokit.analysis.senses import (SenseExample, build_apple_set, centroid_predict, choose_static_settings, coarsewsd_senses,
                             coarsewsd_words, cv_folds, example_vectors, group_split, layer_scores, macro_f1,
                             mfs_scores, nn1_predict, read_coarsewsd, read_coarsewsd_baselines, recase, scores,
                             static_context_vectors, truecase_table)

