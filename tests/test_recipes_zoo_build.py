@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +23,8 @@ from elmokit.vocabulary import Vocabulary
 pytest.importorskip("jieba")
 pytest.importorskip("gensim")
 
-from elmokit.recipes.zoo.build import (build_model, list_models, load_tokenizer, model_dir, read_card,  # noqa: E402
-                               wikitext_sentences)
+from elmokit.recipes.zoo.build import (SPECS, build_model, list_models, load_tokenizer, model_dir,  # noqa: E402
+                                       read_card, wikitext_sentences)
 
 WORDS = "今天 天气 很 好 我们 去 公园 散步 明天 可能 下雨 他 喜欢 读书 学习 中文 老师 学生 城市 发展".split()
 
@@ -386,3 +387,15 @@ def test_perplexity_and_score_accept_zoo_names(tmp_path, monkeypatch, capsys):
         err = capsys.readouterr().err
         assert f"elmokit {command}: error: zoo model 'elmokit-en' is not built" in err
         assert "elmokit zoo build en" in err
+
+
+def test_the_zoo_names_have_one_home():
+    """The builds (SPECS) and the loaders (weights.native.ZOO_MODELS) name the same models, in the same folders."""
+    from elmokit.weights.native import ZOO_MODELS, zoo_model_dir
+
+    assert {spec.name: lang for lang, spec in SPECS.items()} == ZOO_MODELS
+    for lang, spec in SPECS.items():
+        assert model_dir(lang, "/c") == model_dir(spec.name, "/c") == zoo_model_dir(lang, "/c") == Path(
+            "/c/zoo") / spec.name
+    with pytest.raises(UsageError, match="not a zoo model: 'fr'"):
+        zoo_model_dir("fr")

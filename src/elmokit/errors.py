@@ -7,7 +7,7 @@ Every error that elmokit raises on purpose is an :class:`ElmoError`; the CLI tur
   (:class:`UsageError`, :class:`ConfigError`, :class:`InputError`, :class:`MissingFileError`; argparse's own errors).
 * **1 — failure**: the call was right but could not be completed: a damaged or mismatched file
   (:class:`WeightsError`, :class:`CheckpointError`, :class:`DataError`), a training run that cannot go on
-  (``TrainingError``), a folder another process is writing (:class:`FolderInUseError`), or an operating-system error
+  (:class:`TrainingError`), a folder another process is writing (:class:`FolderInUseError`), or an operating-system error
   (disk full, permission denied).
 
 Anything else reaching the CLI is a bug: it exits 1 with ``internal error … rerun with -v`` (traceback under ``-v``).
@@ -15,6 +15,7 @@ Anything else reaching the CLI is a bug: it exits 1 with ``internal error … re
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 __all__ = [
@@ -29,6 +30,9 @@ __all__ = [
     "CheckpointError",
     "DataError",
     "FolderInUseError",
+    "CorpusDecodeError",
+    "TrainingError",
+    "EmbedWorkerError",
     "exit_status",
     "option_wording",
     "cli_wording",
@@ -96,6 +100,28 @@ class DataError(ElmoError, ValueError):
 class FolderInUseError(ElmoError, RuntimeError):
     """Another live process holds the folder's writer lock (:func:`elmokit.io.lock_folder`): the message names the
     folder and that process (pid, start time, command). Nothing was written; the call may succeed once it has ended."""
+
+
+class CorpusDecodeError(DataError):
+    """A line is not text under :func:`elmokit.data.corpus.decode_line`'s rule (invalid UTF-8, or a NUL byte) with
+    ``errors="strict"``. ``path`` and ``lineno`` (1-based) name it; the message says how to read it anyway.
+
+    A :class:`DataError` (so also a ``ValueError``)."""
+
+    def __init__(self, path: os.PathLike | str, lineno: int, detail: str) -> None:
+        how = option_wording("--decode-errors replace, ignore or skip",
+                             "errors= (decode_errors=) 'replace', 'ignore' or 'skip'")
+        super().__init__(f"{path}:{lineno}: {detail}; fix the file, or read it anyway with {how}")
+        self.path = path
+        self.lineno = lineno
+
+
+class TrainingError(ElmoError, RuntimeError):
+    """Training cannot go on (e.g. a non-finite loss); the message names the step."""
+
+
+class EmbedWorkerError(ElmoError, RuntimeError):
+    """A worker process of a multi-process ``embed_file`` died or failed; the finished parts are kept for resume."""
 
 
 def exit_status(exc: BaseException) -> int:

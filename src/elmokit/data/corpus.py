@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from elmokit.checks import positive_int
-from elmokit.errors import DataError, MissingFileError, UsageError, option_wording
+from elmokit.errors import CorpusDecodeError, DataError, MissingFileError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -48,20 +48,6 @@ PatternLike = str | os.PathLike | Sequence[str | os.PathLike]
 
 _DECODE_ERRORS = ("strict", "replace", "ignore", "skip")
 _LONG_POLICIES = ("split", "error")
-
-
-class CorpusDecodeError(DataError):
-    """A line is not text under :func:`decode_line`'s rule (invalid UTF-8, or a NUL byte) with ``errors="strict"``.
-    ``path`` and ``lineno`` (1-based) name it.
-
-    A :class:`~elmokit.errors.DataError` (so also a ``ValueError``)."""
-
-    def __init__(self, path: Path, lineno: int, detail: str) -> None:
-        how = option_wording("--decode-errors replace, ignore or skip",
-                             "errors= (decode_errors=) 'replace', 'ignore' or 'skip'")
-        super().__init__(f"{path}:{lineno}: {detail}; fix the file, or read it anyway with {how}")
-        self.path = path
-        self.lineno = lineno
 
 
 def line_problem(raw: bytes) -> str | None:

@@ -56,7 +56,7 @@ import numpy as np
 
 from elmokit import interrupts
 from elmokit.data.corpus import CorpusDecodeError, decode_line, line_problem
-from elmokit.errors import ElmoError, MissingFileError, UsageError, option_wording
+from elmokit.errors import EmbedWorkerError, MissingFileError, UsageError, option_wording
 from elmokit.checks import positive_int
 from elmokit.data.tokenizers import TOKENIZERS, word_tokenizer
 from elmokit.embedding.reader import FORMATS, INDEX_NAME, LAYOUT_NAME, LAYOUT_VERSION, part_name, sentence_key, work_folder
@@ -77,10 +77,6 @@ UNGUARDED_EXIT = 87
 #: Test/diagnostic hook: when set, called as ``_probe(event, **info)`` — ``"part_read"`` (``part``, ``held``: lines
 #: read into memory), ``"batch"`` (``part``, ``held``: arrays alive), ``"part_done"`` (``part``). Unset in normal use.
 _probe: Callable[..., None] | None = None
-
-
-class EmbedWorkerError(ElmoError, RuntimeError):
-    """A worker process of a multi-process ``embed_file`` died or failed; the finished parts are kept for resume."""
 
 
 def _spawn_bootstrapping() -> bool:

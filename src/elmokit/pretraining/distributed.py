@@ -23,8 +23,8 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from elmokit.devices import resolve_device
-from elmokit.errors import (CheckpointError, ConfigError, DataError, ElmoError, InputError, MissingFileError, UsageError,
-                      WeightsError)
+from elmokit.errors import (CheckpointError, ConfigError, DataError, ElmoError, InputError, MissingFileError,
+                            TrainingError, UsageError, WeightsError)
 
 __all__ = ["DistContext", "init_from_env", "single_process"]
 
@@ -230,8 +230,6 @@ def _describe_error(exc: BaseException) -> dict[str, Any]:
 def _remote_error(rank: int, info: dict[str, Any]) -> BaseException:
     """The error a process raises for another process's failure: of the same kind where it is one of elmokit's (or an
     OS error, or an interrupt), else a TrainingError."""
-    from elmokit.pretraining.trainer import TrainingError
-
     message = f"process {rank}: {info['message']}"
     for name in info["mro"]:
         if name == "KeyboardInterrupt":

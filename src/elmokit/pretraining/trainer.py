@@ -86,7 +86,7 @@ from safetensors.torch import load_file
 from elmokit import interrupts
 from elmokit.characters import CharVocabulary
 from elmokit.devices import resolve_device  # noqa: F401  (re-exported: elmokit.pretraining.trainer.resolve_device)
-from elmokit.errors import CheckpointError, ElmoError, MissingFileError, UsageError, WeightsError
+from elmokit.errors import CheckpointError, ElmoError, MissingFileError, TrainingError, UsageError, WeightsError
 from elmokit.io import lock_folder
 from elmokit.vocabulary import Vocabulary
 from elmokit.weights import check_state_fits
@@ -109,10 +109,6 @@ VALID_BATCH_SENTENCES = 32
 #: process append ``{"step", "sha256"}`` of its parameters after each step to ``<prefix>.rank<R>.jsonl``;
 #: ``ELMOKIT_TEST_SIGINT_AT=<rank>:<step>`` makes process ``rank`` send itself SIGINT during that step.
 DIGEST_ENV, SIGINT_ENV = "ELMOKIT_TEST_DIGESTS", "ELMOKIT_TEST_SIGINT_AT"
-
-
-class TrainingError(ElmoError, RuntimeError):
-    """Training cannot go on (e.g. a non-finite loss); the message names the step."""
 
 
 def step_seed(seed: int, step: int, what: str, part: int | None = None) -> int:

@@ -63,16 +63,14 @@ class StaticVectors:
             MissingFileError: the vectors are not there (for a zoo name: says to build it with ``elmokit zoo build``).
             DataError: the file is not a readable word2vec binary."""
         from elmokit.baselines.word2vec import VECTORS_FILE, load_word2vec
-        from elmokit.weights.native import ZOO_MODELS
+        from elmokit.weights.native import ZOO_MODELS, zoo_model_dir
 
         if not isinstance(name_or_path, (str, os.PathLike)):
             raise UsageError(f"StaticVectors.load takes a zoo model name or a path, got {type(name_or_path).__name__}")
         text = os.fspath(name_or_path)
         path = Path(text)
         if text.lower() in ZOO_MODELS and not path.exists():
-            from elmokit.recipes.zoo.build import model_dir
-
-            path = model_dir(text.lower()) / "word2vec" / VECTORS_FILE
+            path = zoo_model_dir(text.lower()) / "word2vec" / VECTORS_FILE
             if not path.is_file():
                 raise MissingFileError(f"{path} not found: the zoo model {text.lower()!r} is not built (its word2vec "
                                        f"baseline is part of the build): run `elmokit zoo build "

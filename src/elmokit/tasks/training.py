@@ -42,7 +42,7 @@ import torch
 from elmokit import interrupts
 from elmokit.data.tokenizers import load_tokenizer, word_tokenizer
 from elmokit.elmo import Elmo
-from elmokit.errors import CheckpointError, ConfigError, DataError, MissingFileError, UsageError
+from elmokit.errors import CheckpointError, ConfigError, DataError, MissingFileError, TrainingError, UsageError
 from elmokit.io import atomic_path, atomic_write_text, file_sha256, folder_lock, lock_folder
 from elmokit.modules.bilm import BiLM
 from elmokit.tasks.config import TaskConfig, task_config_from_dict
@@ -475,7 +475,6 @@ def fit(model: TaskModel, train: TaskData, dev: TaskData, *, epochs: int = 5, pa
         TrainingError: the loss became NaN or infinite.
         KeyboardInterrupt: Ctrl-C/SIGTERM (checked between steps).
     """
-    from elmokit.pretraining.trainer import TrainingError
 
     say = log or logger.info
     torch.manual_seed(seed)

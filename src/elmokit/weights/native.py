@@ -75,9 +75,27 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ELMOKIT_CACHE", Path.home() / ".cache" / "elmokit"))
 
 
-def zoo_model_dir(name: str) -> Path:
-    """The folder of the zoo model ``name`` (:data:`ZOO_MODELS`): ``cache_dir()/zoo/<name>``."""
-    return cache_dir() / "zoo" / name.lower()
+def zoo_model_name(lang_or_name: str) -> str:
+    """The zoo model name of a zoo language or name (``"en"`` or ``"elmokit-en"`` → ``"elmokit-en"``; any case).
+
+    Raises:
+        UsageError: neither a zoo language nor a zoo name (the message lists both)."""
+    key = lang_or_name.lower() if isinstance(lang_or_name, str) else lang_or_name
+    for name, lang in ZOO_MODELS.items():
+        if key in (name, lang):
+            return name
+    raise UsageError(f"not a zoo model: {lang_or_name!r}; expected one of "
+                     f"{', '.join(sorted([*ZOO_MODELS.values(), *ZOO_MODELS]))}")
+
+
+def zoo_model_dir(lang_or_name: str, cache: str | os.PathLike | None = None) -> Path:
+    """The folder of a zoo model (:data:`ZOO_MODELS`; a language or a name): ``<cache>/zoo/<name>``, ``cache``
+    default :func:`cache_dir` (``$ELMOKIT_CACHE``, else ``~/.cache/elmokit``). The one home of the zoo's folders:
+    ``elmokit zoo build`` writes there, every loader reads there.
+
+    Raises:
+        UsageError: not a zoo language or name."""
+    return Path(cache if cache is not None else cache_dir()) / "zoo" / zoo_model_name(lang_or_name)
 
 
 def known_model_names() -> list[str]:

@@ -45,6 +45,7 @@ from pathlib import Path
 from elmokit.data.tokenizers import load_tokenizer, segmenter_versions
 from elmokit.errors import MissingFileError, UsageError
 from elmokit.io import atomic_write_text, folder_lock
+from elmokit.weights.native import zoo_model_dir
 
 __all__ = ["SPECS", "ZooSpec", "build_model", "model_dir", "list_models", "read_card", "render_card",
            "wikitext_sentences", "load_tokenizer", "MODEL_FILES", "THREADS", "WIKITEXT_PROTOCOL"]
@@ -142,10 +143,7 @@ def model_dir(lang_or_name: str, cache: str | os.PathLike | None = None) -> Path
     Raises:
         UsageError: not a zoo language or name.
     """
-    from elmokit.weights.native import cache_dir
-
-    spec = _spec(lang_or_name)
-    return Path(cache if cache is not None else cache_dir()) / "zoo" / spec.name
+    return zoo_model_dir(_spec(lang_or_name).name, cache)
 
 
 def _spec(lang_or_name: str) -> ZooSpec:
