@@ -4,7 +4,9 @@ Every error that elmokit raises on purpose is an :class:`ElmoError`; the CLI tur
 ``elmokit <command>: error: <message>`` and an exit status:
 
 * **2 — usage**: the call or command line is wrong and the user can fix it by changing it
-  (:class:`UsageError`, :class:`ConfigError`, :class:`InputError`, :class:`MissingFileError`; argparse's own errors).
+  (:class:`UsageError`, :class:`ConfigError`, :class:`InputError`, :class:`MissingFileError`; argparse's own errors),
+  or it needs an optional library that is not installed (:class:`MissingExtraError`: the message names the
+  ``pip install 'elmokit[EXTRA]'`` that fixes it).
 * **1 — failure**: the call was right but could not be completed: a damaged or mismatched file
   (:class:`WeightsError`, :class:`CheckpointError`, :class:`DataError`), a training run that cannot go on
   (:class:`TrainingError`), a folder another process is writing (:class:`FolderInUseError`), or an operating-system error
@@ -15,8 +17,10 @@ Anything else reaching the CLI is a bug: it exits 1 with ``internal error … re
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from collections.abc import Iterator
+from types import ModuleType
 
 __all__ = [
     "ElmoError",
@@ -33,6 +37,8 @@ __all__ = [
     "CorpusDecodeError",
     "TrainingError",
     "EmbedWorkerError",
+    "MissingExtraError",
+    "import_optional",
     "exit_status",
     "option_wording",
     "cli_wording",
@@ -122,6 +128,48 @@ class TrainingError(ElmoError, RuntimeError):
 
 class EmbedWorkerError(ElmoError, RuntimeError):
     """A worker process of a multi-process ``embed_file`` died or failed; the finished parts are kept for resume."""
+
+
+class MissingExtraError(ElmoError, ImportError):
+    """An optional library that the call needs is not installed. The message is one line naming the purpose, the
+    library and the ``pip install 'elmokit[EXTRA]'`` that fixes it; ``package`` is the library's pip name,
+    ``extra`` the extra that installs it, ``hint`` the install command (``name``: the module that failed to import).
+    Raised by :func:`import_optional`."""
+
+    exit_status = 2
+
+    def __init__(self, purpose: str, package: str, extra: str, *, name: str | None = None,
+                 reason: str | None = None) -> None:
+        self.purpose, self.package, self.extra = purpose, package, extra
+        self.hint = f"pip install 'elmokit[{extra}]'"
+        state = "is not installed" if reason is None else f"cannot be imported ({reason})"
+        super().__init__(f"{purpose} needs {package}, which {state}: {self.hint}", name=name)
+
+
+#: Import names whose pip name differs (the rest are the same: gensim, matplotlib, jieba, ...).
+_PIP_NAMES = {"sklearn": "scikit-learn", "torchcrf": "pytorch-crf"}
+
+
+def import_optional(module: str, extra: str, purpose: str) -> ModuleType:
+    """Import ``module`` (e.g. ``"gensim.models"``) from an optional library that ``pip install 'elmokit[extra]'``
+    installs (see the extras in ``pyproject.toml`` and the README). Every import of an optional library goes through
+    here, inside the function that needs it, so that the core install stays importable.
+
+    Args:
+        module: the dotted module name; its first part is the library.
+        extra: the extra that installs the library (``tasks``, ``plots``, ...).
+        purpose: what needs it, as the start of a sentence (e.g. ``"the jieba tokenizer"``).
+
+    Returns the module. Raises :class:`MissingExtraError` (also an ``ImportError``; CLI exit status 2) when the
+    library, or a library it imports, cannot be imported."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        top = module.split(".")[0]
+        absent = isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == top
+        reason = None if absent else " ".join(str(exc).split())  # a broken install, or a library it needs is missing
+        raise MissingExtraError(purpose, _PIP_NAMES.get(top, top), extra, name=exc.name or top,
+                                reason=reason) from exc
 
 
 def exit_status(exc: BaseException) -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from elmokit.data.text_checks import is_cjk  # noqa: F401 (kept here too; its home is elmokit.data.text_checks)
-from elmokit.errors import InputError, UsageError
+from elmokit.errors import InputError, UsageError, import_optional
 
 __all__ = ["MATCH_MODES", "Occurrence", "Neighbour", "is_cjk", "find_spans", "find_occurrences", "context_window",
            "occurrence_vectors", "cosine_matrix", "layer_similarities", "label_similarity", "nearest_neighbours",
@@ -357,7 +357,7 @@ _font_cache: dict[frozenset, str | None] = {}
 
 
 def _default_font():
-    from matplotlib import font_manager  # lazy: matplotlib only for plots
+    font_manager = import_optional("matplotlib.font_manager", "plots", "the occurrence plot")  # lazy: only for plots
     from matplotlib.ft2font import FT2Font
 
     return FT2Font(font_manager.findfont(font_manager.FontProperties()))
@@ -500,7 +500,7 @@ def plot_occurrences(vectors: np.ndarray, path: str | Path, labels: Sequence[obj
         if p != "average" and not (isinstance(p, int) and 0 <= p < n_layers):
             raise UsageError(f"plot layer {p!r} is not one of 0..{n_layers - 1} or 'average'")
     annotate = n <= 40 if annotate is None else annotate
-    import matplotlib  # lazy: matplotlib only for plots
+    matplotlib = import_optional("matplotlib", "plots", "the occurrence plot")  # lazy: matplotlib only for plots
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elmokit.errors import DataError, InputError, MissingFileError, UsageError
+from elmokit.errors import DataError, InputError, MissingFileError, UsageError, import_optional
 from elmokit.analysis.polysemy import find_spans
 
 __all__ = ["SenseExample", "CASINGS", "read_coarsewsd", "coarsewsd_words", "coarsewsd_senses",
@@ -387,7 +387,7 @@ def macro_f1(y_true: Sequence[str], y_pred: Sequence[str], senses: Sequence[str]
     undefined (scikit-learn ``f1_score(average="macro", zero_division=0)``).
 
     Raises: InputError: lengths differ."""
-    from sklearn.metrics import f1_score
+    f1_score = import_optional("sklearn.metrics", "senses", "macro F1 (scikit-learn)").f1_score
 
     t, p = list(y_true), list(y_pred)
     if len(t) != len(p):
@@ -490,7 +490,8 @@ def cv_folds(labels: Sequence[str], groups: Sequence[str], folds: int = 5, seed:
     Raises:
         UsageError: ``folds`` < 2, or ``labels`` and ``groups`` of different lengths.
         DataError: not even 2 folds are possible: fewer than 2 groups, or no label with 2 or more examples."""
-    from sklearn.model_selection import StratifiedGroupKFold
+    StratifiedGroupKFold = import_optional("sklearn.model_selection", "senses",
+                                           "cross-validation folds (scikit-learn)").StratifiedGroupKFold
 
     if folds < 2:
         raise UsageError(f"cross-validation needs folds >= 2, got folds={folds}")

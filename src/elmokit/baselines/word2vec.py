@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from elmokit.errors import DataError, InputError, MissingFileError, UsageError
+from elmokit.errors import DataError, InputError, MissingFileError, UsageError, import_optional
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.vocabulary import UNK
 
@@ -85,7 +85,7 @@ def train_word2vec(sentences: Iterable[Sequence[str]], out_dir: str | Path, **se
         UsageError: an unknown setting, or ``workers`` != 1 (a rebuild would not repeat bit-exactly).
         InputError: a sentence is a ``str`` or holds an empty/whitespace token.
         DataError: no tokens.
-        ImportError: gensim is missing (it is a dependency of elmokit).
+        MissingExtraError: gensim is missing (``pip install 'elmokit[baselines]'``).
     """
     unknown = sorted(set(settings) - set(WORD2VEC_SETTINGS))
     if unknown:
@@ -99,8 +99,9 @@ def train_word2vec(sentences: Iterable[Sequence[str]], out_dir: str | Path, **se
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
         raise UsageError(f"train_word2vec: min_count must be an int >= 1, got {min_count!r}")
 
-    import gensim
     import numpy as np
+
+    gensim = import_optional("gensim", "baselines", "the word2vec baseline")
     from gensim.models import Word2Vec
 
     sents, text_sha, n_tokens = _prepare(sentences, min_count)
@@ -136,13 +137,13 @@ def load_word2vec(path: str | Path):
 
     Raises:
         MissingFileError: ``path`` (or ``path/vectors.bin``) does not exist.
-        ImportError: gensim is missing.
+        MissingExtraError: gensim is missing (``pip install 'elmokit[baselines]'``).
     """
     path = Path(path)
     if path.is_dir():
         path = path / VECTORS_FILE
     if not path.is_file():
         raise MissingFileError(f"word2vec vectors not found: {path} (train_word2vec writes {VECTORS_FILE})")
-    from gensim.models import KeyedVectors
+    KeyedVectors = import_optional("gensim.models", "baselines", "the word2vec baseline").KeyedVectors
 
     return KeyedVectors.load_word2vec_format(str(path), binary=True)

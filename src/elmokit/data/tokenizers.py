@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from elmokit.errors import MissingFileError, UsageError
+from elmokit.errors import MissingFileError, UsageError, import_optional
 
 __all__ = ["TOKENIZERS", "word_tokenizer", "make_tokenizer", "clean_tokens", "split_english", "split_chinese",
            "load_tokenizer", "segmenter_versions"]
@@ -38,15 +38,13 @@ def clean_tokens(tokens: Iterable[str]) -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def _moses():
-    from sacremoses import MosesTokenizer  # optional: sacremoses
-
-    return MosesTokenizer(lang="en")
+    sacremoses = import_optional("sacremoses", "tokenizers", "the Moses tokenizer")  # optional: sacremoses
+    return sacremoses.MosesTokenizer(lang="en")
 
 
 @functools.lru_cache(maxsize=1)
 def _jieba():
-    import jieba  # optional: jieba
-
+    jieba = import_optional("jieba", "tokenizers", "the jieba tokenizer")  # optional: jieba
     jieba.setLogLevel(logging.WARNING)
     tokenizer = jieba.Tokenizer()
     tokenizer.initialize()
@@ -67,12 +65,15 @@ def word_tokenizer(name: str) -> Callable[[str], list[str]]:
     whitespace and are never empty (:func:`clean_tokens`). The tokeniser is built once per process, on first use.
 
     Raises:
-        UsageError: an unknown name (the message lists :data:`TOKENIZERS`)."""
+        UsageError: an unknown name (the message lists :data:`TOKENIZERS`).
+        MissingExtraError: sacremoses or jieba is not installed (``pip install 'elmokit[tokenizers]'``)."""
     if name == "whitespace":
         return str.split
     if name == "moses":
+        _moses()  # built now: a missing sacremoses is reported before any work
         return _moses_words
     if name == "jieba":
+        _jieba()
         return _jieba_words
     raise UsageError(f"tokenizer must be one of {TOKENIZERS}, got {name!r}")
 
@@ -82,8 +83,8 @@ make_tokenizer = word_tokenizer  # the name elmokit.embed_output used
 
 def segmenter_versions() -> dict[str, str]:
     """The tokenisers the zoo recipes use, with their versions (imports sacremoses and jieba)."""
-    import jieba  # optional: jieba
-    import sacremoses  # optional: sacremoses
+    jieba = import_optional("jieba", "tokenizers", "the jieba tokenizer")  # optional: jieba
+    sacremoses = import_optional("sacremoses", "tokenizers", "the Moses tokenizer")  # optional: sacremoses
 
     return {"sacremoses": f"sacremoses {sacremoses.__version__} (MosesTokenizer lang=en, escape=False)",
             "jieba": f"jieba {jieba.__version__} (default dictionary, precise mode, HMM=True)"}

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from elmokit.errors import UsageError
+from elmokit.errors import MissingExtraError, UsageError, import_optional
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.pretraining import checkpoint as ckpt
 
@@ -203,7 +203,8 @@ def _read_records(metrics_path: Path) -> list[dict[str, Any]]:
 def plot_learning_curve(metrics_path: Path, out_png: Path) -> Path | None:
     """The learning curve from ``metrics.jsonl`` → PNG (atomic): training perplexity (forward, backward, average) per
     logged step as lines and, where held-out records exist, held-out perplexity (full softmax) as dashed lines with
-    markers in the same colours; log scale. ``None`` if nothing was logged."""
+    markers in the same colours; log scale. ``None`` if nothing was logged, or when matplotlib is not installed (the
+    plot is optional: one warning says so and names ``pip install 'elmokit[plots]'``)."""
     if not metrics_path.is_file():
         return None
     rows = _read_records(metrics_path)
@@ -211,7 +212,11 @@ def plot_learning_curve(metrics_path: Path, out_png: Path) -> Path | None:
     valid = [r for r in rows if r.get("kind") == "valid"]
     if not train and not valid:
         return None
-    import matplotlib
+    try:  # optional library ([plots]): without it the run goes on without its curve
+        matplotlib = import_optional("matplotlib", "plots", "the learning curve")
+    except MissingExtraError as exc:
+        logger.warning("%s not drawn: %s is not installed (%s draws it)", out_png.name, exc.package, exc.hint)
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

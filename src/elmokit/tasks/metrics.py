@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
-from elmokit.errors import InputError, UsageError
+from elmokit.errors import InputError, UsageError, import_optional
 from elmokit.tasks.readers import SCHEMES, convert_tags
 
 __all__ = ["entity_scores", "accuracy", "macro_f1"]
@@ -47,7 +47,7 @@ def entity_scores(gold: list[list[str]], pred: list[list[str]], scheme: str = "B
     if scheme not in SCHEMES:
         raise UsageError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
     _check_aligned(gold, pred)
-    from seqeval.metrics import classification_report
+    classification_report = import_optional("seqeval.metrics", "tasks", "span F1 (seqeval)").classification_report
 
     gold = [list(s) for s in gold]
     pred = [list(s) for s in pred]
@@ -105,6 +105,6 @@ def macro_f1(gold: Sequence, pred: Sequence) -> float:
     g, p = _flatten(gold, pred)
     if not g:
         raise InputError("macro F1 of nothing: no gold items")
-    from sklearn.metrics import f1_score
+    f1_score = import_optional("sklearn.metrics", "tasks", "macro F1 (scikit-learn)").f1_score
 
     return float(f1_score(g, p, average="macro", zero_division=0))

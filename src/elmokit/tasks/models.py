@@ -33,7 +33,7 @@ from torch.nn import functional as F
 
 from elmokit.characters import batch_to_ids
 from elmokit.elmo import Elmo
-from elmokit.errors import InputError, UsageError
+from elmokit.errors import InputError, UsageError, import_optional
 from elmokit.modules.char_cnn import CharCNN
 
 __all__ = ["TaskBatch", "TokenInputs", "SequenceTagger", "SentenceClassifier", "PAD", "UNK"]
@@ -329,7 +329,7 @@ class SequenceTagger(_Encoder):
     def __init__(self, inputs: TokenInputs, num_tags: int, *, hidden: int = 128, layers: int = 1,
                  dropout: float = 0.5) -> None:
         super().__init__(inputs, hidden, layers, dropout)
-        from torchcrf import CRF
+        CRF = import_optional("torchcrf", "tasks", "the CRF tagger").CRF
 
         if num_tags < 1:
             raise UsageError(f"num_tags must be >= 1, got {num_tags}")

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from elmokit.errors import DataError, MissingFileError, UsageError
+from elmokit.errors import DataError, MissingFileError, UsageError, import_optional
 
 __all__ = [
     "TaggedSentence", "LabelledSentence", "TagSequenceError", "SCHEMES",
@@ -400,7 +400,7 @@ def read_conllu(path: str | os.PathLike, field: str = "upos", *, encoding: str =
         UsageError: ``field`` is not a CoNLL-U column name.
 
     Source: the CoNLL-U format, https://universaldependencies.org/format.html."""
-    import conllu
+    conllu = import_optional("conllu", "tasks", "reading CoNLL-U files")
 
     if field not in _CONLLU_FIELDS[1:]:
         raise UsageError(f"field must be a CoNLL-U column ({', '.join(_CONLLU_FIELDS[1:])}), got {field!r}")

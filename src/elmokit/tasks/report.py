@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from elmokit.errors import InputError, UsageError
+from elmokit.errors import InputError, UsageError, import_optional
 from elmokit.io import atomic_path, atomic_write_text
 
 __all__ = ["mean_std", "format_mean_std", "format_cell", "results_table", "write_results", "softmax",
@@ -169,7 +169,9 @@ def plot_layer_weights(weights: dict[str, list[float]], gammas: dict[str, float]
     sizes = {len(v) for v in weights.values()}
     if len(sizes) != 1 or 0 in sizes:
         raise UsageError(f"plot_layer_weights: every row needs the same number of layers, got {sorted(sizes)}")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    # optional library ([plots]), imported here only
+    FigureCanvasAgg = import_optional("matplotlib.backends.backend_agg", "plots",
+                                      "plot_layer_weights").FigureCanvasAgg
     from matplotlib.figure import Figure
 
     n_layers = sizes.pop()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elmokit.errors import DataError, MissingFileError, UsageError
+from elmokit.errors import DataError, MissingExtraError, MissingFileError, UsageError
 
 __all__ = ["StaticVectors", "build_vocab", "PAD", "UNK"]
 
@@ -79,7 +79,7 @@ class StaticVectors:
             path = path / "word2vec" / VECTORS_FILE
         try:
             kv = load_word2vec(path)
-        except MissingFileError:
+        except (MissingFileError, MissingExtraError):  # no file, or no gensim ([baselines]): said as it is
             raise
         except Exception as exc:  # gensim raises ValueError/EOFError/UnicodeDecodeError for a damaged file
             raise DataError(f"{path}: not a readable word2vec binary file ({type(exc).__name__}: {exc})") from None

@@ -55,7 +55,7 @@ def run_quickstart(out_dir: Path, minutes: float | None = None, seed: int = 0, s
         UsageError: ``steps`` < 1, ``minutes`` <= 0, an unknown ``lang``, an unusable device, or an ``out_dir`` that
             holds other files.
         FolderInUseError: another quickstart is running in ``out_dir``.
-        ImportError: gensim (en) or snownlp/jieba (zh), dependencies, are missing.
+        MissingExtraError: gensim (en) or snownlp/jieba (zh) is missing (``pip install 'elmokit[quickstart]'``).
     """
     job = quickstart_job(lang)
     with folder_lock(out_dir, "quickstart folder (--out-dir)"):  # one quickstart at a time in a folder

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
+from elmokit.errors import import_optional
 from elmokit.recipes.quickstart.protocol import SEPARATION_MARGIN, QuickstartJob, sense_similarities
 
 __all__ = ["en_job", "load_lee_corpus", "tokenize", "quickstart_config", "BANK_SENTENCES", "bank_similarities"]
@@ -48,9 +49,10 @@ def load_lee_corpus() -> tuple[list[list[str]], list[list[str]]]:
     less their sentences that also occur word for word in the training articles (the split is leak-free).
 
     Raises:
-        ImportError: gensim is not installed (it is a dependency of elmokit).
+        MissingExtraError: gensim is not installed (``pip install 'elmokit[quickstart]'``).
     """
-    from gensim.test.utils import datapath
+    utils = import_optional("gensim.test.utils", "quickstart", "the English quickstart (gensim's Lee corpus)")
+    datapath = utils.datapath
 
     docs = Path(datapath("lee_background.cor")).read_text(encoding="utf-8").splitlines()
     docs = [d for d in docs if d.strip()]

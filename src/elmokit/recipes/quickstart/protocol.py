@@ -364,7 +364,8 @@ def run_job(job: QuickstartJob, out_dir: Path, minutes: float = 5.0, seed: int =
               **({"corpus": info} if info else {}),
               "steps": summary["steps"], "model_dir": summary["model_dir"], "seconds": time.perf_counter() - start}
     atomic_write_text(out_dir / "quickstart.json", json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    curve = summary["learning_curve"] or "not drawn (pip install 'elmokit[plots]' draws it)"
     print(f"model saved to {summary['model_dir']} (use it with Elmo.from_pretrained); "
-          f"learning curve (training and held-out perplexity) {summary['learning_curve']}; "
+          f"learning curve (training and held-out perplexity) {curve}; "
           f"total {result['seconds'] / 60:.1f} min")
     return result

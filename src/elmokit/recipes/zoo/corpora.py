@@ -60,11 +60,10 @@ from pathlib import Path
 
 from elmokit.data.tokenizers import clean_tokens as _clean
 from elmokit.data.tokenizers import segmenter_versions, split_chinese, split_english, word_tokenizer
-from elmokit.errors import DataError, MissingFileError, UsageError
+from elmokit.errors import DataError, MissingFileError, UsageError, import_optional
 from elmokit.io import atomic_write_text
 
-_tokenize_en = word_tokenizer("moses")  # the corpora's tokenisers: elmokit.data.tokenizers
-_segment_zh = word_tokenizer("jieba")
+
 
 __all__ = ["RECIPES", "Recipe", "Source", "KeptOut", "BLOCK_SENTENCES", "resolve_data_dir", "read_source",
            "read_kept_out", "build_corpus", "leak_check", "sentence_key", "split_english", "split_chinese",
@@ -83,6 +82,16 @@ from elmokit.io import file_sha256 as _sha256_file
 
 
 # ==================================================================================================== text helpers
+def _tokenize_en(sentence: str) -> list[str]:
+    """The corpora's English tokeniser (:func:`elmokit.data.tokenizers.word_tokenizer` ``"moses"``)."""
+    return word_tokenizer("moses")(sentence)
+
+
+def _segment_zh(sentence: str) -> list[str]:
+    """The corpora's Chinese segmenter (:func:`elmokit.data.tokenizers.word_tokenizer` ``"jieba"``)."""
+    return word_tokenizer("jieba")(sentence)
+
+
 def _decode(data: bytes, where: str, stats: dict) -> str:
     """UTF-8 (BOM removed), else cp1252 with undefined bytes replaced (noted in ``stats["decoded_cp1252"]``)."""
     try:
@@ -290,7 +299,8 @@ _WIKI_END_SECTIONS = re.compile(r"^=+\s*(references|external links|see also|furt
 def _read_wikipedia(folder: Path, stats: dict) -> Iterator[Document]:
     """Article text of the MediaWiki extract (redirects skipped), markup removed with gensim's ``filter_wiki``;
     headings, lists, tables and lines under 5 words are dropped, and an article stops at its reference sections."""
-    from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+    wikicorpus = import_optional("gensim.corpora.wikicorpus", "zoo", "reading the Wikipedia extract")
+    extract_pages, filter_wiki = wikicorpus.extract_pages, wikicorpus.filter_wiki
 
     name = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
     with bz2.open(folder / name) as f:
