@@ -50,7 +50,7 @@ def load_lee_corpus() -> tuple[list[list[str]], list[list[str]]]:
     Raises:
         ImportError: gensim is not installed (it is a dependency of elmokit).
     """
-    from gensim.test.utils import datapath
+    from gensim.test.utils import datapath  # optional: gensim
 
     docs = Path(datapath("lee_background.cor")).read_text(encoding="utf-8").splitlines()
     docs = [d for d in docs if d.strip()]
