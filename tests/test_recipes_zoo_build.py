@@ -4,6 +4,7 @@ interruption (bit-exact), and ``export`` writing ``vocab.txt``."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import io
 import json
@@ -23,12 +24,12 @@ from elmokit.vocabulary import Vocabulary
 pytest.importorskip("jieba")
 pytest.importorskip("gensim")
 
-from elmokit.recipes.zoo.build import (SPECS, build_model, list_models, load_tokenizer, model_dir,  # noqa: E402
-                                       read_card, wikitext_sentences)
+from elmokit.recipes.zoo.build import (SPECS, build_model, build_spec, list_models, load_tokenizer,  # noqa: E402
+                                       model_dir, read_card, wikitext_sentences)
 
 WORDS = "今天 天气 很 好 我们 去 公园 散步 明天 可能 下雨 他 喜欢 读书 学习 中文 老师 学生 城市 发展".split()
 
-#: The tiny recipe override of every test build: a 2-layer 16 → 8 biLM, 6 steps, 8-dim word2vec.
+#: What every test build changes in the zh spec: a 2-layer 16 → 8 biLM, 6 steps, 8-dim word2vec.
 TINY = {
     "model": {"char_cnn": {"filters": [[1, 4], [2, 4], [3, 8]], "activation": "relu", "embedding": {"dim": 4},
                            "n_characters": 262, "n_highway": 1, "max_characters_per_token": 10},
@@ -97,14 +98,18 @@ def zh_data(tmp_path_factory):
     return _make_zh_data(tmp_path_factory.mktemp("zoodata"))
 
 
-def _overrides(data):
-    return {**TINY, "wikitext_file": str(data / "wikitext.txt")}
+def _tiny_spec(data):
+    """The zh spec with :data:`TINY`'s changes (the WikiText-2 test file from ``data``)."""
+    zh = SPECS["zh"]
+    return dataclasses.replace(zh, model=TINY["model"], train={**zh.train, **TINY["train"]},
+                               valid_points=TINY["valid_points"], word2vec=TINY["word2vec"], corpus=TINY["corpus"],
+                               wikitext=TINY["wikitext"], wikitext_file=str(data / "wikitext.txt"))
 
 
 @pytest.fixture(scope="module")
 def built(zh_data, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
-    card = build_model("zh", zh_data, cache, progress=False, overrides=_overrides(zh_data))
+    card = build_spec(_tiny_spec(zh_data), zh_data, cache, progress=False)
     return cache, model_dir("zh", cache), card
 
 
@@ -239,7 +244,7 @@ def test_unbuilt_name_says_how_to_build_it(tmp_path, monkeypatch, capsys):
 def test_a_built_folder_is_not_replaced_without_a_flag(built, zh_data):
     cache, folder, _ = built
     with pytest.raises(UsageError, match="already holds a built model.*--overwrite.*--resume"):
-        build_model("zh", zh_data, cache, overwrite=False, overrides=_overrides(zh_data))
+        build_spec(_tiny_spec(zh_data), zh_data, cache, overwrite=False)
     with pytest.raises(UsageError, match="give one of them"):
         build_model("zh", zh_data, cache, overwrite=True, resume=True)
     with pytest.raises(UsageError, match="unknown zoo model"):
@@ -255,29 +260,53 @@ def test_interrupted_build_resumes_to_the_same_bits(built, zh_data, tmp_path, mo
     cache = tmp_path / "cache"
     monkeypatch.setenv("ELMOKIT_TEST_SIGINT_AT", "0:3")
     with interrupts.handling_signals(), pytest.raises(KeyboardInterrupt):
-        build_model("zh", zh_data, cache, progress=False, overrides=_overrides(zh_data))
+        build_spec(_tiny_spec(zh_data), zh_data, cache, progress=False)
     interrupts.clear()
     monkeypatch.delenv("ELMOKIT_TEST_SIGINT_AT")
     folder = model_dir("zh", cache)
     assert not (folder / "card.json").exists() and (folder / "train" / "ckpt-3.safetensors").is_file()
     with pytest.raises(UsageError, match="an unfinished build"):
-        build_model("zh", zh_data, cache, progress=False, overrides=_overrides(zh_data))
-    card = build_model("zh", zh_data, cache, resume=True, progress=False, overrides=_overrides(zh_data))
+        build_spec(_tiny_spec(zh_data), zh_data, cache, progress=False)
+    card = build_spec(_tiny_spec(zh_data), zh_data, cache, resume=True, progress=False)
     assert card["data"]["corpus_reused"] and card["figures"]["word2vec_reused"]
     assert card["figures"]["training"]["steps"] == 6
     for name in ("model.safetensors", "vocab.txt", "chars.txt", "word2vec/vectors.bin", "corpus/train.txt"):
         assert card["files"][name]["sha256"] == first["files"][name]["sha256"], name
     assert card["figures"]["heldout"]["bilm"] == first["figures"]["heldout"]["bilm"]
     # --overwrite rebuilds from scratch (the same bits again)
-    again = build_model("zh", zh_data, cache, overwrite=True, progress=False, overrides=_overrides(zh_data))
+    again = build_spec(_tiny_spec(zh_data), zh_data, cache, overwrite=True, progress=False)
     assert not again["data"]["corpus_reused"]
     assert again["files"]["model.safetensors"]["sha256"] == first["files"]["model.safetensors"]["sha256"]
     assert _sha(first_folder / "model.safetensors") == first["files"]["model.safetensors"]["sha256"]
 
 
-def test_unknown_override_is_refused(zh_data, tmp_path):
-    with pytest.raises(UsageError, match="unknown zoo build override"):
-        build_model("zh", zh_data, tmp_path, overrides={"steps": 3})
+def test_a_spec_that_is_not_a_zoo_recipe_is_refused_before_the_folder_is_touched(zh_data, tmp_path):
+    """build_spec takes a ZooSpec of a zoo name whose train settings are TrainConfig fields; nothing is written
+    otherwise (the tests' spec replaces ``overrides``, which build_model no longer takes)."""
+    zh = SPECS["zh"]
+    with pytest.raises(UsageError, match=r"unknown train field\(s\) steps"):
+        build_spec(dataclasses.replace(zh, train={**zh.train, "steps": 3}), zh_data, tmp_path)
+    with pytest.raises(UsageError, match="unknown zoo model 'elmokit-fr'"):
+        build_spec(dataclasses.replace(zh, name="elmokit-fr"), zh_data, tmp_path)
+    with pytest.raises(TypeError, match="spec must be a ZooSpec"):
+        build_spec({"name": "elmokit-zh"}, zh_data, tmp_path)
+    with pytest.raises(TypeError, match="overrides"):
+        build_model("zh", zh_data, tmp_path, overrides={"train": {"max_steps": 3}})
+    assert not (tmp_path / "zoo").exists()
+
+
+def test_the_card_records_how_a_spec_differs_from_the_zoo_recipe(built, zh_data):
+    from elmokit.recipes.zoo.specs import spec_differences
+
+    _, _, card = built
+    assert spec_differences(SPECS["zh"]) is None and spec_differences(SPECS["en"]) is None
+    diff = card["overrides"]
+    assert diff["train"] == {"max_steps": 6, "batch_size": 8, "n_negative_samples": 0, "checkpoint_every": 2,
+                             "log_every": 1, "min_count": 2}
+    assert diff["model"] == TINY["model"] and diff["word2vec"] == {"vector_size": 8, "epochs": 1}
+    assert diff["corpus"] == {"heldout_fraction": 0.3} and diff["valid_points"] == 2 and diff["wikitext"] is True
+    assert diff["wikitext_file"] == str(zh_data / "wikitext.txt")
+    assert set(diff) == {"model", "train", "valid_points", "wikitext", "word2vec", "corpus", "wikitext_file"}
 
 
 # ---------------------------------------------------------------------------------------------------- export

@@ -11,7 +11,8 @@ import pytest
 
 from conftest import shared_path
 from elmokit.errors import DataError, MissingFileError, UsageError
-from elmokit.recipes.zoo import RECIPES, build_corpus, leak_check, read_kept_out, read_source, resolve_data_dir, sentence_key
+from elmokit.recipes.zoo import (RECIPES, build_corpus, leak_check, read_kept_out, read_source, resolve_data_dir,
+                                 sentence_key)
 from elmokit.recipes.zoo.corpora import Recipe, _KeptOutIndex, split_chinese, split_english
 
 pytest.importorskip("jieba")

@@ -27,7 +27,9 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 
+import elmokit
 from elmokit import interrupts, threads
 from elmokit.allocator import keep_freed_memory
 from elmokit.errors import ElmoError, cli_wording, exit_status
@@ -44,12 +46,8 @@ Global flags (-v) may also follow the command name; `elmokit COMMAND --help` sho
 
 def _version() -> str:
     try:
-        from importlib.metadata import PackageNotFoundError, version
-
         return version("elmokit")
-    except (ImportError, PackageNotFoundError):
-        import elmokit
-
+    except PackageNotFoundError:
         return getattr(elmokit, "__version__", "unknown")
 
 
@@ -62,7 +60,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``elmokit`` parser with every command registered (each command's ``func`` set as a default)."""
-    from elmokit.cli import embed, models, quickstart, similar, tasks, train, zoo
+    from elmokit.cli import embed, models, quickstart, similar, tasks, train, zoo  # lazy: CLI start-up
 
     global_flags = _Parser(add_help=False)
     # SUPPRESS: when the flag is not repeated after the command, the value parsed before it stays

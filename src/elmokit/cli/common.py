@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from elmokit import threads
+from elmokit.config import read_options_json as read_options
 from elmokit.errors import MissingFileError, UsageError
 
 __all__ = [
@@ -162,7 +163,7 @@ def check_model(name_or_path: str) -> None:
             is not built (the message says which ``elmokit zoo build`` command builds it).
         UsageError: a file where a model folder or name is wanted.
     """
-    from elmokit.weights.native import RELEASED, known_model_names, resolve_model_name
+    from elmokit.weights.native import RELEASED, known_model_names, resolve_model_name  # lazy: CLI start-up
 
     name_or_path = resolve_model_name(name_or_path)  # a zoo name → its built folder (MissingFileError if unbuilt)
     path = Path(name_or_path)
@@ -192,7 +193,7 @@ def model_folder(model: str) -> Path | None:
     """The folder a model argument is read from: a zoo name's folder (``elmokit-en`` → ``$ELMOKIT_CACHE/zoo/…``), the
     folder itself, or a released model's download folder in the cache; ``None`` when it is none of these (an
     options.json given as a file). Outputs must never be written inside it (they would replace the model's files)."""
-    from elmokit.weights.native import RELEASED, cache_dir, resolve_model_name
+    from elmokit.weights.native import RELEASED, cache_dir, resolve_model_name  # lazy: CLI start-up
 
     path = Path(resolve_model_name(model))
     if path.is_dir():
@@ -235,9 +236,7 @@ def read_options_json(path: Path, option: str) -> dict[str, Any]:
             object.
     """
     check_input_file(path, f"{option} file")
-    from elmokit.config import read_options_json as read
-
-    return read(path, f"{'the ' if not option.startswith('-') else ''}{option} to be an options.json (the "
+    return read_options(path, f"{'the ' if not option.startswith('-') else ''}{option} to be an options.json (the "
                       "architecture, as the original ELMo releases ship it)")
 
 
@@ -248,9 +247,9 @@ def resolve_cli_device(name: str | None):
     Raises:
         UsageError: as ``resolve_device``, or ``mps`` asked for where it is not available.
     """
-    import torch
+    import torch  # lazy: CLI start-up
 
-    from elmokit.devices import resolve_device
+    from elmokit.devices import resolve_device  # lazy: CLI start-up
 
     device = resolve_device(name)
     if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):

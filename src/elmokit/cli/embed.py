@@ -4,18 +4,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file,
+                                check_model, check_output_file, model_folder, path_arg, positive_int,
+                                resolve_cli_device, text_arg)
+from elmokit.data.corpus import read_lines
+from elmokit.embedding import Embedder
 from elmokit.embedding import writer as embed_output
-from elmokit.errors import UsageError
-from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
-                     check_output_file, model_folder, path_arg, positive_int, resolve_cli_device, text_arg)
+from elmokit.embedding.pooling import parse_layers
+from elmokit.embedding.reader import INDEX_NAME, work_folder
+from elmokit.errors import DataError, MissingFileError, UsageError
 
 __all__ = ["register", "cmd_embed"]
 
 
 def _layers_arg(text: str):
     """argparse type for --layers: all | top | average | a layer number | L+1 comma-separated mix weights."""
-    from elmokit.embedding.pooling import parse_layers
-
     try:
         return parse_layers(text)
     except UsageError as exc:
@@ -24,9 +27,6 @@ def _layers_arg(text: str):
 
 def _read_word_list(path: Path) -> list[str]:
     """--cache-vocab: one word per line (UTF-8, a BOM allowed), blank lines skipped."""
-    from elmokit.data.corpus import read_lines
-    from elmokit.errors import DataError
-
     check_input_file(path, "--cache-vocab file")
     words = [text.strip() for _, text in read_lines(path) if text.strip()]
     if not words:
@@ -36,8 +36,6 @@ def _read_word_list(path: Path) -> list[str]:
 
 def _layers(args: argparse.Namespace):
     """--layers, or AllenNLP's --all/--top/--average (the same choice twice is fine, two different ones are not)."""
-    from elmokit.embedding.pooling import parse_layers
-
     alias = args.layers_alias
     if alias is not None and args.layers is not None and args.layers != parse_layers(alias):
         raise UsageError(f"--{alias} and --layers {args.layers.text()} ask for different layers: give one of them")
@@ -57,8 +55,6 @@ def _check_output(args: argparse.Namespace) -> None:
         if parent.exists() and not parent.is_dir():
             raise UsageError(f"the output {args.output} cannot be written: {parent} is a file, not a folder")
         if not parent.is_dir():
-            from elmokit.errors import MissingFileError
-
             raise MissingFileError(f"the output {args.output}: its folder {parent} does not exist (create it first)")
         if model_dir is not None and args.output.resolve().is_relative_to(model_dir.resolve()):
             raise UsageError(f"the output {args.output} is inside the model folder {args.model}: write it elsewhere")
@@ -70,8 +66,7 @@ def _check_output(args: argparse.Namespace) -> None:
 
 def cmd_embed(args: argparse.Namespace) -> int:
     """Check every argument (model first, then input, then output), load the model, embed, report."""
-    from elmokit.embedding import Embedder
-    from elmokit.weights.native import load_pretrained_bilm, resolve_model_name
+    from elmokit.weights.native import load_pretrained_bilm, resolve_model_name  # lazy: CLI start-up
 
     args.model = str(resolve_model_name(args.model))  # a zoo name → its folder (or the error saying how to build it)
     check_model(args.model)
@@ -103,8 +98,6 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 def embed_interrupted_note(args: argparse.Namespace) -> str:
     """What an interrupted ``embed`` leaves: the finished parts, and how to continue."""
-    from elmokit.embedding.reader import INDEX_NAME, work_folder
-
     folder = work_folder(args.output, args.format)
     if (folder / INDEX_NAME).is_file():
         return (f"the finished parts are kept in {folder}: rerun the same command with --resume to continue "

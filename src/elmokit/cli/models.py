@@ -6,10 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+from elmokit.cli.common import (RELEASED_HELP, check_input_file, check_model, model_folder, path_arg,
+                                read_options_json, text_arg)
 from elmokit.errors import UsageError
-from elmokit.io import check_creatable_folder
-from elmokit.cli.common import (RELEASED_HELP, check_input_file, check_model, model_folder, path_arg, read_options_json,
-                     text_arg)
+from elmokit.io import atomic_write_text, check_creatable_folder
+from elmokit.vocabulary import Vocabulary
 
 __all__ = ["register", "cmd_convert", "cmd_export", "cmd_info"]
 
@@ -40,10 +41,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """An original-format model → native folder (config.json + model.safetensors): ``convert MODEL OUT`` (a folder
     with an options.json and a weight HDF5, or a released name) or ``convert OPTIONS WEIGHTS OUT``; refuses to replace
     a model unless ``--overwrite``, and an output inside the model's folder."""
-    import h5py
+    import h5py  # lazy: CLI start-up
 
-    from elmokit.weights.native import load_pretrained_bilm, save_pretrained
-    from elmokit.weights.original import load_original
+    from elmokit.weights.native import load_pretrained_bilm, save_pretrained  # lazy: CLI start-up
+    from elmokit.weights.original import load_original  # lazy: CLI start-up
 
     if len(args.paths) not in (2, 3):
         raise UsageError(f"convert takes MODEL OUT or OPTIONS WEIGHTS OUT, got {len(args.paths)} path(s): "
@@ -86,10 +87,8 @@ def _model_vocabulary(model: str) -> Path | None:
 def cmd_export(args: argparse.Namespace) -> int:
     """Model → original options.json + weights.hdf5, and ``vocab.txt`` when the model has a word vocabulary (bilm-tf's
     tools read it beside the two); refuses to replace an export unless ``--overwrite``."""
-    from elmokit.io import atomic_write_text
-    from elmokit.vocabulary import Vocabulary
-    from elmokit.weights.native import load_pretrained_bilm, resolve_model_name
-    from elmokit.weights.original import export_original
+    from elmokit.weights.native import load_pretrained_bilm, resolve_model_name  # lazy: CLI start-up
+    from elmokit.weights.original import export_original  # lazy: CLI start-up
 
     args.model = str(resolve_model_name(args.model))  # a zoo name → its folder
     check_model(args.model)
@@ -110,7 +109,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the model's parameter count, layers, output dimension, start state (``"zero"``, or how the stored one was
     made) and options as JSON (and, for a zoo model, its card's summary)."""
-    from elmokit.weights.native import load_pretrained_bilm, resolve_model_name
+    from elmokit.weights.native import load_pretrained_bilm, resolve_model_name  # lazy: CLI start-up
 
     args.model = str(resolve_model_name(args.model))
     check_model(args.model)
@@ -121,7 +120,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             "options": model.config.to_options()}
     card = Path(args.model) / "card.json"
     if card.is_file():
-        from elmokit.recipes.zoo.build import read_card
+        from elmokit.recipes.zoo.card import read_card  # lazy: CLI start-up
 
         data = read_card(card.parent)
         if data is not None:

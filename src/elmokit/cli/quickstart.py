@@ -1,11 +1,12 @@
-"""``elmokit quickstart``: the main job (see :mod:`elmokit.recipes.quickstart`; ``--lang zh``: :mod:`elmokit.recipes.quickstart.zh`)."""
+"""``elmokit quickstart``: the main job (see :mod:`elmokit.recipes.quickstart`; ``--lang zh``:
+:mod:`elmokit.recipes.quickstart.zh`)."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from elmokit.cli.common import (DEVICE_HELP, add_threads_option, path_arg, positive_float, positive_int, resolve_cli_device, seed,
-                     text_arg)
+from elmokit.cli.common import (DEVICE_HELP, add_threads_option, path_arg, positive_float, positive_int,
+                                resolve_cli_device, seed, text_arg)
 
 __all__ = ["register", "cmd_quickstart", "DEFAULT_OUT_DIRS"]
 
@@ -19,7 +20,7 @@ def _out_dir(args: argparse.Namespace) -> Path:
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """Train, evaluate, save and embed; a folder holding an earlier quickstart run is replaced (with a note)."""
-    from elmokit.recipes import quickstart
+    from elmokit.recipes import quickstart  # lazy: CLI start-up
 
     resolve_cli_device(args.device)
     quickstart.run_quickstart(_out_dir(args), minutes=args.minutes, seed=args.seed, steps=args.steps,
@@ -34,8 +35,9 @@ def quickstart_interrupted_note(args: argparse.Namespace) -> str:
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    from elmokit.recipes.quickstart import DEFAULT_MINUTES, LANGUAGES, PERPLEXITY_MARGIN, SEPARATION_MARGIN
-    from elmokit.recipes.quickstart.zh import PERPLEXITY_MARGIN_ZH
+    from elmokit.recipes.quickstart import (DEFAULT_MINUTES, LANGUAGES,  # lazy: CLI start-up
+                                            PERPLEXITY_MARGIN, SEPARATION_MARGIN)
+    from elmokit.recipes.quickstart.zh import PERPLEXITY_MARGIN_ZH  # lazy: CLI start-up
 
     p = sub.add_parser(
         "quickstart", parents=parents,

@@ -4,19 +4,24 @@ Prints, per layer beside layer 0 (the static, context-free token layer), the pai
 word's occurrences (the matrix when there are few, a summary always), with labels (``label<TAB>sentence`` lines and
 ``--labels``) the mean similarity within and across labels; ``--corpus`` adds the nearest contextual neighbours of
 each occurrence; ``--png`` draws the 2-D PCA projection of the occurrences per layer, coloured by label. See
-:mod:`elmokit.analysis.polysemy` for how a word is matched (whole tokens; for CJK words also a run of tokens, e.g. characters,
-whose vectors are averaged).
+:mod:`elmokit.analysis.polysemy` for how a word is matched (whole tokens; for CJK words also a run of tokens, e.g.
+characters, whose vectors are averaged), and for the analysis this command prints.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file,
+                                check_model, check_output_file, model_folder, non_negative_int, path_arg, positive_int,
+                                print_json_line, resolve_cli_device, text_arg)
+from elmokit.data.corpus import read_lines
+from elmokit.data.text_checks import is_cjk
+from elmokit.data.tokenizers import word_tokenizer
 from elmokit.errors import DataError, UsageError
-from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
-                     check_output_file, model_folder, non_negative_int, path_arg, positive_int, resolve_cli_device,
-                     text_arg)
 
 __all__ = ["register", "cmd_similar"]
 
@@ -55,8 +60,6 @@ def _read_sentences(path: Path, tokenize, labelled: bool, decode_errors: str = "
         DataError: no non-blank line (exit 1, as ``perplexity``, ``train`` and the task readers: the file is there but
             holds nothing to read); with ``labelled``, a line without a TAB or with an empty label; a line that is not
             text (invalid UTF-8, a NUL byte) with ``strict``."""
-    from elmokit.data.corpus import read_lines
-
     numbers, sentences, labels, texts = [], [], [], []
     warned = not warn_tabs
     for number, text in read_lines(path, decode_errors):
@@ -125,15 +128,28 @@ def _fmt(x) -> str:
     return "—" if x is None else f"{x:.4f}"
 
 
-def cmd_similar(args: argparse.Namespace) -> int:
-    """Check the arguments (model, input, output, corpus), load the model, find the occurrences, print."""
-    import numpy as np
+@dataclass
+class _Input:
+    """What ``similar`` read: the sentences file's line numbers, token lists, labels and raw texts, the tokenizer
+    (its name and function), the word's occurrences and the match mode used."""
 
-    from elmokit.data.tokenizers import word_tokenizer as make_tokenizer
-    from elmokit.embedding import Embedder
-    from elmokit.analysis.polysemy import (find_occurrences, is_cjk, label_similarity, layer_names, layer_similarities,
-                            nearest_neighbours, occurrence_vectors, plot_occurrences)
-    from elmokit.weights.native import load_pretrained_bilm, resolve_model_name
+    numbers: list[int]
+    sentences: list[list[str]]
+    labels: list[str | None]
+    texts: list[str]
+    tokenizer: str
+    tokenize: Callable[[str], list[str]]
+    occurrences: list
+    match: str
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """The checks before anything is read: --word, --layers, --neighbours/--corpus, the model (a zoo name resolved),
+    the input files, --png.
+
+    Raises:
+        UsageError / MissingFileError: the bad option or file, named."""
+    from elmokit.weights.native import resolve_model_name  # lazy: CLI start-up
 
     word = args.word
     if not word or word != word.strip() or len(word.split()) != 1:
@@ -151,8 +167,19 @@ def cmd_similar(args: argparse.Namespace) -> int:
     if args.png is not None:
         _check_png(args.png, args.model, {"sentences file": args.sentences,
                                           **({"--corpus file": args.corpus} if args.corpus else {})}, args.overwrite)
+
+
+def _read_input(args: argparse.Namespace) -> _Input:
+    """Read the sentences file and find the word's occurrences.
+
+    Raises:
+        DataError: as :func:`_read_sentences`. UsageError: the word occurs nowhere (with a hint for raw Chinese
+            text read by whitespace)."""
+    from elmokit.analysis.polysemy import find_occurrences  # lazy: CLI start-up
+
+    word = args.word
     tokenizer = _TOKENIZERS[args.tokenize]
-    tokenize = make_tokenizer(tokenizer)
+    tokenize = word_tokenizer(tokenizer)
     numbers, sentences, labels, texts = _read_sentences(args.sentences, tokenize, args.labels, args.decode_errors,
                                                         warn_tabs=not args.labels)
     occurrences = find_occurrences(sentences, word, args.match, labels if args.labels else None)
@@ -164,73 +191,115 @@ def cmd_similar(args: argparse.Namespace) -> int:
                     "--tokenize jieba (word segmentation) or separate the characters by spaces")
         raise UsageError(f"the word {word!r} occurs in none of the {len(sentences)} sentences of {args.sentences} "
                          f"(matched {_how_matched(match, tokenizer)}, after --tokenize {args.tokenize}; {hint})")
-    how = _how_matched(match, tokenizer, [o.end - o.start for o in occurrences])
-    bilm = load_pretrained_bilm(args.model)
-    embedder = Embedder(bilm, batch_size=args.batch_size, device=resolve_cli_device(args.device))
-    n_layers = embedder.num_layers
+    return _Input(numbers, sentences, labels, texts, tokenizer, tokenize, occurrences, match)
+
+
+def _wanted_layers(args: argparse.Namespace, n_layers: int) -> list[int | str]:
+    """The layers --layers names for a model of ``n_layers`` layers (``all``: every layer and the average).
+
+    Raises:
+        UsageError: a layer the model does not have."""
     wanted = list(range(n_layers)) + ["average"] if args.layers == ["all"] else args.layers
     for layer in wanted:
         if layer != "average" and not 0 <= layer < n_layers:
             raise UsageError(f"--layers {layer} is not a layer of this model (0..{n_layers - 1}, or average)")
-    vectors = occurrence_vectors(embedder, sentences, occurrences, context=args.context)
+    return wanted
+
+
+def _neighbours(args: argparse.Namespace, embedder, vectors, inp: _Input, joiner: str) -> dict:
+    """The nearest contextual neighbours of each occurrence in --corpus (:func:`nearest_neighbours`), as the
+    result's ``neighbours`` record.
+
+    Raises:
+        UsageError: --neighbour-layer is not a layer of the model. DataError: as :func:`_read_sentences`."""
+    from elmokit.analysis.polysemy import nearest_neighbours  # lazy: CLI start-up
+
+    n_layers = embedder.num_layers
+    nl = args.neighbour_layer
+    layer_index = n_layers - 1 if nl == "top" else nl
+    if layer_index != "average" and not 0 <= int(layer_index) < n_layers:
+        raise UsageError(f"--neighbour-layer {nl} is not a layer of this model (0..{n_layers - 1}, top, average)")
+    q = vectors.mean(axis=1) if layer_index == "average" else vectors[:, int(layer_index)]
+    same_file = args.corpus.resolve() == args.sentences.resolve()  # then its labels are not text
+    corpus = inp.sentences if same_file else _read_sentences(args.corpus, inp.tokenize, False, args.decode_errors,
+                                                             what="--corpus file")[1]
+    exclude = [{(tuple(inp.sentences[o.sentence]), p) for p in range(o.start, o.end)} for o in inp.occurrences]
+    found = nearest_neighbours(embedder, q, corpus, args.neighbours, layer=layer_index, exclude=exclude)
+    return {"layer": nl, "corpus": str(args.corpus), "k": args.neighbours, "lists": [
+        [{"score": nb.score, "token": nb.token, "corpus_line": nb.sentence + 1,
+          "snippet": _snippet(corpus[nb.sentence], nb.position, nb.position + 1, joiner=joiner)}
+         for nb in row] for row in found]}
+
+
+def _analyse(args: argparse.Namespace, inp: _Input) -> tuple[dict, list[tuple[str, object]]]:
+    """Load the model, embed the occurrences and compute the per-layer similarities (and neighbours, and the plot):
+    the result record (what --json prints) and the layers it shows, in order, as ``(name, cosine matrix)`` with the
+    matrix an ndarray (n, n) float.
+
+    Raises:
+        UsageError: a layer the model does not have; an unusable --device."""
+    import numpy as np  # lazy: CLI start-up
+
+    from elmokit.analysis.polysemy import (label_similarity, layer_names, layer_similarities,  # lazy: CLI start-up
+                                           occurrence_vectors, plot_occurrences)
+    from elmokit.embedding import Embedder  # lazy: CLI start-up
+    from elmokit.weights.native import load_pretrained_bilm  # lazy: CLI start-up
+
+    embedder = Embedder(load_pretrained_bilm(args.model), batch_size=args.batch_size,
+                        device=resolve_cli_device(args.device))
+    n_layers = embedder.num_layers
+    wanted = _wanted_layers(args, n_layers)
+    occurrences = inp.occurrences
+    vectors = occurrence_vectors(embedder, inp.sentences, occurrences, context=args.context)
     sims = layer_similarities(vectors)  # layers 0..L, then the average
     names = layer_names(n_layers)
     rows = [(names[n_layers] if k == "average" else names[k], sims[n_layers if k == "average" else k])
             for k in wanted]
     occ_labels = [o.label for o in occurrences] if args.labels else None
-    joiner = "" if is_cjk(word) and match == "span" else " "
+    joiner = "" if is_cjk(args.word) and inp.match == "span" else " "
     result = {
-        "word": word, "model": args.model, "sentences_file": str(args.sentences), "match": match,
-        "occurrences": [{"id": i, "line": numbers[o.sentence], "start": o.start, "end": o.end, "label": o.label,
-                         "snippet": _snippet(sentences[o.sentence], o.start, o.end, joiner=joiner)}
+        "word": args.word, "model": args.model, "sentences_file": str(args.sentences), "match": inp.match,
+        "occurrences": [{"id": i, "line": inp.numbers[o.sentence], "start": o.start, "end": o.end, "label": o.label,
+                         "snippet": _snippet(inp.sentences[o.sentence], o.start, o.end, joiner=joiner)}
                         for i, o in enumerate(occurrences)],
         "layers": {name: {"summary": label_similarity(m, occ_labels)} for name, m in rows},
     }
-    show_matrix = len(occurrences) <= args.max_matrix
-    if show_matrix or args.json:
+    if len(occurrences) <= args.max_matrix or args.json:
         for name, m in rows:
             result["layers"][name]["cosine"] = np.round(m, 6).tolist()
-    neighbours = None
     if args.corpus is not None and args.neighbours:
-        nl = args.neighbour_layer
-        layer_index = n_layers - 1 if nl == "top" else nl
-        if layer_index != "average" and not 0 <= int(layer_index) < n_layers:
-            raise UsageError(f"--neighbour-layer {nl} is not a layer of this model (0..{n_layers - 1}, top, average)")
-        q = vectors.mean(axis=1) if layer_index == "average" else vectors[:, int(layer_index)]
-        same_file = args.corpus.resolve() == args.sentences.resolve()  # then its labels are not text
-        corpus = sentences if same_file else _read_sentences(args.corpus, tokenize, False, args.decode_errors,
-                                                             what="--corpus file")[1]
-        exclude = [{(tuple(sentences[o.sentence]), p) for p in range(o.start, o.end)} for o in occurrences]
-        neighbours = nearest_neighbours(embedder, q, corpus, args.neighbours, layer=layer_index, exclude=exclude)
-        result["neighbours"] = {"layer": nl, "corpus": str(args.corpus), "k": args.neighbours, "lists": [
-            [{"score": nb.score, "token": nb.token, "corpus_line": nb.sentence + 1,
-              "snippet": _snippet(corpus[nb.sentence], nb.position, nb.position + 1, joiner=joiner)}
-             for nb in row] for row in neighbours]}
+        result["neighbours"] = _neighbours(args, embedder, vectors, inp, joiner)
     if args.png is not None:
-        panels = [k for k in wanted]
-        plot_occurrences(vectors, args.png, occ_labels, layers=panels,
-                         title=f"{word}: {len(occurrences)} occurrences, {Path(args.model).name}")
+        plot_occurrences(vectors, args.png, occ_labels, layers=list(wanted),
+                         title=f"{args.word}: {len(occurrences)} occurrences, {Path(args.model).name}")
         result["png"] = str(args.png)
-    if args.json:
-        from elmokit.cli.common import print_json_line
+    return result, rows
 
-        print_json_line(result)
-        return 0
+
+def _print_matrices(args: argparse.Namespace, rows: list[tuple[str, object]]) -> None:
+    """Each layer's cosine matrix (up to --max-matrix occurrences), else a note."""
+    n = len(rows[0][1])
+    if n > args.max_matrix:
+        print(f"\n({n} occurrences: matrices left out above --max-matrix {args.max_matrix}; --json prints them)")
+        return
+    for name, m in rows:
+        print(f"\nlayer {name}: cosine similarity")
+        print("      " + "".join(f"{'#' + str(j):>8}" for j in range(len(m))))
+        for i, r in enumerate(m):
+            print(f"  {'#' + str(i):<4}" + "".join(f"{v:8.4f}" for v in r))
+
+
+def _print_text(args: argparse.Namespace, result: dict, rows: list[tuple[str, object]], inp: _Input) -> None:
+    """The text report: the occurrences, the matrices, the per-layer summary, the neighbours, the plot's path."""
+    occurrences = inp.occurrences
+    how = _how_matched(inp.match, inp.tokenizer, [o.end - o.start for o in occurrences])
     n_lines = len({o.sentence for o in occurrences})
-    print(f"{word!r}: {len(occurrences)} occurrence(s) in {n_lines} of {len(sentences)} sentences of "
+    print(f"{args.word!r}: {len(occurrences)} occurrence(s) in {n_lines} of {len(inp.sentences)} sentences of "
           f"{args.sentences} (matched {how}); model {args.model}")
     for occ in result["occurrences"]:
         lab = f" <{occ['label']}>" if occ["label"] is not None else ""
         print(f"  #{occ['id']:<3} line {occ['line']}{lab}: {occ['snippet']}")
-    if show_matrix:
-        for name, m in rows:
-            print(f"\nlayer {name}: cosine similarity")
-            print("      " + "".join(f"{'#' + str(j):>8}" for j in range(len(m))))
-            for i, r in enumerate(m):
-                print(f"  {'#' + str(i):<4}" + "".join(f"{v:8.4f}" for v in r))
-    else:
-        print(f"\n({len(occurrences)} occurrences: matrices left out above --max-matrix {args.max_matrix}; "
-              "--json prints them)")
+    _print_matrices(args, rows)
     head = f"\n{'layer':<12}{'pairs':>7}{'mean':>9}{'min':>9}{'max':>9}"
     if args.labels:
         head += f"{'within':>9}{'across':>9}{'gap':>9}"
@@ -241,7 +310,7 @@ def cmd_similar(args: argparse.Namespace) -> int:
         if args.labels:
             line += f"{_fmt(s['within']):>9}{_fmt(s['across']):>9}{_fmt(s['gap']):>9}"
         print(line)
-    if neighbours is not None:
+    if "neighbours" in result:
         print(f"\nnearest contextual neighbours in {args.corpus} (layer {args.neighbour_layer}, cosine):")
         for i, row in enumerate(result["neighbours"]["lists"]):
             print(f"  #{i}:")
@@ -249,6 +318,18 @@ def cmd_similar(args: argparse.Namespace) -> int:
                 print(f"      {nb['score']:.4f}  {nb['token']}  (line {nb['corpus_line']}: {nb['snippet']})")
     if args.png is not None:
         print(f"\nplot → {args.png}")
+
+
+def cmd_similar(args: argparse.Namespace) -> int:
+    """Check the arguments (model, input, output, corpus), read the occurrences, analyse them (the model loaded,
+    per-layer similarities, neighbours, plot), print the result (text, or one JSON line with --json)."""
+    _check_args(args)
+    inp = _read_input(args)
+    result, rows = _analyse(args, inp)
+    if args.json:
+        print_json_line(result)
+    else:
+        _print_text(args, result, rows, inp)
     return 0
 
 

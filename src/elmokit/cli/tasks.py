@@ -19,12 +19,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from elmokit.cli.common import (DEVICE_HELP, add_threads_option, check_input_file, check_output_file, path_arg,
+                                positive_int, print_json_line, resolve_cli_device, seed)
 from elmokit.data.tokenizers import load_tokenizer, word_tokenizer
 from elmokit.errors import DataError, UsageError
-from elmokit.io import check_creatable_folder, folder_lock
-from elmokit.cli.common import (DEVICE_HELP, add_threads_option, check_input_file, check_output_file, path_arg, positive_int,
-                     print_json_line,
-                     resolve_cli_device, seed)
+from elmokit.io import atomic_write_text, check_creatable_folder, folder_lock
+from elmokit.tasks.config import load_task_config
 
 __all__ = ["register", "cmd_train", "cmd_predict", "cmd_evaluate"]
 
@@ -46,8 +46,7 @@ def _summary(result: dict) -> str:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train from a config; save; print the dev/test scores (text, or one JSON line with ``--json``)."""
-    from elmokit.tasks.config import load_task_config
-    from elmokit.tasks.training import train_from_config
+    from elmokit.tasks.training import train_from_config  # lazy: CLI start-up
 
     check_input_file(args.config, "task config")
     config = load_task_config(args.config)
@@ -87,7 +86,7 @@ def _tokenizer(model):
     name = config.data["tokenizer"]
     if name is None and model.bilm_record is not None:
         candidate = model.bilm_record.get("random_like") or model.bilm_record.get("model")
-        from elmokit.weights.native import resolve_model_name
+        from elmokit.weights.native import resolve_model_name  # lazy: CLI start-up
 
         try:
             folder = Path(resolve_model_name(candidate))
@@ -121,8 +120,7 @@ def _read_input(path: Path, tokenize) -> list[list[str]]:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     """Tag or classify each line of INPUT; write the result to stdout or ``--output``."""
-    from elmokit.io import atomic_write_text
-    from elmokit.tasks.training import TaskData, load_task_model
+    from elmokit.tasks.training import TaskData, load_task_model  # lazy: CLI start-up
 
     check_input_file(args.input, "input")
     if args.output is not None and args.output.is_dir():
@@ -151,7 +149,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Score a labelled file; print one JSON line."""
-    from elmokit.tasks.training import load_task_model, read_task_file
+    from elmokit.tasks.training import load_task_model, read_task_file  # lazy: CLI start-up
 
     check_input_file(args.file, "labelled file")
     model = load_task_model(args.model_dir, device=resolve_cli_device(args.device))

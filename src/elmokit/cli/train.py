@@ -18,12 +18,15 @@ import sys
 from pathlib import Path
 
 from elmokit import interrupts
-from elmokit.data.tokenizers import TOKENIZERS
+from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file,
+                                check_model, int_at_least, non_negative_int, path_arg, positive_float, positive_int,
+                                print_json_line, probability, read_options_json, resolve_cli_device, seed, text_arg)
+from elmokit.config import PRESETS, ElmoConfig
+from elmokit.data.corpus import read_lines
+from elmokit.data.text_checks import UNK_WARN_SHARE, check_tokenisation, unk_targets, unk_warning
+from elmokit.data.tokenizers import TOKENIZERS, word_tokenizer
 from elmokit.errors import ConfigError, DataError, ElmoError, MissingFileError, UsageError
 from elmokit.io import check_creatable_folder, lock_folder
-from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file, check_model,
-                     int_at_least, non_negative_int, path_arg, positive_float, positive_int, print_json_line,
-                     probability, read_options_json, resolve_cli_device, seed, text_arg)
 
 __all__ = ["register", "cmd_train", "cmd_perplexity", "cmd_score", "OPTION_FIELDS"]
 
@@ -59,8 +62,6 @@ def _flag(field_name: str) -> str:
 
 def _model_options(args: argparse.Namespace) -> dict:
     """The architecture options dict from ``--options`` (its ``lstm`` and ``char_cnn`` sections) or ``--preset``."""
-    from elmokit.config import PRESETS, ElmoConfig
-
     if args.options:
         path = Path(args.options)
         options = read_options_json(path, "--options")
@@ -103,7 +104,7 @@ def _resumed_config(args: argparse.Namespace, out: Path):
         CheckpointError: it cannot be read as a TrainConfig.
         UsageError: an option that fixes the run was given with another value than the run's (all are named).
     """
-    from elmokit.pretraining.config import TrainConfig
+    from elmokit.pretraining.config import TrainConfig  # lazy: CLI start-up
 
     saved = out / "train_config.json"
     if not saved.is_file():
@@ -118,9 +119,9 @@ def _resumed_config(args: argparse.Namespace, out: Path):
 def cmd_train(args: argparse.Namespace) -> int:
     """Start a run in ``--out-dir`` (refused where a run already is, unless ``--overwrite``), or ``--resume`` it; with
     ``torchrun``, as one of several processes."""
-    from elmokit.pretraining.config import TrainConfig
-    from elmokit.pretraining.distributed import init_from_env
-    from elmokit.pretraining.trainer import Trainer
+    from elmokit.pretraining.config import TrainConfig  # lazy: CLI start-up
+    from elmokit.pretraining.distributed import init_from_env  # lazy: CLI start-up
+    from elmokit.pretraining.trainer import Trainer  # lazy: CLI start-up
 
     out = args.out_dir
     check_creatable_folder(out, "--out-dir")
@@ -158,7 +159,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(json.dumps(summary, indent=2))
     except RuntimeError as exc:
         if dist.world_size > 1 and not isinstance(exc, ElmoError) and _peer_lost(exc):
-            from elmokit.pretraining.trainer import TrainingError, latest_checkpoint_step
+            from elmokit.pretraining.trainer import TrainingError, latest_checkpoint_step  # lazy: CLI start-up
 
             step = latest_checkpoint_step(config.out_dir)
             kept = (f"the checkpoint of step {step} is kept (continue with --resume, on as many processes as its "
@@ -183,7 +184,7 @@ def _peer_lost(exc: BaseException) -> bool:
 def train_interrupted_note(args: argparse.Namespace) -> str:
     """What an interrupted ``train`` left: the latest checkpoint (and the --resume hint) or none."""
     try:
-        from elmokit.pretraining.trainer import latest_checkpoint_step
+        from elmokit.pretraining.trainer import latest_checkpoint_step  # lazy: CLI start-up
 
         step = latest_checkpoint_step(args.out_dir)
     except Exception:  # noqa: BLE001 (the note must never hide the interrupt itself)
@@ -209,11 +210,8 @@ def _check_lm_folder(path: Path) -> None:
 
 
 def _read_sentences(args: argparse.Namespace) -> list[tuple[int, list[str]]]:
-    from elmokit.data.corpus import read_lines
-    from elmokit.data.tokenizers import word_tokenizer as make_tokenizer
-
     check_input_file(args.file)
-    tokenize = make_tokenizer(args.tokenizer)
+    tokenize = word_tokenizer(args.tokenizer)
     return [(number, tokenize(text)) for number, text in read_lines(args.file, errors=args.decode_errors)]
 
 
@@ -225,19 +223,15 @@ def _warn(args: argparse.Namespace, text: str | None, kind: str = "warning") -> 
 def _check_text(args: argparse.Namespace, lm, lines: list[tuple[int, list[str]]]) -> None:
     """Warn (stderr) when the lines look untokenised for ``lm``
     (:func:`elmokit.data.text_checks.check_tokenisation`)."""
-    from elmokit.data.text_checks import check_tokenisation
-
     _warn(args, check_tokenisation(lines, lm.config, args.tokenizer).warning())
 
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
     """Held-out perplexity of a trained LM over a text file (blank lines skipped), as one JSON object, with the share of
     ``<UNK>`` targets; warnings on stderr for untokenised-looking lines and a high ``<UNK>`` share."""
-    from elmokit.data.text_checks import unk_warning
-    from elmokit.pretraining.perplexity import evaluate_perplexity
-    from elmokit.pretraining.trainer import load_lm
-
-    from elmokit.weights.native import resolve_model_name
+    from elmokit.pretraining.perplexity import evaluate_perplexity  # lazy: CLI start-up
+    from elmokit.pretraining.trainer import load_lm  # lazy: CLI start-up
+    from elmokit.weights.native import resolve_model_name  # lazy: CLI start-up
 
     args.model = Path(resolve_model_name(str(args.model)))  # a zoo name → its folder (or how to build it)
     _check_lm_folder(args.model)
@@ -256,11 +250,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     """One JSON line per input line: forward and backward log-probability (nats) and the number of ``<UNK>`` words;
     on stderr the file's ``<UNK>`` share (a warning above :data:`elmokit.data.text_checks.UNK_WARN_SHARE`) and a
     warning for untokenised-looking lines."""
-    from elmokit.data.text_checks import UNK_WARN_SHARE, unk_targets, unk_warning
-    from elmokit.pretraining.perplexity import score_sentences
-    from elmokit.pretraining.trainer import load_lm
-
-    from elmokit.weights.native import resolve_model_name
+    from elmokit.pretraining.perplexity import score_sentences  # lazy: CLI start-up
+    from elmokit.pretraining.trainer import load_lm  # lazy: CLI start-up
+    from elmokit.weights.native import resolve_model_name  # lazy: CLI start-up
 
     args.model = Path(resolve_model_name(str(args.model)))  # a zoo name → its folder (or how to build it)
     _check_lm_folder(args.model)
@@ -288,7 +280,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- parser
 def _train_default(name: str, unit: str = "") -> str:
     """``"(default: X)"`` from TrainConfig's field ``name`` — what a new run takes when the option is left out."""
-    from elmokit.pretraining.config import TrainConfig
+    from elmokit.pretraining.config import TrainConfig  # lazy: CLI start-up
 
     for f in dataclasses.fields(TrainConfig):
         if f.name == name:
@@ -315,19 +307,8 @@ def _add_lm_file_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
 
 
-def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    from elmokit.config import PRESETS
-    from elmokit.pretraining.config import (RESUME_MAY_CHANGE, Batching, OptimizerName, default_learning_rate,
-                                      literal_choices)
-
-    d = _train_default
-    may_change = ", ".join(sorted({_flag(f) for f in RESUME_MAY_CHANGE if _flag(f)} - {"--out-dir"}))
-    p = sub.add_parser(
-        "train", parents=parents, help="pretrain (or --resume) a biLM on tokenised text, one sentence per line",
-        description="Pretrain a biLM; with --resume, continue the run in --out-dir from its latest checkpoint; with "
-                    "--init-from, continue pretraining a released or trained model on your text. Options left out "
-                    "take the defaults shown (on --resume: the run's own values). On --resume only "
-                    f"{may_change} may change. Several processes: torchrun --nproc-per-node N -m elmokit train …")
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """``train``'s files and run folder: the training shards, --out-dir, --overwrite, --resume."""
     p.add_argument("train_files", nargs="*", type=text_arg,
                    help="glob pattern(s) of the training shards (one tokenised sentence per line, UTF-8); may be "
                         "left out with --resume")
@@ -337,13 +318,20 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                    help="replace a run already in --out-dir (default: refuse, so a finished run is not lost)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out-dir from its latest checkpoint (default: start a new run)")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """``train``'s model and vocabulary: --preset, --options, --init-from, --freeze-bilm-steps, --vocab,
+    --min-count, --max-vocab, --char-vocab."""
+    d = _train_default
     p.add_argument("--preset", default=None, choices=sorted(PRESETS),
                    help="architecture preset (default: small; with --init-from: the init model's)")
     p.add_argument("--options", type=text_arg,
                    help="options.json with the architecture; overrides --preset (default: none)")
     p.add_argument("--init-from", type=text_arg, default=None, metavar="MODEL",
-                   help=f"continued pretraining: start from this model's biLM weights and architecture, {RELEASED_HELP}"
-                        ", or a model trained here (elmokit-en, elmokit-zh: `elmokit zoo build`); a new softmax over your vocabulary (kept when a native model has the same vocabulary) "
+                   help=f"continued pretraining: start from this model's biLM weights and architecture, "
+                        f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh: `elmokit zoo build`); a "
+                        "new softmax over your vocabulary (kept when a native model has the same vocabulary) "
                         "(default: none, random initialisation)")
     p.add_argument("--freeze-bilm-steps", type=non_negative_int, default=None, metavar="N",
                    help=f"train only the softmax for the first N steps (with --init-from) {d('freeze_bilm_steps')}")
@@ -355,6 +343,15 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                         "limit)")
     p.add_argument("--char-vocab", action="store_true",
                    help="character-vocabulary input (CJK) instead of UTF-8 bytes (default: bytes)")
+
+
+def _add_optimisation_args(p: argparse.ArgumentParser) -> None:
+    """``train``'s batches and optimiser: --batching, --batch-size, --unroll-steps, --epochs, --max-steps,
+    --optimizer, --lr, --clip-norm, --dropout, --negatives, --seed."""
+    from elmokit.pretraining.config import (Batching, OptimizerName,  # lazy: CLI start-up
+                                            default_learning_rate, literal_choices)
+
+    d = _train_default
     p.add_argument("--batching", choices=literal_choices(Batching), default=None,
                    help="whole sentences from a zero state (as elmokit embeds) or bilm-tf's stream windows with "
                         f"carried state {d('batching')}")
@@ -373,6 +370,12 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("--negatives", type=non_negative_int,
                    help=f"sampled-softmax negatives, 0 = full softmax {d('n_negative_samples')}")
     p.add_argument("--seed", type=seed, help=f"data order, initialisation, dropout, sampler {d('seed')}")
+
+
+def _add_heldout_and_checkpoint_args(p: argparse.ArgumentParser) -> None:
+    """``train``'s held-out evaluation, checkpoints and logging: --valid-files, --valid-every, --valid-minutes,
+    --checkpoint-every, --checkpoint-minutes, --keep-checkpoints, --log-every."""
+    d = _train_default
     p.add_argument("--valid-files", type=text_arg, action="append", default=None, metavar="PATTERN",
                    help="held-out text (glob pattern, repeatable): full-softmax perplexity logged to metrics.jsonl and "
                         "drawn on the learning curve; the best model is kept in OUT_DIR/best/ (default: none)")
@@ -387,6 +390,11 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("--keep-checkpoints", type=positive_int,
                    help=f"how many of the latest checkpoints to keep {d('keep_checkpoints')}")
     p.add_argument("--log-every", type=positive_int, help=f"log metrics every N steps {d('log_every')}")
+
+
+def _add_execution_args(p: argparse.ArgumentParser) -> None:
+    """How ``train`` runs: --data-parts, --no-progress, --device, --nondeterministic, --decode-errors, --threads."""
+    d = _train_default
     p.add_argument("--data-parts", type=positive_int, metavar="P",
                    help="cut the corpus and every global batch into P parts; a run can then resume on any number "
                         "of processes from 1 to P, all computing the same steps (default: the number of processes "
@@ -401,7 +409,31 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                    help="invalid UTF-8 in the corpus: stop naming the file and line (strict), or replace, ignore "
                         f"or skip {d('decode_errors')}")
     add_threads_option(p)
+
+
+def _register_train(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """Register ``elmokit train``, its options in groups (run, model, optimisation, held-out and checkpoints,
+    execution)."""
+    from elmokit.pretraining.config import RESUME_MAY_CHANGE  # lazy: CLI start-up
+
+    may_change = ", ".join(sorted({_flag(f) for f in RESUME_MAY_CHANGE if _flag(f)} - {"--out-dir"}))
+    p = sub.add_parser(
+        "train", parents=parents, help="pretrain (or --resume) a biLM on tokenised text, one sentence per line",
+        description="Pretrain a biLM; with --resume, continue the run in --out-dir from its latest checkpoint; with "
+                    "--init-from, continue pretraining a released or trained model on your text. Options left out "
+                    "take the defaults shown (on --resume: the run's own values). On --resume only "
+                    f"{may_change} may change. Several processes: torchrun --nproc-per-node N -m elmokit train …")
+    _add_run_args(p)
+    _add_model_args(p)
+    _add_optimisation_args(p)
+    _add_heldout_and_checkpoint_args(p)
+    _add_execution_args(p)
     p.set_defaults(func=cmd_train, _parser=p, interrupted_note=train_interrupted_note)
+
+
+def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """Register ``elmokit train``, ``perplexity`` and ``score``."""
+    _register_train(sub, parents)
 
     p = sub.add_parser("perplexity", parents=parents,
                        help="held-out perplexity (full softmax): forward, backward, average",

@@ -1,20 +1,19 @@
-"""``elmokit zoo build {en,zh}`` and ``elmokit zoo list``: the models trained here (see :mod:`elmokit.recipes.zoo.build`)."""
+"""``elmokit zoo build {en,zh}`` and ``elmokit zoo list``: the models trained here (see
+:mod:`elmokit.recipes.zoo.build`)."""
 from __future__ import annotations
 
 import argparse
 import json
 
-from elmokit.errors import UsageError
-from elmokit.recipes.zoo.build import THREADS
 from elmokit.cli.common import add_threads_option, path_arg
+from elmokit.errors import UsageError
+from elmokit.recipes.zoo.build import SPECS, THREADS, build_model, list_models, model_dir
 
 __all__ = ["register", "cmd_zoo_build", "cmd_zoo_list"]
 
 
 def cmd_zoo_build(args: argparse.Namespace) -> int:
     """Build (or ``--resume``) one zoo model; print where it went and its figures."""
-    from elmokit.recipes.zoo.build import build_model, model_dir
-
     if args.overwrite and args.resume:
         raise UsageError("--overwrite rebuilds from scratch and --resume continues the build: give one of them")
     card = build_model(args.lang, args.data_dir, args.cache, overwrite=args.overwrite, resume=args.resume,
@@ -38,8 +37,6 @@ def cmd_zoo_build(args: argparse.Namespace) -> int:
 
 def cmd_zoo_list(args: argparse.Namespace) -> int:
     """One line per zoo model (built or not, path, card summary); ``--json`` for the records."""
-    from elmokit.recipes.zoo.build import list_models
-
     models = list_models(args.cache)
     if args.json:
         print(json.dumps(models, indent=2))
@@ -66,8 +63,7 @@ def _interrupted_note(args: argparse.Namespace) -> str:
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    from elmokit.recipes.zoo.build import SPECS
-
+    """Register ``elmokit zoo build`` and ``elmokit zoo list``."""
     zoo = sub.add_parser("zoo", parents=parents, help="the models trained here (elmokit-en, elmokit-zh): build, list",
                          description="The English and Chinese biLMs this project trains, each rebuilt from scratch "
                                      "by one command into $ELMOKIT_CACHE/zoo/elmokit-<lang> (with its word2vec "

@@ -20,8 +20,9 @@ __all__ = ["run_quickstart", "run_job", "QuickstartJob", "quickstart_job", "LANG
 JOBS = {"en": en_job, "zh": zh_job}
 LANGUAGES = tuple(JOBS)
 
-#: The default training budget of each language in minutes. zh has half a minute more (about 1,100 steps on 2 quiet cores): a development run beat its Kneser-Ney 3-gram by 1.8 at
-#: 1,000 steps and was still improving by about 6 a hundred steps; the whole run stays near 6 minutes.
+#: The default training budget of each language in minutes. zh has half a minute more (about 1,100 steps on 2 quiet
+#: cores): a development run beat its Kneser-Ney 3-gram by 1.8 at 1,000 steps and was still improving by about 6 a
+#: hundred steps; the whole run stays near 6 minutes.
 DEFAULT_MINUTES = {"en": 5.0, "zh": 5.5}
 
 

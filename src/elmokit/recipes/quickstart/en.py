@@ -49,10 +49,10 @@ def load_lee_corpus() -> tuple[list[list[str]], list[list[str]]]:
     less their sentences that also occur word for word in the training articles (the split is leak-free).
 
     Raises:
-        MissingExtraError: gensim is not installed (``pip install 'elmokit[quickstart]'``).
+        ImportError: gensim is not installed (it is a dependency of elmokit).
     """
     utils = import_optional("gensim.test.utils", "quickstart", "the English quickstart (gensim's Lee corpus)")
-    datapath = utils.datapath
+    datapath = utils.datapath  # optional: gensim, through import_optional
 
     docs = Path(datapath("lee_background.cor")).read_text(encoding="utf-8").splitlines()
     docs = [d for d in docs if d.strip()]

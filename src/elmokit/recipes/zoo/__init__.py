@@ -1,10 +1,13 @@
 """The model zoo: the data recipes of the English and Chinese biLMs (:mod:`.corpora`) and their builds
-(:mod:`.build`: ``elmokit zoo build {en,zh}`` → ``$ELMOKIT_CACHE/zoo/elmokit-<lang>``, with the word2vec baseline and a
-model card; the names ``elmokit-en`` / ``elmokit-zh`` resolve there in every loader).
+(:mod:`.build`: ``elmokit zoo build {en,zh}`` → ``$ELMOKIT_CACHE/zoo/elmokit-<lang>``, with the word2vec baseline
+and a model card, :mod:`.card`; the configurations are :mod:`.specs`, the figures :mod:`.figures`; the names
+``elmokit-en`` / ``elmokit-zh`` resolve there in every loader). The corpora's modules: :mod:`.readers` (the sources'
+formats), :mod:`.sources` (the recipe tables), :mod:`.leaks` (sentence keys and the leak check).
 
 Importing it is light: sacremoses, jieba, gensim and nltk are imported inside the functions that use them.
 """
-from elmokit.recipes.zoo.corpora import RECIPES, build_corpus, leak_check, read_kept_out, read_source, resolve_data_dir, sentence_key
+from elmokit.recipes.zoo.corpora import (RECIPES, build_corpus, leak_check, read_kept_out, read_source,
+                                         resolve_data_dir, sentence_key)
 
 __all__ = ["RECIPES", "build_corpus", "leak_check", "read_kept_out", "read_source", "resolve_data_dir",
            "sentence_key"]
