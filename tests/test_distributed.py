@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from elmokit.errors import DataError, UsageError
 from elmokit.pretraining.distributed import DistContext, init_from_env
-from elmokit.pretraining.trainer import DIGEST_ENV, SIGINT_ENV, TrainConfig, Trainer, build_trainer
+from elmokit.pretraining.trainer import TrainConfig, Trainer, build_trainer
 from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -33,12 +33,14 @@ def files(tmp_path_factory) -> Path:
     return d
 
 
-def _torchrun(files: Path, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _torchrun(files: Path, out: Path, *extra: str, hooks: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``elmokit train`` on two processes; with ``hooks`` (options of tests/run_hooks.py), through that test entry."""
+    program = [str(Path(__file__).parent / "run_hooks.py"), *hooks, "--"] if hooks else ["-m", "elmokit"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "elmokit", "train", str(files / "train.txt"), "--out-dir", str(out), "--options",
+           *program, "train", str(files / "train.txt"), "--out-dir", str(out), "--options",
            str(files / "options.json"), "--batch-size", "4", "--negatives", "6", "--max-steps", str(STEPS),
            "--log-every", "1", "--no-progress", "--device", "cpu", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, **(env or {})})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=os.environ)
 
 
 def _config(files: Path, out: Path, **kw) -> TrainConfig:
@@ -65,7 +67,7 @@ def one_process(files, tmp_path_factory) -> Path:
 def test_two_processes_hold_identical_weights_and_compute_what_one_does(files, one_process, tmp_path):
     out = tmp_path / "run"
     res = _torchrun(files, out, "--valid-files", str(files / "held.txt"), "--valid-every", "4",
-                    "--checkpoint-minutes", "1e-6", env={DIGEST_ENV: str(tmp_path / "digest")})
+                    "--checkpoint-minutes", "1e-6", hooks=("--digests", str(tmp_path / "digest")))
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads(res.stdout[res.stdout.index("{"):])  # only process 0 prints it
     assert summary["processes"] == 2 and summary["steps"] == STEPS
@@ -96,7 +98,7 @@ def test_two_processes_hold_identical_weights_and_compute_what_one_does(files, o
 
 def test_an_interrupt_of_one_process_stops_both_and_resumes_in_one(files, one_process, tmp_path):
     out = tmp_path / "run"
-    res = _torchrun(files, out, env={SIGINT_ENV: "1:5"})  # process 1 gets SIGINT during step 5
+    res = _torchrun(files, out, hooks=("--sigint-at", "1:5"))  # process 1 gets SIGINT during step 5
     assert res.returncode != 0
     assert res.stderr.count("interrupted") == 2, res.stderr[-3000:]  # both processes stopped as interrupted
     assert "stopped after step 5, checkpoint written" in res.stderr
