@@ -13,8 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from elmokit.errors import DataError, UsageError
-from elmokit.pretraining.distributed import DistContext, init_from_env
+from elmokit.embedding import writer
+from elmokit.errors import CorpusDecodeError, DataError, EmbedWorkerError, TrainingError, UsageError
+from elmokit.pretraining.distributed import (DistContext, _describe_error, _remote_error, init_from_env,
+                                             torchrun_rank)
 from elmokit.pretraining.trainer import TrainConfig, Trainer, build_trainer
 from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
 
@@ -162,3 +164,38 @@ def test_device_and_environment_errors(monkeypatch):
         init_from_env("cpu")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert init_from_env("cpu").world_size == 1 and not init_from_env("cpu").enabled
+
+
+def test_another_processs_error_is_rebuilt_one_way_for_train_and_embed():
+    """_remote_error: the same kind of elmokit error (the nearest in its MRO that takes a message alone), an
+    interrupt as an interrupt, anything else as the command's own error; the message names the process."""
+    def remote(exc, rank, command):
+        return _remote_error(rank, _describe_error(exc), command)
+
+    got = remote(DataError("part 2 of 2 has fewer lines"), 1, "train")
+    assert type(got) is DataError and str(got) == "process 1: part 2 of 2 has fewer lines"
+    got = remote(CorpusDecodeError("a.txt", 3, "invalid UTF-8"), 1, "train")  # its constructor takes no message
+    assert type(got) is DataError and str(got).startswith("process 1: a.txt:3: invalid UTF-8")
+    got = remote(UsageError("holds the parts of an interrupted run"), 0, "embed")
+    assert type(got) is UsageError and str(got) == "process 0 stopped: holds the parts of an interrupted run"
+    got = remote(RuntimeError("boom"), 1, "train")
+    assert type(got) is TrainingError and str(got) == "process 1 failed: RuntimeError: boom"
+    got = remote(RuntimeError("boom"), 0, "embed")
+    assert type(got) is EmbedWorkerError and str(got) == "process 0 stopped: RuntimeError: boom"
+    assert type(remote(KeyboardInterrupt(), 1, "embed")) is KeyboardInterrupt
+
+
+def test_torchrun_rank_for_train_and_embed(monkeypatch):
+    for var in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert torchrun_rank() == (0, 1) and writer.torchrun_rank() == (0, 1)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    assert torchrun_rank() == (2, 3) and writer.torchrun_rank() == (2, 3)
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(UsageError, match=r"RANK=3 is outside 0\.\.2: start several embedding processes with torchrun "
+                                         r"\(torchrun --nproc-per-node N -m elmokit embed"):
+        writer.torchrun_rank()
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(UsageError, match="RANK='x' is missing or not a number: start several training processes"):
+        torchrun_rank()

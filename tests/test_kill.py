@@ -1,6 +1,7 @@
-"""Training killed for real, in a subprocess: ``SIGKILL`` at each point of a checkpoint write (the writer's
-``checkpoint_point`` hook of :class:`~elmokit.pretraining.hooks.TrainHooks`), and ``SIGTERM`` / ``SIGINT`` sent to a running run. Every time, a resume in a new
-process starts from a complete checkpoint and ends with the same losses and parameters as an uninterrupted run."""
+"""Training killed for real, in a subprocess: ``SIGKILL`` at each point of a checkpoint write (from the trainer's
+``checkpoint_point`` hook, :class:`~elmokit.pretraining.hooks.TrainHooks`), and ``SIGTERM`` / ``SIGINT`` sent to a
+running run. Every time, a resume in a new process starts from a complete checkpoint and ends with the same losses
+and parameters as an uninterrupted run."""
 from __future__ import annotations
 
 import json

@@ -1,9 +1,10 @@
 """Everything a training run is given, made from its :class:`~elmokit.pretraining.config.TrainConfig`: this process's
 data parts, the vocabularies, the model (from ``init_from`` when given), the optimiser and the held-out sentences.
 
-:func:`build_parts` makes them in that order (each a small step below); :func:`elmokit.pretraining.trainer.build_trainer`
-hands them to :class:`~elmokit.pretraining.trainer.Trainer`. Every step that may fail on one process only is shared
-(:meth:`~elmokit.pretraining.distributed.DistContext.agree`), so all processes raise the same error.
+:func:`build_parts` makes them in that order (each a small step below);
+:func:`elmokit.pretraining.trainer.build_trainer` hands them to :class:`~elmokit.pretraining.trainer.Trainer`. Every
+step that may fail on one process only is shared (:meth:`~elmokit.pretraining.distributed.DistContext.agree`), so all
+processes raise the same error.
 """
 from __future__ import annotations
 

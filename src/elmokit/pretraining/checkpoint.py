@@ -4,7 +4,8 @@ Layout in a run's folder (``out_dir``)::
 
     ckpt-<step>.safetensors   the model's tensors (``BidirectionalLM.state_dict()``), CPU, float32
     ckpt-<step>.state.pt      optimiser, the data position of every data part, the carried LSTM state of every part,
-                              the best held-out record (``torch.save``; read back with ``torch.load(weights_only=True)``)
+                              the best held-out record (``torch.save``; read back with
+                              ``torch.load(weights_only=True)``)
     checkpoint.json           the manifest: the kept checkpoints, oldest first, each with its step and every file's
                               size (bytes) and sha256; the vocabulary the run was trained with (size, sha256); the
                               training files' fingerprint ("corpus": size, mtime_ns and sha256 of each file)

@@ -27,4 +27,5 @@ class TrainHooks:
 
     def checkpoint_point(self, point: str, step: int) -> None:
         """Called by the process that writes the checkpoint of ``step`` at each ``point`` of
-        :data:`elmokit.pretraining.checkpoint.KILL_POINTS` (see :func:`~elmokit.pretraining.checkpoint.write_checkpoint`)."""
+        :data:`elmokit.pretraining.checkpoint.KILL_POINTS` (see
+        :func:`~elmokit.pretraining.checkpoint.write_checkpoint`)."""

@@ -211,10 +211,10 @@ def plot_learning_curve(metrics_path: Path, out_png: Path) -> Path | None:
     valid = [r for r in rows if r.get("kind") == "valid"]
     if not train and not valid:
         return None
-    import matplotlib
+    import matplotlib  # optional: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     colours = {"forward": "tab:blue", "backward": "tab:orange", "average": "tab:green"}
