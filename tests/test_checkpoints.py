@@ -17,7 +17,9 @@ from safetensors.torch import load_file
 
 from elmokit import interrupts
 from elmokit.errors import CheckpointError, ConfigError, UsageError
+from elmokit.pretraining import checkpoint as ckpt
 from elmokit.pretraining import trainer as trainer_module
+from elmokit.pretraining.hooks import TrainHooks
 from elmokit.pretraining.trainer import TrainConfig, Trainer, latest_checkpoint_step
 from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
 
@@ -436,3 +438,32 @@ def test_good_new_config_values(corpus, tmp_path):
     cfg = _cfg(corpus, tmp_path, keep_checkpoints=1, checkpoint_minutes=0.5).validate()
     assert cfg.keep_checkpoints == 1 and cfg.checkpoint_minutes == 0.5
     assert TrainConfig(train_files=[], out_dir="x", model=TINY).keep_checkpoints == 2
+
+
+# ---------------------------------------------------------------------------------------------- test hooks
+def test_hooks_see_every_step_and_every_point_of_each_checkpoint_write(corpus, tmp_path, monkeypatch):
+    """TrainHooks: ``after_step`` after each optimiser step (before its checkpoint), ``checkpoint_point`` at each point
+    of each checkpoint write, in order, with the files of that point on disk; ``Trainer.default_hooks`` when a trainer
+    is built without ``hooks=``."""
+    out = tmp_path / "run"
+    seen = []
+
+    class Record(TrainHooks):
+        def after_step(self, trainer):
+            seen.append(("step", trainer.step, trainer._saved_step))
+
+        def checkpoint_point(self, point, step):
+            seen.append((point, step, sorted(p.name for p in out.glob("ckpt-*"))))
+
+    Trainer(_cfg(corpus, out, max_steps=5, checkpoint_every=4), hooks=Record()).train()
+    assert [x for x in seen if x[0] == "step"] == [("step", 1, None), ("step", 2, None), ("step", 3, None),
+                                                 ("step", 4, None), ("step", 5, 4)]
+    assert [(p, s) for p, s, _ in seen if p != "step"] == [(p, s) for s in (4, 5) for p in ckpt.KILL_POINTS]
+    t4, s4 = ckpt.tensor_file_name(4), ckpt.state_file_name(4)
+    files_at_4 = {p: files for p, s, files in seen if s == 4 and p != "step"}
+    assert files_at_4 == {"before_write": [], "between_files": [t4], "before_manifest": sorted([t4, s4]),
+                          "after_manifest": sorted([t4, s4])}
+    seen.clear()
+    monkeypatch.setattr(Trainer, "default_hooks", Record())
+    Trainer(_cfg(corpus, tmp_path / "again", max_steps=1)).train()
+    assert seen[0] == ("step", 1, None) and [p for p, s, _ in seen[1:]] == list(ckpt.KILL_POINTS)

@@ -13,9 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from elmokit.errors import DataError, UsageError
-from elmokit.pretraining.distributed import DistContext, init_from_env
-from elmokit.pretraining.trainer import DIGEST_ENV, SIGINT_ENV, TrainConfig, Trainer, build_trainer
+from elmokit.embedding import writer
+from elmokit.errors import CorpusDecodeError, DataError, EmbedWorkerError, TrainingError, UsageError
+from elmokit.pretraining.distributed import (DistContext, _describe_error, _remote_error, init_from_env,
+                                             torchrun_rank)
+from elmokit.pretraining.trainer import TrainConfig, Trainer, build_trainer
 from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -33,12 +35,14 @@ def files(tmp_path_factory) -> Path:
     return d
 
 
-def _torchrun(files: Path, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _torchrun(files: Path, out: Path, *extra: str, hooks: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``elmokit train`` on two processes; with ``hooks`` (options of tests/run_hooks.py), through that test entry."""
+    program = [str(Path(__file__).parent / "run_hooks.py"), *hooks, "--"] if hooks else ["-m", "elmokit"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "elmokit", "train", str(files / "train.txt"), "--out-dir", str(out), "--options",
+           *program, "train", str(files / "train.txt"), "--out-dir", str(out), "--options",
            str(files / "options.json"), "--batch-size", "4", "--negatives", "6", "--max-steps", str(STEPS),
            "--log-every", "1", "--no-progress", "--device", "cpu", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, **(env or {})})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=os.environ)
 
 
 def _config(files: Path, out: Path, **kw) -> TrainConfig:
@@ -65,7 +69,7 @@ def one_process(files, tmp_path_factory) -> Path:
 def test_two_processes_hold_identical_weights_and_compute_what_one_does(files, one_process, tmp_path):
     out = tmp_path / "run"
     res = _torchrun(files, out, "--valid-files", str(files / "held.txt"), "--valid-every", "4",
-                    "--checkpoint-minutes", "1e-6", env={DIGEST_ENV: str(tmp_path / "digest")})
+                    "--checkpoint-minutes", "1e-6", hooks=("--digests", str(tmp_path / "digest")))
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads(res.stdout[res.stdout.index("{"):])  # only process 0 prints it
     assert summary["processes"] == 2 and summary["steps"] == STEPS
@@ -96,7 +100,7 @@ def test_two_processes_hold_identical_weights_and_compute_what_one_does(files, o
 
 def test_an_interrupt_of_one_process_stops_both_and_resumes_in_one(files, one_process, tmp_path):
     out = tmp_path / "run"
-    res = _torchrun(files, out, env={SIGINT_ENV: "1:5"})  # process 1 gets SIGINT during step 5
+    res = _torchrun(files, out, hooks=("--sigint-at", "1:5"))  # process 1 gets SIGINT during step 5
     assert res.returncode != 0
     assert res.stderr.count("interrupted") == 2, res.stderr[-3000:]  # both processes stopped as interrupted
     assert "stopped after step 5, checkpoint written" in res.stderr
@@ -160,3 +164,38 @@ def test_device_and_environment_errors(monkeypatch):
         init_from_env("cpu")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert init_from_env("cpu").world_size == 1 and not init_from_env("cpu").enabled
+
+
+def test_another_processs_error_is_rebuilt_one_way_for_train_and_embed():
+    """_remote_error: the same kind of elmokit error (the nearest in its MRO that takes a message alone), an
+    interrupt as an interrupt, anything else as the command's own error; the message names the process."""
+    def remote(exc, rank, command):
+        return _remote_error(rank, _describe_error(exc), command)
+
+    got = remote(DataError("part 2 of 2 has fewer lines"), 1, "train")
+    assert type(got) is DataError and str(got) == "process 1: part 2 of 2 has fewer lines"
+    got = remote(CorpusDecodeError("a.txt", 3, "invalid UTF-8"), 1, "train")  # its constructor takes no message
+    assert type(got) is DataError and str(got).startswith("process 1: a.txt:3: invalid UTF-8")
+    got = remote(UsageError("holds the parts of an interrupted run"), 0, "embed")
+    assert type(got) is UsageError and str(got) == "process 0 stopped: holds the parts of an interrupted run"
+    got = remote(RuntimeError("boom"), 1, "train")
+    assert type(got) is TrainingError and str(got) == "process 1 failed: RuntimeError: boom"
+    got = remote(RuntimeError("boom"), 0, "embed")
+    assert type(got) is EmbedWorkerError and str(got) == "process 0 stopped: RuntimeError: boom"
+    assert type(remote(KeyboardInterrupt(), 1, "embed")) is KeyboardInterrupt
+
+
+def test_torchrun_rank_for_train_and_embed(monkeypatch):
+    for var in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert torchrun_rank() == (0, 1) and writer.torchrun_rank() == (0, 1)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    assert torchrun_rank() == (2, 3) and writer.torchrun_rank() == (2, 3)
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(UsageError, match=r"RANK=3 is outside 0\.\.2: start several embedding processes with torchrun "
+                                         r"\(torchrun --nproc-per-node N -m elmokit embed"):
+        writer.torchrun_rank()
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(UsageError, match="RANK='x' is missing or not a number: start several training processes"):
+        torchrun_rank()

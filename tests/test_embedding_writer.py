@@ -397,6 +397,13 @@ def _env(**extra: str) -> dict:
             "PYTHONUTF8": "0", "PYTHONIOENCODING": "", **extra}
 
 
+def _killed_at(point: str, cmd: list[str]) -> list[str]:
+    """``cmd`` (``python -m elmokit …``) through the test entry tests/run_hooks.py, which SIGKILLs the process at
+    ``point`` (``before_rename:<part>``, ``after_part:<part>``) of writing the parts."""
+    assert cmd[1:3] == ["-m", "elmokit"]
+    return [cmd[0], str(Path(__file__).parent / "run_hooks.py"), "--embed-kill-at", point, "--", *cmd[3:]]
+
+
 def test_resume_after_kill_9_gives_the_uninterrupted_output(bilm, tmp_path):
     save_pretrained(bilm, tmp_path / "m")
     src = _write(tmp_path / "in.txt", LINES * 2)
@@ -404,15 +411,14 @@ def test_resume_after_kill_9_gives_the_uninterrupted_output(bilm, tmp_path):
     cmd = [sys.executable, "-m", "elmokit", "embed", str(tmp_path / "m"), str(src), str(out), "--part-size", "5",
            "--no-progress", "--batch-size", "4"]
     # killed with its part 1 fully written under the temporary name, then (resumed) right after finishing part 3
-    first = subprocess.run(cmd, env=_env(ELMOKIT_TEST_EMBED_KILL_AT="before_rename:1"), capture_output=True)
+    first = subprocess.run(_killed_at("before_rename:1", cmd), env=_env(), capture_output=True)
     assert first.returncode == -9, first.stderr.decode()
     folder = tmp_path / "out.h5.parts"
     assert (folder / LOCK_NAME).is_file()  # the killed run's writer lock is left, unlocked: it does not block
     names = sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)
     assert names[1:] == ["index.json", "part-000000.hdf5"] and names[0].startswith(".part-000001.hdf5.")
     assert not out.exists()
-    second = subprocess.run(cmd + ["--resume"], env=_env(ELMOKIT_TEST_EMBED_KILL_AT="after_part:3"),
-                            capture_output=True)
+    second = subprocess.run(_killed_at("after_part:3", cmd + ["--resume"]), env=_env(), capture_output=True)
     assert second.returncode == -9, second.stderr.decode()
     assert sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME) == ["index.json"] + [
         f"part-00000{k}.hdf5" for k in range(4)]
@@ -452,8 +458,7 @@ def test_two_torchrun_processes_give_the_one_process_output_and_resume(bilm, tmp
     assert not (tmp_path / "out.h5.parts").exists()
     # one process killed after its part 2: the two-process resume finishes the rest, same file
     out.unlink()
-    first = subprocess.run([sys.executable] + args, env=_env(ELMOKIT_TEST_EMBED_KILL_AT="after_part:2"),
-                           capture_output=True)
+    first = subprocess.run(_killed_at("after_part:2", [sys.executable] + args), env=_env(), capture_output=True)
     assert first.returncode == -9
     # without --resume: process 0's usage error, reported as such by both processes (not a gloo "internal error")
     res = subprocess.run(torchrun + args, env=env, capture_output=True, text=True, timeout=120)

@@ -1,6 +1,7 @@
-"""Training killed for real, in a subprocess: ``SIGKILL`` at each point of a checkpoint write (the writer's
-``ELMOKIT_TEST_KILL_AT`` hook), and ``SIGTERM`` / ``SIGINT`` sent to a running run. Every time, a resume in a new
-process starts from a complete checkpoint and ends with the same losses and parameters as an uninterrupted run."""
+"""Training killed for real, in a subprocess: ``SIGKILL`` at each point of a checkpoint write (from the trainer's
+``checkpoint_point`` hook, :class:`~elmokit.pretraining.hooks.TrainHooks`), and ``SIGTERM`` / ``SIGINT`` sent to a
+running run. Every time, a resume in a new process starts from a complete checkpoint and ends with the same losses
+and parameters as an uninterrupted run."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO_ROOT
-from elmokit.pretraining.checkpoint import KILL_ENV, KILL_POINTS
+from elmokit.pretraining.checkpoint import KILL_POINTS
 from elmokit.pretraining.trainer import latest_checkpoint_step
 from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
 
@@ -24,17 +25,26 @@ TINY, WORDS = TINY_TRAIN_OPTIONS, TINY_WORDS
 
 # Runs Trainer directly (not the CLI) inside interrupts.handling_signals(), as the CLI's main does. With a pause step,
 # that step waits (inside its deferred block) until a signal has arrived, so the test can send SIGTERM/SIGINT while a
-# step is running and the run cannot finish first.
+# step is running and the run cannot finish first. With a kill point (<point>:<step>), the trainer's hook SIGKILLs the
+# process at that point of the checkpoint of that step.
 SCRIPT = r'''
-import json, logging, sys, time
+import json, logging, os, signal, sys, time
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 from elmokit import interrupts
+from elmokit.pretraining.hooks import TrainHooks
 from elmokit.pretraining.trainer import TrainConfig, Trainer
 
 config, resume, pause_step, ready = json.loads(sys.argv[1]), sys.argv[2] == "resume", int(sys.argv[3]), sys.argv[4]
+kill_point, _, kill_step = sys.argv[5].partition(":")
+
+class KillAt(TrainHooks):
+    def checkpoint_point(self, point, step):
+        if point == kill_point and str(step) == kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
 if pause_step:
     real = Trainer.train_step
     def step(self, batch):
@@ -48,7 +58,7 @@ if pause_step:
         return out
     Trainer.train_step = step
 with interrupts.handling_signals():
-    summary = Trainer(TrainConfig(**config)).train(resume=resume)
+    summary = Trainer(TrainConfig(**config), hooks=KillAt()).train(resume=resume)
 print(json.dumps({"steps": summary["steps"]}))
 '''
 
@@ -72,12 +82,9 @@ def _config(setup: Path, out: Path, **kw) -> dict:
 
 def _start(setup: Path, config: dict, *, resume: bool = False, pause_step: int = 0, kill_at: str | None = None):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    env.pop(KILL_ENV, None)
-    if kill_at:
-        env[KILL_ENV] = kill_at
     ready = Path(config["out_dir"] + ".ready")
     cmd = [sys.executable, str(setup / "run.py"), json.dumps(config), "resume" if resume else "new", str(pause_step),
-           str(ready)]
+           str(ready), kill_at or ""]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), ready
 
 

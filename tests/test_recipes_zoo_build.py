@@ -19,7 +19,10 @@ import torch
 from elmokit import interrupts
 from elmokit.cli import main
 from elmokit.errors import ConfigError, MissingFileError, UsageError
+from elmokit.pretraining.hooks import TrainHooks
+from elmokit.pretraining.trainer import Trainer
 from elmokit.vocabulary import Vocabulary
+from run_hooks import TestHooks
 
 pytest.importorskip("jieba")
 pytest.importorskip("gensim")
@@ -253,16 +256,16 @@ def test_a_built_folder_is_not_replaced_without_a_flag(built, zh_data):
 
 
 def test_interrupted_build_resumes_to_the_same_bits(built, zh_data, tmp_path, monkeypatch):
-    """Ctrl-C during training (the trainer's SIGINT test hook at step 3) → checkpoint; ``resume`` keeps the corpus and
+    """Ctrl-C during training (a SIGINT from the trainer's test hook at step 3) → checkpoint; ``resume`` keeps the corpus and
     word2vec and finishes the run: the model is bit-identical to the uninterrupted build's (which also shows that a
     rebuild from scratch repeats)."""
     _, first_folder, first = built
     cache = tmp_path / "cache"
-    monkeypatch.setenv("ELMOKIT_TEST_SIGINT_AT", "0:3")
+    monkeypatch.setattr(Trainer, "default_hooks", TestHooks(sigint_at=(0, 3)))
     with interrupts.handling_signals(), pytest.raises(KeyboardInterrupt):
         build_spec(_tiny_spec(zh_data), zh_data, cache, progress=False)
     interrupts.clear()
-    monkeypatch.delenv("ELMOKIT_TEST_SIGINT_AT")
+    monkeypatch.setattr(Trainer, "default_hooks", TrainHooks())
     folder = model_dir("zh", cache)
     assert not (folder / "card.json").exists() and (folder / "train" / "ckpt-3.safetensors").is_file()
     with pytest.raises(UsageError, match="an unfinished build"):

@@ -29,156 +29,86 @@ RANK`` (each may have its own ``workers``), and process 0 merges once all parts 
 process writes (parts are the same whoever writes them). The output folder must be one that every process sees (one
 machine, or a shared file system); the processes meet in a gloo group at two barriers only.
 
-Test hook: ``ELMOKIT_TEST_EMBED_KILL_AT=<point>:<part>`` kills the process writing part ``<part>`` with SIGKILL at
-``before_rename`` (the part fully written under its temporary name) or ``after_part`` (renamed, next part not begun).
+Modules: the input scan and part reading are :mod:`elmokit.embedding.input_scan`, the worker processes
+:mod:`elmokit.embedding.workers`, the torchrun processes :mod:`elmokit.pretraining.distributed` (one
+:class:`~elmokit.pretraining.distributed.DistContext` for every torchrun use of elmokit).
+
+Test hook: ``_probe`` (below), set by a test in the process that writes the parts (``tests/run_hooks.py`` sets it for
+an ``elmokit embed`` subprocess); nothing reads the environment for it.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
-import pickle
-import queue
 import re
 import shutil
-import signal
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from elmokit import interrupts
-from elmokit.data.corpus import CorpusDecodeError, decode_line, line_problem
-from elmokit.errors import EmbedWorkerError, MissingFileError, UsageError, option_wording
 from elmokit.checks import positive_int
+from elmokit.data.text_checks import check_tokenisation
 from elmokit.data.tokenizers import TOKENIZERS, word_tokenizer
-from elmokit.embedding.reader import FORMATS, INDEX_NAME, LAYOUT_NAME, LAYOUT_VERSION, part_name, sentence_key, work_folder
+from elmokit.errors import EmbedWorkerError, MissingFileError, UsageError, option_wording
 from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text, lock_folder
+from elmokit.embedding.input_scan import InputScan, read_part, scan_input
+from elmokit.embedding.reader import (FORMATS, INDEX_NAME, LAYOUT_NAME, LAYOUT_VERSION, part_name, sentence_key,
+                                      work_folder)
+from elmokit.embedding.workers import UNGUARDED_EXIT, run_workers, spawn_bootstrapping
+from elmokit.pretraining import distributed
+from elmokit.pretraining.distributed import init_from_env
 
 __all__ = ["EmbedJob", "EmbedWorkerError", "scan_input", "model_fingerprint", "torchrun_rank"]
 
 logger = logging.getLogger(__name__)
 
 DECODE_MODES = ("strict", "replace", "ignore", "skip")
-KILL_ENV = "ELMOKIT_TEST_EMBED_KILL_AT"
 _PART_RE = re.compile(r"^part-(\d{6,})\.hdf5$")
 _TMP_RE = re.compile(r"^\.(part-\d{6,}\.hdf5|index\.json)\..+\.tmp$")
-#: Exit status of a spawned worker that found ``embed_file`` called again while it imported the caller's script (a
-#: script without an ``if __name__ == "__main__":`` guard): the parent names the missing guard.
-UNGUARDED_EXIT = 87
+#: The barrier after the parts waits for the slowest process's parts (torchrun stops the others when one fails).
+BARRIER_TIMEOUT = datetime.timedelta(days=1)
 
 #: Test/diagnostic hook: when set, called as ``_probe(event, **info)`` — ``"part_read"`` (``part``, ``held``: lines
-#: read into memory), ``"batch"`` (``part``, ``held``: arrays alive), ``"part_done"`` (``part``). Unset in normal use.
+#: read into memory), ``"batch"`` (``part``, ``held``: arrays alive), ``"part_written"`` (``part``: fully written
+#: under its temporary name, not renamed yet), ``"part_done"`` (``part``: renamed). Unset in normal use; it is not
+#: passed to worker processes (``workers`` > 1).
 _probe: Callable[..., None] | None = None
 
 
-def _spawn_bootstrapping() -> bool:
-    """Whether this process is a spawned child still importing its parent's ``__main__`` (``multiprocessing`` sets
-    ``_inheriting`` while it does): code that runs then is the script's unguarded top level, run a second time."""
-    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
-
-
-def _unguarded_script() -> str:
-    main = getattr(sys.modules.get("__main__"), "__file__", None)
-    return f"the script {main}" if main else "the calling script"
-
 
 def _notify(event: str, **info: Any) -> None:
+    """Tell :data:`_probe` (when set) that ``event`` happened."""
     if _probe is not None:
         _probe(event, **info)
 
 
-def _kill_hook(point: str, part: int) -> None:
-    wanted = os.environ.get(KILL_ENV)
-    if wanted and wanted == f"{point}:{part}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-@dataclass
-class InputScan:
-    """One streaming pass over the input: line count, byte offset of each part's first line, BLAKE2b digest, the
-    lines that are not valid UTF-8 (``decode_errors="skip"``)."""
-
-    path: Path
-    size: int
-    lines: int
-    part_size: int
-    offsets: list[int]
-    digest: str
-    skipped: list[int] = field(default_factory=list)
-
-    @property
-    def parts(self) -> int:
-        return len(self.offsets)
-
-    def part_lines(self, k: int) -> int:
-        return min(self.part_size, self.lines - k * self.part_size)
-
-
-def scan_input(path: Path, decode_errors: str, part_size: int) -> InputScan:
-    """Count lines, record part offsets, hash the bytes and check every line against
-    :func:`elmokit.data.corpus.line_problem`'s rule (valid UTF-8, no NUL byte), before any work.
-
-    Raises:
-        CorpusDecodeError (a DataError): a bad line with ``decode_errors="strict"`` (names file, line and column)."""
-    digest = hashlib.blake2b(digest_size=20)
-    offsets: list[int] = []
-    skipped: list[int] = []
-    position = 0
-    number = 0
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, 1):
-            if (number - 1) % part_size == 0:
-                offsets.append(position)
-            position += len(raw)
-            digest.update(raw)
-            if b"\0" in raw or not raw.isascii():  # only these can break the rule (the fast path skips the rest)
-                problem = line_problem(raw)
-                if problem is not None:
-                    if decode_errors == "strict":
-                        raise CorpusDecodeError(path, number, problem)
-                    if decode_errors == "skip":
-                        skipped.append(number)
-    return InputScan(path, position, number, part_size, offsets, digest.hexdigest(), skipped)
-
-
-def read_part(scan: InputScan, k: int, decode_errors: str) -> list[str | None]:
-    """The lines of part ``k`` (text without the newline; ``None`` for a skipped line), read from its byte offset —
-    the same splitting and decoding as :func:`elmokit.data.corpus.read_lines` (:func:`scan_input` has checked the
-    lines, so ``"strict"`` cannot fail here)."""
-    count = scan.part_lines(k)
-    first = k * scan.part_size + 1
-    out: list[str | None] = []
-    with open(scan.path, "rb") as fh:
-        fh.seek(scan.offsets[k])
-        for number in range(first, first + count):
-            text, _ = decode_line(fh.readline(), decode_errors, scan.path, number)
-            if text is None:
-                out.append(None)
-                continue
-            if number == 1 and text.startswith("\ufeff"):  # a byte-order mark is not part of the first token
-                text = text[1:]
-            out.append(text.rstrip("\r\n"))
-    return out
-
-
 def model_fingerprint(bilm) -> str:
     """BLAKE2b of the model's configuration and parameter bytes (compared on resume)."""
-    import torch
-
     digest = hashlib.blake2b(digest_size=20)
     digest.update(json.dumps(dataclasses.asdict(bilm.config), sort_keys=True, default=str).encode())
     for name, tensor in bilm.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
+
+
+def torchrun_rank() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) of this ``elmokit embed`` process under torchrun; (0, 1) without it
+    (:func:`elmokit.pretraining.distributed.torchrun_rank`).
+
+    Raises:
+        UsageError: WORLD_SIZE > 1 without a usable RANK (not started by torchrun)."""
+    return distributed.torchrun_rank("embed")
 
 
 # ---------------------------------------------------------------------------------------------- one part
@@ -198,7 +128,7 @@ class PartWriter:
     def write(self, embedder, k: int, progress: Callable[[int], None] | None = None,
               alive: Callable[[], bool] | None = None) -> None:
         """Embed part ``k`` and finalise ``part-<k>.hdf5`` atomically (fsynced before the rename)."""
-        import h5py
+        import h5py  # lazy: CLI start-up (the CLI imports this module to build its parser)
 
         tokenize = word_tokenizer(self.tokenizer)
         lines = read_part(self.scan, k, self.decode_errors)
@@ -248,9 +178,8 @@ class PartWriter:
                     h5.create_dataset("sentences", data=np.array(texts, dtype=object), dtype=h5py.string_dtype())
                 if progress is not None:
                     progress(len(lines) - len(todo))
-            _kill_hook("before_rename", k)
+            _notify("part_written", part=k)
             _fsync(tmp)
-        _kill_hook("after_part", k)
         _notify("part_done", part=k)
 
 
@@ -262,114 +191,6 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-# ---------------------------------------------------------------------------------------------- torchrun ranks
-def torchrun_rank() -> tuple[int, int]:
-    """(RANK, WORLD_SIZE) from torchrun's environment; (0, 1) without it.
-
-    Raises:
-        UsageError: WORLD_SIZE > 1 without a usable RANK (not started by torchrun)."""
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        rank = int(os.environ.get("RANK", "0") or 0) if world > 1 else 0
-    except ValueError:
-        raise UsageError(f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} / RANK={os.environ.get('RANK')!r} are not "
-                         "numbers: start several embedding processes with torchrun") from None
-    if world > 1 and not 0 <= rank < world:
-        raise UsageError(f"RANK={rank} is outside 0..{world - 1}")
-    return rank, world
-
-
-class _RankGroup:
-    """The torchrun processes of one ``embed`` run: a gloo process group used for two barriers only (after process
-    0 has prepared the work folder; after every part is written). The timeout is a day, since the second barrier
-    waits for the slowest process's parts; when a process fails, torchrun stops the others. The output folder must be
-    one folder that every process sees (one machine, or a shared file system)."""
-
-    def __init__(self, world: int) -> None:
-        import datetime
-
-        import torch.distributed as dist
-
-        self.owned = not dist.is_initialized()
-        if self.owned:
-            for var in ("MASTER_ADDR", "MASTER_PORT"):
-                if not os.environ.get(var):
-                    raise UsageError(f"WORLD_SIZE={world} but {var} is not set: start several embedding processes "
-                                     "with torchrun (torchrun --nproc-per-node N -m elmokit embed …)")
-            dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(days=1))
-
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-    def on_main(self, rank: int, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on process 0 and share its outcome: when it raised (a usage error such as a folder that is not
-        ours, or an interrupted run without ``--resume``), every other process raises the same kind of elmokit error
-        with process 0's message instead of failing later on a closed connection. Returns ``fn``'s result on process
-        0, ``None`` elsewhere."""
-        import torch.distributed as dist
-
-        from elmokit import errors
-
-        result, failure = None, None
-        if rank == 0:
-            try:
-                result = fn()
-            except BaseException as exc:  # noqa: BLE001 — shared, then re-raised
-                failure = (type(exc).__name__, str(exc))
-                with contextlib.suppress(Exception):
-                    dist.broadcast_object_list([failure], src=0)
-                raise
-        box = [failure]
-        dist.broadcast_object_list(box, src=0)
-        if rank != 0 and box[0] is not None:
-            name, message = box[0]
-            cls = getattr(errors, name, None)
-            if not (isinstance(cls, type) and issubclass(cls, errors.ElmoError)):
-                cls = EmbedWorkerError
-            raise cls(f"process 0 stopped: {message}")
-        return result
-
-    def close(self) -> None:
-        import torch.distributed as dist
-
-        if self.owned and dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
-
-
-# ---------------------------------------------------------------------------------------------- workers
-def _worker_main(embedder, writer: PartWriter, threads: int, tasks, results, parent: int) -> None:
-    """A worker process: take part numbers from ``tasks`` until ``None``, write each, report on ``results``."""
-    import torch
-
-    torch.set_num_threads(threads)
-    with interrupts.handling_signals():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us (SIGTERM)
-        try:
-            interrupts.unblock()  # started with the signals blocked (see _run_workers): a pending SIGTERM lands here
-            while os.getppid() == parent:  # an orphan (the parent was killed) stops
-                try:
-                    k = tasks.get(timeout=1.0)
-                except queue.Empty:
-                    continue
-                if k is None:
-                    return
-                writer.write(embedder, k, progress=lambda n: results.put(("n", n)),
-                             alive=lambda: os.getppid() == parent)
-                results.put(("done", k))
-        except KeyboardInterrupt:
-            return
-        except BaseException as exc:  # noqa: BLE001 — sent to the parent, which raises it
-            try:
-                payload = pickle.dumps(exc)
-                pickle.loads(payload)
-            except Exception:  # noqa: BLE001 — an exception that does not survive pickling
-                payload = pickle.dumps(EmbedWorkerError(f"a worker failed: {type(exc).__name__}: {exc}"))
-            results.put(("error", payload))
-
-
 # ---------------------------------------------------------------------------------------------- the job
 class EmbedJob:
     """One ``embed_file`` run; see :meth:`elmokit.Embedder.embed_file` for the arguments and errors."""
@@ -379,7 +200,7 @@ class EmbedJob:
                  dtype="float32", use_sentence_keys=False, forget_sentences=False, tokenizer="whitespace",
                  resume=False, workers=1, worker_threads=1, part_size=10000, model_name=None,
                  overwrite=False) -> None:
-        if _spawn_bootstrapping():
+        if spawn_bootstrapping():
             # a worker importing an unguarded script reached embed_file again: stop before touching any file; the
             # parent sees this exit status and names the missing guard (one message instead of a traceback here)
             raise SystemExit(UNGUARDED_EXIT)
@@ -529,7 +350,7 @@ class EmbedJob:
 
     @staticmethod
     def _part_ok(path: Path, k: int, scan: InputScan) -> bool:
-        import h5py
+        import h5py  # lazy: CLI start-up (the CLI imports this module to build its parser)
 
         try:
             with h5py.File(path, "r") as h5:
@@ -558,52 +379,65 @@ class EmbedJob:
         return self._prepare_folder(scan, fingerprint)
 
     def _run(self) -> int:
+        """:meth:`run`'s steps: scan the input, join the torchrun processes (when there are several), process 0
+        prepares (or checks, for ``resume``) the work folder, every process writes its parts (every world-th), wait
+        for all, process 0 finalises (merge or index). Returns the number of lines."""
+        scan = self._scan()
+        dist = init_from_env("cpu", command="embed", timeout=BARRIER_TIMEOUT)
+        rank, world = dist.rank, dist.world_size
+        if rank == 0:
+            self._check_tokenisation(scan)
+        fingerprint = model_fingerprint(self.embedder.bilm)
+        done = dist.on_main(lambda: self._lock_and_prepare(scan, fingerprint)) or set()
+        if rank != 0:
+            done = self._parts_done(scan)
+        todo = [k for k in range(scan.parts) if k not in done and k % world == rank]
+        try:
+            self._write_parts(scan, done, todo)
+        except Exception:
+            if world == 1:
+                self._drop_if_no_part()  # a failure before any part was finished leaves nothing to resume
+            raise
+        dist.barrier()  # every part is written
+        dist.close()
+        if rank != 0:
+            logger.info("process %d of %d wrote its %d part(s) to %s", rank, world, len(todo), self.folder)
+            return scan.lines
+        self._finalise(scan)
+        logger.info("wrote %d sentences to %s", scan.lines, self.output_path)
+        return scan.lines
+
+    def _scan(self) -> InputScan:
+        """Scan the input (:func:`~elmokit.embedding.input_scan.scan_input`); warn about skipped lines."""
         scan = scan_input(self.input_path, self.decode_errors, self.part_size)
         self.skipped_lines = scan.skipped
         if scan.skipped:
             shown = ", ".join(map(str, scan.skipped[:10])) + (" ..." if len(scan.skipped) > 10 else "")
             logger.warning("%s: skipped %d line(s) that are not valid UTF-8 (line %s); their datasets are empty",
                            self.input_path, len(scan.skipped), shown)
-        rank, world = torchrun_rank()
-        if rank == 0:
-            self._check_tokenisation(scan)
-        fingerprint = model_fingerprint(self.embedder.bilm)
-        if world == 1:
-            done = self._lock_and_prepare(scan, fingerprint)
-        else:  # process 0 prepares (or checks, for --resume) the folder; then every process takes every world-th part
-            group = _RankGroup(world)
-            done = group.on_main(rank, lambda: self._lock_and_prepare(scan, fingerprint)) or set()
-            if rank != 0:
-                done = {k for k in range(scan.parts) if (self.folder / part_name(k)).is_file()
-                        and self._part_ok(self.folder / part_name(k), k, scan)}
-        todo = [k for k in range(scan.parts) if k not in done and k % world == rank]
+        return scan
+
+    def _parts_done(self, scan: InputScan) -> set[int]:
+        """The parts already finished in the work folder (a process other than 0, once process 0 has prepared it)."""
+        return {k for k in range(scan.parts) if (self.folder / part_name(k)).is_file()
+                and self._part_ok(self.folder / part_name(k), k, scan)}
+
+    def _write_parts(self, scan: InputScan, done: set[int], todo: list[int]) -> None:
+        """Write the parts ``todo`` here (one worker, or one part) or with worker processes, with a progress bar over
+        the whole input (the ``done`` parts counted as finished)."""
+        from tqdm.auto import tqdm  # lazy: CLI start-up (the CLI imports this module to build its parser)
+
         writer = PartWriter(self.folder, scan, self.spec, self.batch_size, self.tokenizer, self.decode_errors,
                             self.use_sentence_keys, self.forget_sentences)
-        from tqdm.auto import tqdm
-
         finished = sum(scan.part_lines(k) for k in done)
-        try:
-            with tqdm(total=scan.lines, initial=finished, unit="sent", disable=not self.progress,
-                      desc="embedding", smoothing=0.05) as bar:
-                if self.workers == 1 or len(todo) <= 1:
-                    for k in todo:
-                        writer.write(self.embedder, k, progress=bar.update)
-                else:
-                    self._run_workers(writer, todo, bar)
-        except Exception:
-            if world == 1:
-                self._drop_if_no_part()  # a failure before any part was finished leaves nothing to resume
-            raise
-        if world > 1:
-            group.barrier()  # every part is written
-            if rank != 0:
-                group.close()
-                logger.info("process %d of %d wrote its %d part(s) to %s", rank, world, len(todo), self.folder)
-                return scan.lines
-            group.close()
-        self._finalise(scan)
-        logger.info("wrote %d sentences to %s", scan.lines, self.output_path)
-        return scan.lines
+        with tqdm(total=scan.lines, initial=finished, unit="sent", disable=not self.progress,
+                  desc="embedding", smoothing=0.05) as bar:
+            if self.workers == 1 or len(todo) <= 1:
+                for k in todo:
+                    writer.write(self.embedder, k, progress=bar.update)
+            else:
+                run_workers(self.embedder, writer, todo, bar.update, workers=self.workers,
+                            worker_threads=self.worker_threads)
 
     #: How many lines from the start of the input :meth:`_check_tokenisation` looks at.
     CHECK_LINES = 2000
@@ -611,8 +445,6 @@ class EmbedJob:
     def _check_tokenisation(self, scan: InputScan) -> None:
         """Warn (logging) when the first :attr:`CHECK_LINES` lines look untokenised for the model
         (:func:`elmokit.data.text_checks.check_tokenisation`): e.g. raw Chinese without ``--tokenizer jieba``."""
-        from elmokit.data.text_checks import check_tokenisation
-
         if not scan.lines:
             return
         tokenize = word_tokenizer(self.tokenizer)
@@ -622,71 +454,6 @@ class EmbedJob:
         warning = check.warning(lambda name: option_wording(f"--tokenizer {name}", f"tokenizer={name!r}"))
         if warning:
             logger.warning("%s: %s", self.input_path, warning)
-
-    def _run_workers(self, writer: PartWriter, todo: list[int], bar) -> None:
-        import torch.multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        tasks, results = ctx.Queue(), ctx.Queue()
-        tasks.cancel_join_thread()  # never wait at exit to feed part numbers nobody will read
-        for k in todo:
-            tasks.put(k)
-        n = min(self.workers, len(todo))
-        for _ in range(n):
-            tasks.put(None)
-        procs = [ctx.Process(target=_worker_main, daemon=True, name=f"elmokit-embed-{w}",
-                             args=(self.embedder, writer, self.worker_threads, tasks, results, os.getpid()))
-                 for w in range(n)]
-        try:
-            # not cut half way (a child fed a truncated pickle prints a traceback), and the children start with
-            # Ctrl-C/SIGTERM blocked: pending until their handler is installed (_worker_main), never a traceback from
-            # the middle of their imports when Ctrl-C reaches the whole process group
-            with interrupts.deferred(), interrupts.blocked():
-                for p in procs:
-                    p.start()
-            remaining = set(todo)
-            while remaining:
-                interrupts.check()
-                try:
-                    kind, value = results.get(timeout=0.2)
-                except queue.Empty:
-                    dead = [p for p in procs if p.exitcode not in (None, 0)]
-                    if any(p.exitcode == UNGUARDED_EXIT for p in dead):
-                        raise UsageError(
-                            f"the worker processes could not start: {_unguarded_script()} calls embed_file(workers="
-                            f"{self.workers}) at its top level; each spawned worker imports that script again, so "
-                            "put the call under `if __name__ == \"__main__\":`") from None
-                    if dead or all(p.exitcode is not None for p in procs):
-                        with contextlib.suppress(queue.Empty):
-                            while True:  # an error report may still be in the queue
-                                kind, value = results.get(timeout=0.5)
-                                if kind == "error":
-                                    raise pickle.loads(value)
-                        codes = ", ".join(f"{p.name} exit {p.exitcode}" for p in procs if p.exitcode)
-                        raise EmbedWorkerError(f"a worker process died ({codes or 'no report'}) with parts "
-                                               f"{sorted(remaining)[:10]} unfinished; the finished parts are kept in "
-                                               f"{self.folder}: rerun with "
-                                               f"{option_wording('--resume', 'resume=True')}") from None
-                    continue
-                if kind == "n":
-                    bar.update(value)
-                elif kind == "done":
-                    remaining.discard(value)
-                elif kind == "error":
-                    raise pickle.loads(value)
-            for p in procs:
-                p.join(timeout=30)
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-            for p in procs:
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-            tasks.close()
-            results.close()
 
     # -------------------------------------------------------------------- finalise
     def _finalise(self, scan: InputScan) -> None:
@@ -704,7 +471,7 @@ class EmbedJob:
             shutil.rmtree(self.folder)
 
     def _merge(self, scan: InputScan) -> None:
-        import h5py
+        import h5py  # lazy: CLI start-up (the CLI imports this module to build its parser)
 
         skipped = set(scan.skipped)
         numbered = not self.use_sentence_keys
@@ -742,5 +509,3 @@ class EmbedJob:
                 out.create_dataset("sentence_to_index",
                                    data=np.array([json.dumps(sentence_to_index)], dtype=h5py.string_dtype()))
 
-
-# ---------------------------------------------------------------------------------------------- reading

@@ -4,7 +4,8 @@ Layout in a run's folder (``out_dir``)::
 
     ckpt-<step>.safetensors   the model's tensors (``BidirectionalLM.state_dict()``), CPU, float32
     ckpt-<step>.state.pt      optimiser, the data position of every data part, the carried LSTM state of every part,
-                              the best held-out record (``torch.save``; read back with ``torch.load(weights_only=True)``)
+                              the best held-out record (``torch.save``; read back with
+                              ``torch.load(weights_only=True)``)
     checkpoint.json           the manifest: the kept checkpoints, oldest first, each with its step and every file's
                               size (bytes) and sha256; the vocabulary the run was trained with (size, sha256); the
                               training files' fingerprint ("corpus": size, mtime_ns and sha256 of each file)
@@ -20,10 +21,11 @@ previous one is tried; when none verifies, :class:`~elmokit.errors.CheckpointErr
 first format, ``{"step": N}`` (written by elmokit before checkpoints were verified), has no sizes or hashes: its files
 are verified by loading them.
 
-Test hook: ``ELMOKIT_TEST_KILL_AT=<point>:<step>`` makes the writer kill its own process with ``SIGKILL`` at ``point``
-of the checkpoint of ``step``: ``before_write``, ``between_files`` (tensor file written, state file not),
-``before_manifest`` (both files written, manifest not) or ``after_manifest`` (manifest written, older files not yet
-deleted). ``tests/test_kill.py`` uses it to show that a resume after each of these kills continues exactly.
+Test hook: :func:`write_checkpoint` calls ``at_point(point, step)`` (the trainer's
+:meth:`~elmokit.pretraining.hooks.TrainHooks.checkpoint_point`) at each point of :data:`KILL_POINTS`:
+``before_write``, ``between_files`` (tensor file written, state file not), ``before_manifest`` (both files written,
+manifest not) and ``after_manifest`` (manifest written, older files not yet deleted). ``tests/test_kill.py`` kills its
+process with ``SIGKILL`` there to show that a resume after each of these kills continues exactly.
 """
 from __future__ import annotations
 
@@ -33,20 +35,18 @@ import logging
 import os
 import re
 import shutil
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from elmokit.errors import CheckpointError, UsageError, option_wording
+from elmokit.errors import CheckpointError, option_wording
 from elmokit.io import atomic_path, atomic_write_text
 
 __all__ = [
     "MANIFEST_NAME",
-    "KILL_ENV",
     "KILL_POINTS",
     "RUN_FILE_NAMES",
     "CheckpointEntry",
@@ -69,7 +69,7 @@ logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "checkpoint.json"
 MANIFEST_FORMAT = 2
-KILL_ENV = "ELMOKIT_TEST_KILL_AT"
+#: The points of a checkpoint write where ``write_checkpoint``'s ``at_point`` is called (in this order).
 KILL_POINTS = ("before_write", "between_files", "before_manifest", "after_manifest")
 #: The files and folders a training run writes into its ``out_dir`` besides ``ckpt-*`` (see
 #: :mod:`elmokit.pretraining.run_folder`).
@@ -196,20 +196,13 @@ def _as_step(value: Any) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- writing
-def _kill_point(point: str, step: int) -> None:
-    """Test hook (see the module docstring): SIGKILL this process at ``point`` of the checkpoint of ``step``."""
-    spec = os.environ.get(KILL_ENV)
-    if not spec:
-        return
-    name, _, at = spec.partition(":")
-    if name not in KILL_POINTS or not at.isdigit():
-        raise UsageError(f"{KILL_ENV}={spec!r}: expected <point>:<step> with point one of {', '.join(KILL_POINTS)}")
-    if name == point and int(at) == step:
-        os.kill(os.getpid(), signal.SIGKILL)
+def _nothing(point: str, step: int) -> None:
+    """The ``at_point`` of a write without hook."""
 
 
 def write_checkpoint(out_dir: str | os.PathLike, step: int, tensors: dict[str, torch.Tensor], state: dict[str, Any],
-                     *, previous: list[CheckpointEntry], keep: int, run: dict[str, Any]) -> list[CheckpointEntry]:
+                     *, previous: list[CheckpointEntry], keep: int, run: dict[str, Any],
+                     at_point: Callable[[str, int], None] | None = None) -> list[CheckpointEntry]:
     """Write the checkpoint of ``step``, then the manifest naming it and the newest ``keep - 1`` of ``previous`` with a
     smaller step, then delete every ``ckpt-*`` file the manifest does not name (and leftover temporaries).
 
@@ -218,25 +211,28 @@ def write_checkpoint(out_dir: str | os.PathLike, step: int, tensors: dict[str, t
         previous: the run's kept checkpoints so far (oldest first); entries with ``step >=`` this one are dropped (a
             resumed run that fell back past a damaged checkpoint overwrites it).
         keep: checkpoints kept (>= 1). run: extra manifest keys (the vocabulary's size and sha256).
+        at_point: called as ``at_point(point, step)`` at each point of :data:`KILL_POINTS` (a test hook; ``None``:
+            nothing is called).
 
     Returns:
         The kept entries, oldest first (the new manifest's list).
     """
     out_dir = Path(out_dir)
-    _kill_point("before_write", step)
+    point = at_point or _nothing
+    point("before_write", step)
     t_name, s_name = tensor_file_name(step), state_file_name(step)
     with atomic_path(out_dir / t_name, suffix=".safetensors") as tmp:
         save_file(tensors, str(tmp))
         t_info = file_digest(tmp, fsync=True)
-    _kill_point("between_files", step)
+    point("between_files", step)
     with atomic_path(out_dir / s_name, suffix=".pt") as tmp:
         torch.save(state, tmp)
         s_info = file_digest(tmp, fsync=True)
-    _kill_point("before_manifest", step)
+    point("before_manifest", step)
     older = [e for e in previous if e.step < step]
     kept = (older[-(keep - 1):] if keep > 1 else []) + [CheckpointEntry(step, {t_name: t_info, s_name: s_info})]
     atomic_write_text(out_dir / MANIFEST_NAME, Manifest(kept, run).to_text())
-    _kill_point("after_manifest", step)
+    point("after_manifest", step)
     _prune(out_dir, kept)
     return kept
 

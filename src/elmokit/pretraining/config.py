@@ -168,7 +168,8 @@ class TrainConfig:
             if getattr(self, name) not in choices:
                 raise ConfigError(f"TrainConfig.{name} must be {_one_of(choices)}, got {getattr(self, name)!r}")
         if not isinstance(self.device, str) or not self.device:
-            raise ConfigError(f"TrainConfig.device must be a device name (auto, cpu, cuda, cuda:N), got {self.device!r}")
+            raise ConfigError(f"TrainConfig.device must be a device name (auto, cpu, cuda, cuda:N), "
+                              f"got {self.device!r}")
         for name in ("batch_size", "unroll_steps", "n_epochs", "checkpoint_every", "log_every", "keep_checkpoints"):
             _check_int(name, getattr(self, name), 1)
         _check_int("n_negative_samples", self.n_negative_samples, 0, "(0 = full softmax)")
@@ -202,8 +203,8 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.init_from must be a model name or folder (or None), got "
                               f"{self.init_from!r}")
         if self.freeze_bilm_steps and self.init_from is None:
-            raise ConfigError(f"freeze_bilm_steps={self.freeze_bilm_steps} (--freeze-bilm-steps) needs a model to start "
-                              "from (--init-from): a freshly initialised biLM would stay random while frozen")
+            raise ConfigError(f"freeze_bilm_steps={self.freeze_bilm_steps} (--freeze-bilm-steps) needs a model to "
+                              "start from (--init-from): a freshly initialised biLM would stay random while frozen")
         if self.model is None and self.init_from is None:
             raise ConfigError("TrainConfig.model is missing: give an architecture (an ElmoConfig or options dict, "
                               "--preset/--options) or a model to start from (init_from, --init-from)")
@@ -214,8 +215,9 @@ class TrainConfig:
             self.model.validate("TrainConfig.model")
         if self.data_parts is not None and self.batch_size < self.data_parts:
             raise ConfigError(f"batch_size={self.batch_size} (--batch-size) is smaller than data_parts="
-                              f"{self.data_parts} (--data-parts, or the number of processes): every data part (one per process unless --data-parts) needs at "
-                              "least one sentence (window row) per step; use a larger --batch-size")
+                              f"{self.data_parts} (--data-parts, or the number of processes): every data part "
+                              "(one per process unless --data-parts) needs at least one sentence (window row) per "
+                              "step; use a larger --batch-size")
         return self
 
     @property

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from elmokit.characters import CharVocabulary
 from elmokit.config import ElmoConfig
@@ -26,6 +27,7 @@ from elmokit.errors import ConfigError, UsageError, WeightsError
 from elmokit.modules.bilm import BiLM
 from elmokit.vocabulary import Vocabulary
 from elmokit.weights import check_state_fits
+from elmokit.weights.native import CONFIG_NAME, WEIGHTS_NAME, load_pretrained_bilm, resolve_model_name
 from elmokit.pretraining.objective import BidirectionalLM
 
 __all__ = ["InitModel", "load_init_model", "check_architecture", "apply_init_model", "describe_architecture"]
@@ -67,14 +69,10 @@ def load_init_model(name_or_path: str) -> InitModel:
         ConfigError / WeightsError: the options or weights cannot be read or do not fit each other (names the file and
             the tensor); a native folder whose softmax does not fit its ``vocab.txt``.
     """
-    from elmokit.weights.native import CONFIG_NAME, WEIGHTS_NAME, load_pretrained_bilm, resolve_model_name
-
     bilm = load_pretrained_bilm(name_or_path)
     init = InitModel(str(name_or_path), bilm)
     folder = Path(resolve_model_name(name_or_path))  # a zoo name (elmokit-en) → its folder, with vocab and softmax
     if folder.is_dir() and (folder / CONFIG_NAME).is_file() and (folder / "vocab.txt").is_file():
-        from safetensors import safe_open
-
         with safe_open(str(folder / WEIGHTS_NAME), framework="pt") as fh:
             keys = set(fh.keys())
             if {"softmax.weight", "softmax.bias"} <= keys:

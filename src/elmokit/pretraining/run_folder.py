@@ -212,14 +212,14 @@ def plot_learning_curve(metrics_path: Path, out_png: Path) -> Path | None:
     valid = [r for r in rows if r.get("kind") == "valid"]
     if not train and not valid:
         return None
-    try:  # optional library ([plots]): without it the run goes on without its curve
+    try:  # optional: matplotlib ([plots]);: without it the run goes on without its curve
         matplotlib = import_optional("matplotlib", "plots", "the learning curve")
     except MissingExtraError as exc:
         logger.warning("%s not drawn: %s is not installed (%s draws it)", out_png.name, exc.package, exc.hint)
         return None
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     colours = {"forward": "tab:blue", "backward": "tab:orange", "average": "tab:green"}
