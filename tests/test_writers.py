@@ -206,6 +206,22 @@ def test_run_folder_inside_its_own_glob_is_refused(tmp_path, capsys, monkeypatch
         check_outside_patterns("corp/x/run", ["corp/**"], "training pattern")
 
 
+def test_run_folder_reached_through_a_symlinked_pattern_is_refused(tmp_path, capsys, monkeypatch):
+    # 'lnk/*' with lnk -> real and --out-dir real: glob follows the link, so --resume read real/ckpt-*.safetensors
+    # as corpus ("lnk/ckpt-2.safetensors:1: a NUL byte") before this check resolved the pattern's folders
+    monkeypatch.chdir(tmp_path)
+    Path("real").mkdir()
+    Path("real/a.txt").write_text(LINES * 4)
+    Path("lnk").symlink_to("real", target_is_directory=True)
+    assert cli_main(_train_args("lnk/*", Path("real"), "--max-steps", "1")) == 2
+    err = _err(capsys)
+    assert "training pattern 'lnk/*'" in err and "real/train_config.json" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in Path("real").iterdir()) == ["a.txt"]  # nothing written
+    with pytest.raises(UsageError):
+        check_outside_patterns("real", ["lnk/**/*.txt"], "training pattern")
+    check_outside_patterns("lnk/run", ["lnk/*.txt"], "training pattern")  # one level deeper: not matched
+
+
 # ---------------------------------------------------------------------------------------------- fingerprints
 def test_resume_names_an_edited_added_or_vanished_training_file(tmp_path, capsys):
     corp = tmp_path / "corp"
