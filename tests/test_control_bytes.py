@@ -181,3 +181,17 @@ def test_any_control_bytes_are_stored_or_refused_by_the_rule(tmp_path_factory, l
     if layout != "parts":
         with h5py.File(out, "r") as h5:
             assert all(str(i) in h5 for i in range(len(lines)))
+
+
+def test_a_vocabulary_with_a_nul_byte_and_a_utf16_file_are_named(tmp_path):
+    """Found by trying it as a new user: a --vocab file with a NUL inside a word was accepted; a UTF-16 file's
+    message did not say UTF-16."""
+    from elmokit.errors import DataError
+    from elmokit.vocabulary import Vocabulary
+
+    vocab = tmp_path / "v.txt"
+    vocab.write_bytes(b"<S>\n</S>\n<UNK>\nthe\nba\0nk\n")
+    with pytest.raises(DataError, match=r"v\.txt:5: a NUL byte in vocabulary file at column 3"):
+        Vocabulary.from_file(vocab)
+    assert "a UTF-16 byte-order mark: save the file as UTF-8" in line_problem("bank\n".encode("utf-16"))
+    assert "byte-order mark" not in line_problem(b"\xffbank\n")

@@ -206,6 +206,22 @@ def test_run_folder_inside_its_own_glob_is_refused(tmp_path, capsys, monkeypatch
         check_outside_patterns("corp/x/run", ["corp/**"], "training pattern")
 
 
+def test_run_folder_reached_through_a_symlinked_pattern_is_refused(tmp_path, capsys, monkeypatch):
+    # 'lnk/*' with lnk -> real and --out-dir real: glob follows the link, so --resume read real/ckpt-*.safetensors
+    # as corpus ("lnk/ckpt-2.safetensors:1: a NUL byte") before this check resolved the pattern's folders
+    monkeypatch.chdir(tmp_path)
+    Path("real").mkdir()
+    Path("real/a.txt").write_text(LINES * 4)
+    Path("lnk").symlink_to("real", target_is_directory=True)
+    assert cli_main(_train_args("lnk/*", Path("real"), "--max-steps", "1")) == 2
+    err = _err(capsys)
+    assert "training pattern 'lnk/*'" in err and "real/train_config.json" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in Path("real").iterdir()) == ["a.txt"]  # nothing written
+    with pytest.raises(UsageError):
+        check_outside_patterns("real", ["lnk/**/*.txt"], "training pattern")
+    check_outside_patterns("lnk/run", ["lnk/*.txt"], "training pattern")  # one level deeper: not matched
+
+
 # ---------------------------------------------------------------------------------------------- fingerprints
 def test_resume_names_an_edited_added_or_vanished_training_file(tmp_path, capsys):
     corp = tmp_path / "corp"
@@ -249,7 +265,7 @@ def test_resume_names_an_edited_added_or_vanished_training_file(tmp_path, capsys
 def test_corpus_changes_compares_size_and_digest_not_mtime():
     a = {"size": 3, "mtime_ns": 1, "sha256": "x"}
     assert corpus_changes({"f": a}, {"f": {**a, "mtime_ns": 2}}) == []
-    assert corpus_changes({"f": a}, {"f": {**a, "sha256": "y"}})[0].startswith("f was edited (3 bytes")
+    assert corpus_changes({"f": a}, {"f": {**a, "sha256": "y"}})[0].startswith("f was edited (the same size, 3 bytes")
     assert corpus_changes({"f": a}, {"f": a, "g": a}) == ["g was added (it matches the training patterns now)"]
     assert corpus_changes({"f": a, "g": a}, {"g": a}) == ["f vanished (the training patterns no longer match it)"]
 
@@ -362,3 +378,14 @@ def test_convert_takes_a_model_folder_like_the_other_commands(tmp_path, capsys):
     assert cli_main(["convert", str(original / "options.json"), str(original / "lm_weights.hdf5"), str(original)]) == 2
     assert "holds the original model" in _err(capsys)
     assert sorted(p.name for p in original.iterdir()) == ["lm_weights.hdf5", "options.json"]
+
+
+def test_an_edit_keeping_size_and_time_says_the_contents_differ():
+    from elmokit.pretraining.data import corpus_changes
+
+    before = {"a.txt": {"size": 10, "mtime_ns": 10**18, "sha256": "00"}}
+    same_time = {"a.txt": {"size": 10, "mtime_ns": 10**18, "sha256": "11"}}
+    assert corpus_changes(before, same_time) == [
+        "a.txt was edited (the same size, 10 bytes, and modification time, but other contents: its sha256 differs)"]
+    later = {"a.txt": {"size": 12, "mtime_ns": 10**18 + 60 * 10**9, "sha256": "11"}}
+    assert corpus_changes(before, later)[0].startswith("a.txt was edited (10 bytes, modified ")

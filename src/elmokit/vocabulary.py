@@ -95,7 +95,7 @@ class Vocabulary:
             MissingFileError: ``path`` does not exist or is not a file.
             DataError: naming the file (and line): a special token is missing, a token is duplicated (naming both
                 lines), a blank line precedes a non-blank one, a line holds more than one whitespace-separated field,
-                or a line is not valid UTF-8.
+                or a line is not valid UTF-8 or holds a NUL byte.
         """
         path = Path(path)
         if not path.is_file():
@@ -110,6 +110,10 @@ class Vocabulary:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
                     raise DataError(f"{path}:{lineno}: invalid UTF-8 in vocabulary file ({e.reason})") from None
+                nul = raw.find(b"\0")
+                if nul >= 0:  # the line rule of every text input (elmokit.data.corpus.line_problem)
+                    raise DataError(f"{path}:{lineno}: a NUL byte in vocabulary file at column {nul + 1} (binary data, "
+                                    "or UTF-16 text?)")
                 if lineno == 1:
                     text = text.lstrip("\ufeff")
                 tok = text.strip()

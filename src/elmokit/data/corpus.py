@@ -66,7 +66,8 @@ def line_problem(raw: bytes) -> str | None:
         raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         if nul < 0 or exc.start < nul:
-            return f"invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}: {exc.reason})"
+            bom = " — a UTF-16 byte-order mark: save the file as UTF-8" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+            return f"invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}: {exc.reason}{bom})"
     if nul >= 0:
         return f"a NUL byte at column {nul + 1} (binary data, or UTF-16 text?)"
     return None

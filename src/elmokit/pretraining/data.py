@@ -267,8 +267,12 @@ def corpus_changes(saved: dict[str, dict[str, Any]], now: dict[str, dict[str, An
         elif after is None:
             changes.append(f"{name} vanished (the training patterns no longer match it)")
         elif (before.get("size"), before.get("sha256")) != (after["size"], after["sha256"]):
-            changes.append(f"{name} was edited ({before.get('size')} bytes, modified {_when(before)} when the run "
-                           f"started; {after['size']} bytes, modified {_when(after)} now)")
+            if before.get("size") == after["size"] and _when(before) == _when(after):  # size and time kept
+                changes.append(f"{name} was edited (the same size, {after['size']} bytes, and modification time, "
+                               "but other contents: its sha256 differs)")
+            else:
+                changes.append(f"{name} was edited ({before.get('size')} bytes, modified {_when(before)} when the "
+                               f"run started; {after['size']} bytes, modified {_when(after)} now)")
     return changes
 
 

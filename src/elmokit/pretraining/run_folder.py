@@ -19,6 +19,7 @@ every process. Layout (see also :mod:`elmokit.pretraining.checkpoint`)::
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import json
 import logging
 import os
@@ -180,10 +181,13 @@ def check_outside_patterns(out_dir: str | os.PathLike, patterns: Sequence[str | 
     for pattern in patterns:
         text = os.path.abspath(os.path.expanduser(os.fspath(pattern)))
         parts = [c for c in text.split(os.sep) if c]
-        for folder in sorted(folders):
+        # glob follows symlinks: compare the pattern's literal leading folders resolved too ('lnk/*' with lnk -> corp)
+        literal = next((i for i, c in enumerate(parts) if _MAGIC.search(c)), len(parts))
+        resolved = [c for c in os.path.realpath(os.sep + os.sep.join(parts[:literal])).split(os.sep) if c]
+        for pattern_parts, folder in itertools.product((parts, resolved + parts[literal:]), sorted(folders)):
             for name in _RUN_WRITES:
                 candidate = os.path.join(folder, name)
-                if _glob_matches(parts, [c for c in candidate.split(os.sep) if c]):
+                if _glob_matches(pattern_parts, [c for c in candidate.split(os.sep) if c]):
                     raise UsageError(
                         f"the {what} {os.fspath(pattern)!r} would match the files of the run folder {out_dir} (e.g. "
                         f"{Path(out_dir) / name}), which would then be read as text: put the run folder (--out-dir) "
