@@ -107,7 +107,8 @@ def run_cli(model: Path, text: Path, out: Path, workers: int) -> dict:
 
 def flat_memory(model, text: Path, out: Path, lines: int, parts: int) -> dict:
     """Embed in this process; RSS (MB) when 10 % and 100 % of the parts are done, and after the merge."""
-    from elmokit import Embedder, embed_output
+    from elmokit import Embedder
+    from elmokit.embedding import writer as embed_output  # its _probe sees the parts as they are written
 
     seen: dict[int, int] = {}
 
