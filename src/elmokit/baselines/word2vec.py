@@ -24,7 +24,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from elmokit.errors import DataError, InputError, MissingFileError, UsageError
+import numpy as np
+
+from elmokit.checks import positive_int
+from elmokit.errors import DataError, InputError, InputTypeError, MissingFileError, UsageError
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.vocabulary import UNK
 
@@ -51,7 +54,7 @@ def _prepare(sentences: Iterable[Sequence[str]], min_count: int) -> tuple[list[l
     counts: Counter[str] = Counter()
     for i, s in enumerate(sentences):
         if isinstance(s, str):
-            raise InputError(f"train_word2vec: sentence {i} is a str; pass lists of tokens (e.g. line.split())")
+            raise InputTypeError(f"train_word2vec: sentence {i} is a str; pass lists of tokens (e.g. line.split())")
         s = list(s)
         for tok in s:
             if not isinstance(tok, str) or not tok or len(tok.split()) != 1 or tok != tok.strip():
@@ -83,7 +86,8 @@ def train_word2vec(sentences: Iterable[Sequence[str]], out_dir: str | Path, **se
 
     Raises:
         UsageError: an unknown setting, or ``workers`` != 1 (a rebuild would not repeat bit-exactly).
-        InputError: a sentence is a ``str`` or holds an empty/whitespace token.
+        InputTypeError: (also a ``TypeError``) a sentence is a ``str``.
+        InputError: a sentence holds an empty/whitespace token (or a non-str one).
         DataError: no tokens.
         ImportError: gensim is missing (it is a dependency of elmokit).
     """
@@ -96,12 +100,10 @@ def train_word2vec(sentences: Iterable[Sequence[str]], out_dir: str | Path, **se
         raise UsageError(f"train_word2vec: workers must be 1 so that a rebuild repeats bit-exactly, got "
                          f"{config['workers']!r}")
     min_count = config["min_count"]
-    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-        raise UsageError(f"train_word2vec: min_count must be an int >= 1, got {min_count!r}")
+    positive_int("train_word2vec: min_count", min_count)
 
-    import gensim
-    import numpy as np
-    from gensim.models import Word2Vec
+    import gensim  # optional: gensim
+    from gensim.models import Word2Vec  # optional: gensim
 
     sents, text_sha, n_tokens = _prepare(sentences, min_count)
     if n_tokens == 0:
@@ -143,6 +145,6 @@ def load_word2vec(path: str | Path):
         path = path / VECTORS_FILE
     if not path.is_file():
         raise MissingFileError(f"word2vec vectors not found: {path} (train_word2vec writes {VECTORS_FILE})")
-    from gensim.models import KeyedVectors
+    from gensim.models import KeyedVectors  # optional: gensim
 
     return KeyedVectors.load_word2vec_format(str(path), binary=True)

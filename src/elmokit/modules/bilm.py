@@ -6,9 +6,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from elmokit.characters import boundary_char_ids
+from elmokit.characters import ByteCharacterMapper, CharVocabulary, boundary_char_ids
 from elmokit.config import ElmoConfig
-from elmokit.errors import InputError, UsageError
+from elmokit.errors import InputError, InputTypeError, UsageError
 from elmokit.modules.derived import DerivedWeights
 from elmokit.modules.lstm import BiLSTM, LSTMState
 from elmokit.modules.token_encoder import TokenEncoder
@@ -253,12 +253,14 @@ class BiLM(nn.Module):
         """Validate a (B, T, C) id tensor and return its (B, T) token mask (see :func:`token_mask`).
 
         Raises:
-            InputError: naming the problem — not a tensor, wrong shape or dtype, ids outside the character table,
+            InputTypeError: (also a ``TypeError``) not a tensor, or not an integer dtype.
+            InputError: naming the problem — wrong shape, ids outside the character table,
                 padding (an all-zero position) before a row's last real token, or ids that are all of the other
                 character scheme (UTF-8 bytes given to a character-vocabulary model, or the reverse).
         """
         if not isinstance(char_ids, torch.Tensor):
-            raise InputError(f"char_ids must be a LongTensor (B, T, C) from batch_to_ids, got {type(char_ids).__name__}")
+            raise InputTypeError(f"char_ids must be a LongTensor (B, T, C) from batch_to_ids, got "
+                                 f"{type(char_ids).__name__}")
         c = self.config.char_cnn.max_characters_per_token
         byte_scheme = self.config.char_cnn.char_vocab_size is None
         scheme = (f"batch_to_ids(sentences{'' if c == 50 else f', {c}'}) (UTF-8 bytes, no char_vocab)" if byte_scheme
@@ -268,7 +270,8 @@ class BiLM(nn.Module):
             raise InputError(f"char_ids must have shape (B, T, {c}), got {tuple(char_ids.shape)}; this model's ids "
                              f"come from {scheme}")
         if char_ids.dtype not in (torch.long, torch.int32, torch.int64, torch.int16, torch.uint8):
-            raise InputError(f"char_ids must be integer ids, got dtype {char_ids.dtype}")
+            raise InputTypeError(f"char_ids must be integer ids (a LongTensor from batch_to_ids), got dtype "
+                                 f"{char_ids.dtype}")
         mask = token_mask(char_ids)
         if char_ids.numel():
             lo, hi = int(char_ids.min()), int(char_ids.max())
@@ -279,8 +282,6 @@ class BiLM(nn.Module):
             _check_left_aligned(mask, "char_ids")
             # ids made for the other scheme run and give wrong vectors: refuse them when every real token has the
             # other scheme's begin-of-word first and its end-of-word or in-word pad last (hand-made ids pass)
-            from elmokit.characters import ByteCharacterMapper, CharVocabulary
-
             other = CharVocabulary if byte_scheme else ByteCharacterMapper
             real = char_ids[mask]
             if real.shape[0] and other.bow_char != self._bos[0]:
@@ -377,18 +378,21 @@ class BiLM(nn.Module):
             state, boundary_steps: as in :meth:`forward`.
 
         Raises:
-            InputError: wrong shapes or dtypes, padding before a row's last real token, or a bad ``state``.
+            InputTypeError: (also a ``TypeError``) not tensors, or ``token_vectors`` not floating point.
+            InputError: wrong shapes, padding before a row's last real token, or a bad ``state``.
         """
         p = self.config.lstm.projection_dim
-        if not isinstance(token_vectors, torch.Tensor) or token_vectors.dim() != 3 or token_vectors.shape[-1] != p:
-            shape = (tuple(token_vectors.shape) if isinstance(token_vectors, torch.Tensor)
-                     else type(token_vectors).__name__)
-            raise InputError(f"token_vectors must be a float tensor (B, T, {p}), got {shape}")
+        if not isinstance(token_vectors, torch.Tensor):
+            raise InputTypeError(f"token_vectors must be a float tensor (B, T, {p}), got {type(token_vectors).__name__}")
+        if token_vectors.dim() != 3 or token_vectors.shape[-1] != p:
+            raise InputError(f"token_vectors must be a float tensor (B, T, {p}), got {tuple(token_vectors.shape)}")
         if not token_vectors.is_floating_point():
-            raise InputError(f"token_vectors must be floating point, got dtype {token_vectors.dtype}")
-        if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(token_vectors.shape[:2]):
-            shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise InputError(f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got {shape}")
+            raise InputTypeError(f"token_vectors must be floating point, got dtype {token_vectors.dtype}")
+        if not isinstance(mask, torch.Tensor):
+            raise InputTypeError(f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got "
+                                 f"{type(mask).__name__}")
+        if tuple(mask.shape) != tuple(token_vectors.shape[:2]):
+            raise InputError(f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got {tuple(mask.shape)}")
         mask = mask.bool()
         _check_left_aligned(mask, "mask")
         tokens, new_mask = self._add_boundary_vectors(token_vectors, mask)
@@ -494,7 +498,7 @@ class StatefulBiLM(nn.Module):
     def __init__(self, bilm: BiLM) -> None:
         super().__init__()
         if not isinstance(bilm, BiLM):
-            raise InputError(f"StatefulBiLM wraps an elmokit BiLM, got {type(bilm).__name__}")
+            raise InputTypeError(f"StatefulBiLM wraps an elmokit BiLM, got {type(bilm).__name__}")
         self.bilm = bilm
         self._state: LSTMState | None = None
 

@@ -88,11 +88,11 @@ def _load():
     if os.environ.get("ELMOKIT_NATIVE", "1") == "0":
         return None
     try:
-        from torch.utils import cpp_extension
+        from torch.utils import cpp_extension  # lazy: only when the kernels are built (it imports setuptools)
 
         if shutil.which("ninja") is None:  # the pip package's binary, when its environment is not on PATH
             try:
-                import ninja
+                import ninja  # optional: ninja
 
                 os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
             except ImportError:
