@@ -136,13 +136,15 @@ class ByteCharacterMapper:
         self.tokens_to_add: dict[str, int] = {}
         if tokens_to_add is not None:
             if not isinstance(tokens_to_add, dict):
-                raise UsageTypeError(f"tokens_to_add must be a dict {{token: raw id}}, got {type(tokens_to_add).__name__}")
+                raise UsageTypeError(f"tokens_to_add must be a dict {{token: raw id}}, got "
+                                     f"{type(tokens_to_add).__name__}")
             for token, raw in tokens_to_add.items():
                 if not isinstance(token, str):
                     raise UsageTypeError(f"tokens_to_add key {token!r} is a {type(token).__name__}; tokens are str")
                 if not is_int(raw) or not 0 <= raw <= _RAW_PAD:
-                    raise (UsageError if is_int(raw) else UsageTypeError)(f"tokens_to_add[{token!r}] = {raw!r}: expected a raw character id, an int in "
-                                     f"0…{_RAW_PAD} (shifted by +1 like every id)")
+                    error = UsageError if is_int(raw) else UsageTypeError
+                    raise error(f"tokens_to_add[{token!r}] = {raw!r}: expected a raw character id, an int in "
+                                f"0…{_RAW_PAD} (shifted by +1 like every id)")
                 self.tokens_to_add[token] = raw
         self._added_rows = {tok: self._boundary_row(raw + 1) for tok, raw in self.tokens_to_add.items()}
 
@@ -369,8 +371,8 @@ def _check_sentence(sentence: object, i: int, expected: str) -> None:
         raise InputTypeError(f"{expected}; sentence {i} is a {type(sentence).__name__}")
     for j, token in enumerate(sentence):
         if not isinstance(token, str):
-            raise InputTypeError(f"sentence {i}, token {j} is a {type(token).__name__} ({_shown(token)}); tokens must be str "
-                                 f"({expected})")
+            raise InputTypeError(f"sentence {i}, token {j} is a {type(token).__name__} ({_shown(token)}); tokens "
+                                 f"must be str ({expected})")
 
 
 def _check_not_blank(sentence: Sequence[str], i: int) -> None:

@@ -328,7 +328,8 @@ def elmo_original_5b() -> ElmoConfig:
 
 
 def elmo_tiny(use_skip_connections: bool = True) -> ElmoConfig:
-    """The tiny architecture of the reference fixtures: filters (1,4)…(5,64), char dim 4, 2 highway, cell 64, proj 16."""
+    """The tiny architecture of the reference fixtures: filters (1,4)…(5,64), char dim 4, 2 highway, cell 64,
+    proj 16."""
     return ElmoConfig(
         char_cnn=CharCNNConfig(
             filters=[(1, 4), (2, 8), (3, 16), (4, 32), (5, 64)], n_highway=2, embedding_dim=4, n_characters=262,

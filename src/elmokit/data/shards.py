@@ -94,8 +94,8 @@ class TextCorpus:
             runaway line (e.g. a 100,000-token document without line breaks) from making a huge padded batch.
         long_sentences: what to do with a longer line: ``"split"`` (default) cuts it into consecutive chunks of at most
             ``max_tokens_per_sentence`` tokens, each then treated as a sentence of its own (so each gets its own
-            ``<S>``/``</S>`` in :class:`~elmokit.data.batchers.StreamWindows`), with one warning per :class:`TextCorpus`; ``"error"`` raises
-            :class:`~elmokit.errors.DataError` naming file and line.
+            ``<S>``/``</S>`` in :class:`~elmokit.data.batchers.StreamWindows`), with one warning per
+            :class:`TextCorpus`; ``"error"`` raises :class:`~elmokit.errors.DataError` naming file and line.
         part / parts: read only part ``part`` (0-based) of ``parts``: of every file, the lines that start in its
             ``part``-th byte range (the file's size cut into ``parts`` equal ranges, each moved forward to the next
             line start), so each line is in exactly one part and a part reads only its own bytes. The parts of one

@@ -49,8 +49,8 @@ def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -
     """
     if isinstance(model, (BiLM, StatefulBiLM, Elmo)):
         if weight_file is not None:
-            raise UsageTypeError(f"weight_file is only for an options.json path; the {type(model).__name__} given already "
-                             "has its weights (did you mean batch_size=...? it is keyword-only)")
+            raise UsageTypeError(f"weight_file is only for an options.json path; the {type(model).__name__} given "
+                                 "already has its weights (did you mean batch_size=...? it is keyword-only)")
         if isinstance(model, StatefulBiLM):
             return model.bilm  # the stateless model inside; the wrapper's carried state is left alone
         return model if isinstance(model, BiLM) else model.bilm
@@ -246,8 +246,9 @@ class Embedder:
                     keep_sentence_boundaries: bool = False, dtype: str = "float32") -> list[np.ndarray]:
         """B sentences → B arrays, in one forward pass: (L+1, n_i, 2P) float32 by default.
 
-        ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as in :class:`~elmokit.embedding.pooling.OutputSpec`:
-        e.g. ``layers="top", pool="mean"`` gives one (2P,) sentence vector each, the mean over real tokens only.
+        ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as in
+        :class:`~elmokit.embedding.pooling.OutputSpec`: e.g. ``layers="top", pool="mean"`` gives one (2P,) sentence
+        vector each, the mean over real tokens only.
 
         Raises :class:`~elmokit.errors.InputTypeError` (also a ``TypeError``) for input of the wrong type (``batch``
         not a list of lists of str), :class:`~elmokit.errors.InputError` for a blank token (both name sentence and
@@ -327,8 +328,9 @@ class Embedder:
         Datasets are 0-based, lines 1-based; a blank line gives a zero-length array (a zero vector when pooled), so
         dataset numbers follow line numbers. A byte-order mark at the start is not part of the first token.
         ``use_sentence_keys``: each dataset is named by its stripped line (AllenNLP's ``use_sentence_keys``; ``/``,
-        ``%``, NUL and a lone ``.`` are %-escaped, see :func:`elmokit.embedding.writer.sentence_key`), a repeated line is
-        written once, blank lines are left out, and there is no sentence map. ``forget_sentences``: no sentence map.
+        ``%``, NUL and a lone ``.`` are %-escaped, see :func:`elmokit.embedding.writer.sentence_key`), a repeated line
+        is written once, blank lines are left out, and there is no sentence map. ``forget_sentences``: no sentence
+        map.
 
         ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as :meth:`embed_batch`; ``tokenizer``:
         ``"whitespace"`` (``str.split``), ``"moses"`` (sacremoses, English) or ``"jieba"`` (Chinese word

@@ -13,8 +13,8 @@ from elmokit.modules.derived import DerivedWeights
 from elmokit.modules.lstm import BiLSTM, LSTMState
 from elmokit.modules.token_encoder import TokenEncoder
 
-__all__ = ["BiLM", "BiLMOutput", "StatefulBiLM", "add_sentence_boundaries", "remove_sentence_boundaries", "reverse_padded",
-           "token_mask"]
+__all__ = ["BiLM", "BiLMOutput", "StatefulBiLM", "add_sentence_boundaries", "remove_sentence_boundaries",
+           "reverse_padded", "token_mask"]
 
 
 @dataclass
@@ -50,7 +50,8 @@ def token_mask(char_ids: torch.Tensor) -> torch.Tensor:
     return (char_ids != 0).any(dim=-1)
 
 
-def add_sentence_boundaries(char_ids: torch.Tensor, bos: list[int], eos: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def add_sentence_boundaries(char_ids: torch.Tensor, bos: list[int], eos: list[int]
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Wrap every row in ``<S> … </S>``.
 
     Args:
@@ -78,7 +79,9 @@ def remove_sentence_boundaries(tensor: torch.Tensor, mask: torch.Tensor) -> tupl
     Args:
         tensor: (B, ..., T, D) with time on dim -2; mask: (B, T) bool including the boundaries.
     Returns:
-        (B, ..., T - 2, D) with zeros at padding, and the (B, T - 2) mask. Source: AllenNLP ``remove_sentence_boundaries``.
+        (B, ..., T - 2, D) with zeros at padding, and the (B, T - 2) mask.
+
+    Source: AllenNLP ``remove_sentence_boundaries``.
     """
     lengths = mask.sum(1)
     t = mask.shape[1]
@@ -135,12 +138,13 @@ class BiLM(nn.Module):
     (:attr:`start_state` is ``None``). A model trained here on stream windows with carried state
     (``batching="windows"``) never saw a zero state in training; its trainer stores one fixed start state with it (the
     mean state at sentence starts over its training text, see :func:`elmokit.pretraining.start_state.mean_start_state`),
-    which it then reads every sentence from. The start state is a non-persistent buffer: it follows ``.to(device)`` but is not in
-    :meth:`state_dict`, so the tensor names of every format are unchanged; the native format stores it beside the
-    weights (``start_state.c`` / ``start_state.h``).
+    which it then reads every sentence from. The start state is a non-persistent buffer: it follows ``.to(device)``
+    but is not in :meth:`state_dict`, so the tensor names of every format are unchanged; the native format stores it
+    beside the weights (``start_state.c`` / ``start_state.h``).
 
-    ``forward(char_ids (B, T, C), state=None)`` → :class:`BiLMOutput`. Raises :class:`InputError` for a wrong shape, a C that is
-    not ``max_characters_per_token``, ids outside the character table, padding before a row's real tokens, or ids that
+    ``forward(char_ids (B, T, C), state=None)`` → :class:`BiLMOutput`. Raises :class:`InputTypeError` (also a
+    ``TypeError``) for char ids that are not an integer tensor, :class:`InputError` for a wrong shape, a C that is not
+    ``max_characters_per_token``, ids outside the character table, padding before a row's real tokens, or ids that
     are all of the other character scheme. A position is a real token when any of its C ids is non-zero (AllenNLP's
     rule), so hand-made id rows work as long as real tokens come first in each row.
 
@@ -160,8 +164,9 @@ class BiLM(nn.Module):
         self.register_buffer("start_h", None, persistent=False)
         #: how the stored start state was made (recorded in the native file's metadata), ``None`` without one
         self.start_state_source: str | None = None
-        #: the character vocabulary of a model trained in the character-vocabulary mode (``config.char_cnn.char_vocab_size``
-        #: set); attached by the loaders from ``chars.txt``. ``None`` for the UTF-8 byte scheme.
+        #: the character vocabulary of a model trained in the character-vocabulary mode
+        #: (``config.char_cnn.char_vocab_size`` set); attached by the loaders from ``chars.txt``. ``None`` for the
+        #: UTF-8 byte scheme.
         self.char_vocab = None
         self._derived = DerivedWeights()  # inference-time copies (the boundary token vectors)
 
@@ -383,7 +388,8 @@ class BiLM(nn.Module):
         """
         p = self.config.lstm.projection_dim
         if not isinstance(token_vectors, torch.Tensor):
-            raise InputTypeError(f"token_vectors must be a float tensor (B, T, {p}), got {type(token_vectors).__name__}")
+            raise InputTypeError(f"token_vectors must be a float tensor (B, T, {p}), got "
+                                 f"{type(token_vectors).__name__}")
         if token_vectors.dim() != 3 or token_vectors.shape[-1] != p:
             raise InputError(f"token_vectors must be a float tensor (B, T, {p}), got {tuple(token_vectors.shape)}")
         if not token_vectors.is_floating_point():
@@ -400,7 +406,8 @@ class BiLM(nn.Module):
                                    boundary_steps=boundary_steps)
 
     def check_state(self, state: LSTMState, batch_size: int) -> None:
-        """Raise :class:`InputError` unless ``state`` is (c (2, L, B, H), h (2, L, B, P)) float tensors, B = batch_size."""
+        """Raise :class:`InputError` unless ``state`` is (c (2, L, B, H), h (2, L, B, P)) float tensors,
+        B = ``batch_size``."""
         cfg = self.config.lstm
         want = ((2, cfg.n_layers, batch_size, cfg.dim), (2, cfg.n_layers, batch_size, cfg.projection_dim))
         ok = (isinstance(state, (tuple, list)) and len(state) == 2

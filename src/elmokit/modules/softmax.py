@@ -43,7 +43,8 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------- sampled logits
-def _accidental_hits(targets: torch.Tensor, sampled: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _accidental_hits(targets: torch.Tensor, sampled: torch.Tensor, vocab_size: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, columns) where ``sampled[column] == targets[row]``: targets (N,) long, sampled (S,) distinct long ids.
 
     A lookup table of each id's position among the samples, O(V + N), instead of comparing all N × S pairs (which
