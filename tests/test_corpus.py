@@ -108,7 +108,7 @@ def test_bom_and_crlf(tmp_path):
 
 def test_huge_line_split_by_default(tmp_path, caplog):
     path = _write(tmp_path / "huge.txt", "short one\n" + " ".join(f"t{i}" for i in range(100_000)) + "\nend\n")
-    with caplog.at_level(logging.WARNING, logger="elmokit.data.corpus"):
+    with caplog.at_level(logging.WARNING, logger="elmokit.data.shards"):
         sents = list(TextCorpus(path))
     assert len(sents) == 1 + 100 + 1
     assert all(len(s) == 1000 for s in sents[1:-1])

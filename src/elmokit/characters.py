@@ -32,7 +32,9 @@ from pathlib import Path
 
 import torch
 
-from elmokit.errors import DataError, InputError, UsageError
+from elmokit.checks import is_int
+from elmokit.errors import DataError, InputError, InputTypeError, MissingFileError, UsageError, UsageTypeError
+from elmokit.io import atomic_write_text
 
 __all__ = [
     "ByteCharacterMapper",
@@ -68,12 +70,13 @@ def _check_mode(name: str, value: object, allowed: tuple[str, ...]) -> None:
 
 
 def _check_width(max_characters_per_token: object) -> int:
-    if isinstance(max_characters_per_token, bool) or not isinstance(max_characters_per_token, int):
-        raise UsageError(f"max_characters_per_token must be an int >= 3, got {max_characters_per_token!r}")
+    if not is_int(max_characters_per_token):
+        raise UsageTypeError(f"max_characters_per_token must be an int >= 3, got {max_characters_per_token!r} "
+                             f"({type(max_characters_per_token).__name__})")
     if max_characters_per_token < 3:
         raise UsageError(f"max_characters_per_token must be >= 3 (begin-of-word, one character, end-of-word), "
                          f"got {max_characters_per_token}")
-    return max_characters_per_token
+    return int(max_characters_per_token)
 
 
 def is_blank_token(token: str) -> bool:
@@ -105,8 +108,9 @@ class ByteCharacterMapper:
             is an int in 0…260 (a byte value, or one of the specials 256–260), so that it has a row in the character
             table.
 
-    Raises :class:`UsageError` for a bad argument. This class maps every string, blank ones included, as the original
-    does; :func:`batch_to_ids` is where blank tokens are refused.
+    Raises :class:`UsageError` for a bad argument (:class:`UsageTypeError`, also a ``TypeError``, for one of the wrong
+    type). This class maps every string, blank ones included, as the original does; :func:`batch_to_ids` is where
+    blank tokens are refused.
 
     Source: bilm-tf ``UnicodeCharsVocabulary._convert_word_to_char_ids``; AllenNLP ``ELMoCharacterMapper``.
     """
@@ -132,13 +136,15 @@ class ByteCharacterMapper:
         self.tokens_to_add: dict[str, int] = {}
         if tokens_to_add is not None:
             if not isinstance(tokens_to_add, dict):
-                raise UsageError(f"tokens_to_add must be a dict {{token: raw id}}, got {type(tokens_to_add).__name__}")
+                raise UsageTypeError(f"tokens_to_add must be a dict {{token: raw id}}, got "
+                                     f"{type(tokens_to_add).__name__}")
             for token, raw in tokens_to_add.items():
                 if not isinstance(token, str):
-                    raise UsageError(f"tokens_to_add key {token!r} is a {type(token).__name__}; tokens are str")
-                if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= _RAW_PAD:
-                    raise UsageError(f"tokens_to_add[{token!r}] = {raw!r}: expected a raw character id, an int in "
-                                     f"0…{_RAW_PAD} (shifted by +1 like every id)")
+                    raise UsageTypeError(f"tokens_to_add key {token!r} is a {type(token).__name__}; tokens are str")
+                if not is_int(raw) or not 0 <= raw <= _RAW_PAD:
+                    error = UsageError if is_int(raw) else UsageTypeError
+                    raise error(f"tokens_to_add[{token!r}] = {raw!r}: expected a raw character id, an int in "
+                                f"0…{_RAW_PAD} (shifted by +1 like every id)")
                 self.tokens_to_add[token] = raw
         self._added_rows = {tok: self._boundary_row(raw + 1) for tok, raw in self.tokens_to_add.items()}
 
@@ -258,8 +264,6 @@ class CharVocabulary:
             MissingFileError: no such file (or a folder).
             DataError: not UTF-8, or a bad line (names file and line).
         """
-        from elmokit.errors import MissingFileError
-
         path = Path(path)
         if not path.is_file():
             raise MissingFileError(f"character vocabulary {path}: " + ("is a folder, expected a file of one character "
@@ -275,8 +279,6 @@ class CharVocabulary:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write one character per line, atomically."""
-        from elmokit.io import atomic_write_text
-
         atomic_write_text(path, "".join(ch + "\n" for ch in self.characters))
 
     def boundary_ids(self) -> tuple[list[int], list[int]]:
@@ -298,7 +300,8 @@ class CharVocabulary:
         return ids + [self.pad_char] * (c - len(ids))
 
 
-def validate_sentences(sentences: object, *, empty_tokens: str = "error", start: int = 0) -> list[Sequence[str]]:
+def validate_sentences(sentences: object, *, empty_tokens: str = "error", start: int = 0,
+                       name: str = "sentences") -> list[Sequence[str]]:
     """Check that ``sentences`` is a list of sentences, each a list of ``str`` tokens.
 
     Returns the sentences as a list (an iterable of sentences is read into one). Empty sentences and an empty batch are
@@ -307,47 +310,80 @@ def validate_sentences(sentences: object, *, empty_tokens: str = "error", start:
     Args:
         empty_tokens: ``"error"`` (default): a blank token (empty or whitespace only, see :func:`is_blank_token`) is
             refused; ``"keep"``: it is kept and encoded as the original does (begin-of-word, its bytes, end-of-word).
+        start: the number of the first sentence in messages (its position in a longer stream).
+        name: the argument's name in messages (the caller's parameter, e.g. ``"sentences"``).
 
     Raises:
-        InputError: a string, a flat list of strings, a sentence that is not a list, a non-string token, or (with
-            ``empty_tokens="error"``) a blank token — the message names the sentence and token position
+        InputTypeError: (also a ``TypeError``) a string, a flat list of strings, a sentence that is not a list, a
+            non-string token — the message names ``name``, the expected form, and the sentence and token position
             (sentences numbered from ``start``, 0-based).
+        InputError: (a ``ValueError``) with ``empty_tokens="error"``, a blank token (names sentence and token).
         UsageError: an unknown ``empty_tokens``.
     """
     _check_mode("empty_tokens", empty_tokens, _EMPTY_TOKEN_MODES)
+    expected = f"{name} must be a list of sentences, each a list of token strings"
     if isinstance(sentences, (str, bytes)):
-        raise InputError(
-            "expected a list of sentences (each a list of token strings), got a single string; "
-            "tokenise it and wrap it: [text.split()]"
-        )
+        raise InputTypeError(f"{expected}; got a single string: tokenise it and wrap it: [text.split()]")
     if not isinstance(sentences, Sequence):
         if isinstance(sentences, Iterable) and not isinstance(sentences, dict):
             sentences = list(sentences)
         else:
-            raise InputError(f"expected a list of sentences (list of lists of str), got {type(sentences).__name__}")
+            raise InputTypeError(f"{expected} (list of lists of str); got a {type(sentences).__name__}")
     check_blank = empty_tokens == "error"
     out = []
     for i, sentence in enumerate(sentences, start):
-        if isinstance(sentence, str):
-            raise InputError(
-                f"expected a list of sentences (list of lists of str), but element {i} is the string "
-                f"{sentence[:30]!r}: a flat list of tokens is one sentence — wrap it: [tokens]"
-            )
-        if isinstance(sentence, bytes) or not isinstance(sentence, Sequence):
-            raise InputError(f"sentence {i} is a {type(sentence).__name__}; expected a list of str tokens")
-        for j, token in enumerate(sentence):
-            if not isinstance(token, str):
-                shown = repr(token)
-                shown = shown if len(shown) <= 40 else shown[:37] + "..."
-                raise InputError(f"sentence {i}, token {j} is a {type(token).__name__} ({shown}); tokens must be str")
-            if check_blank and is_blank_token(token):
-                raise InputError(
-                    f"sentence {i}, token {j} is {token[:10]!r}: empty or whitespace-only tokens are refused (they are "
-                    "usually tokeniser padding, and would change their neighbours' vectors); drop them, or pass "
-                    "empty_tokens='keep' to embed them as the original does"
-                )
+        _check_sentence(sentence, i, expected)
+        if check_blank:
+            _check_not_blank(sentence, i)
         out.append(sentence)
     return out
+
+
+def validate_tokens(tokens: object, *, name: str = "tokens") -> Sequence[str]:
+    """Check that ``tokens`` is one sentence: a list (sequence) of ``str`` tokens, not a string. Returns it.
+
+    Raises:
+        InputTypeError: (also a ``TypeError``) a string, something that is not a sequence, or a non-string token;
+            the message names ``name`` and the expected form."""
+    expected = f"{name} must be one sentence, a list of token strings"
+    if isinstance(tokens, (str, bytes)):
+        raise InputTypeError(f"{expected}; got a single string: tokenise it first (text.split())")
+    if not isinstance(tokens, Sequence):
+        raise InputTypeError(f"{expected}; got a {type(tokens).__name__}")
+    for j, token in enumerate(tokens):
+        if not isinstance(token, str):
+            raise InputTypeError(f"{expected}; token {j} is a {type(token).__name__} ({_shown(token)})")
+    return tokens
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to 40 characters."""
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _check_sentence(sentence: object, i: int, expected: str) -> None:
+    """Raise :class:`InputTypeError` unless sentence ``i`` is a sequence of ``str`` (not itself a string)."""
+    if isinstance(sentence, str):
+        raise InputTypeError(f"{expected}; but element {i} is the string {sentence[:30]!r}: a flat list of tokens is "
+                             "one sentence — wrap it: [tokens]")
+    if isinstance(sentence, bytes) or not isinstance(sentence, Sequence):
+        raise InputTypeError(f"{expected}; sentence {i} is a {type(sentence).__name__}")
+    for j, token in enumerate(sentence):
+        if not isinstance(token, str):
+            raise InputTypeError(f"sentence {i}, token {j} is a {type(token).__name__} ({_shown(token)}); tokens "
+                                 f"must be str ({expected})")
+
+
+def _check_not_blank(sentence: Sequence[str], i: int) -> None:
+    """Raise :class:`InputError` (a value error) at the first blank token of sentence ``i``."""
+    for j, token in enumerate(sentence):
+        if is_blank_token(token):
+            raise InputError(
+                f"sentence {i}, token {j} is {token[:10]!r}: empty or whitespace-only tokens are refused (they are "
+                "usually tokeniser padding, and would change their neighbours' vectors); drop them, or pass "
+                "empty_tokens='keep' to embed them as the original does"
+            )
 
 
 def batch_to_ids(
@@ -378,14 +414,19 @@ def batch_to_ids(
         all zero). Boundary tokens are **not** added (the model adds them). An empty batch gives shape (0, 0, C).
 
     Raises:
-        InputError: malformed input (a string, a flat list of strings, non-string tokens), a blank token (default), an
-            over-long token with ``on_long_token="error"``; the message names sentence and token.
+        InputTypeError: (also a ``TypeError``) input of the wrong type: a string, a flat list of strings, a sentence
+            that is not a list, non-string tokens; the message names ``sentences``, the expected form, sentence and
+            token.
+        InputError: (a ``ValueError``) a blank token (default), an over-long token with ``on_long_token="error"``;
+            the message names sentence and token.
+        UsageTypeError: an option of the wrong type (``char_vocab`` not a :class:`CharVocabulary`,
+            ``max_characters_per_token`` not an int).
         UsageError: a bad option value.
     """
     sentences = validate_sentences(sentences, empty_tokens=empty_tokens)
     if char_vocab is not None:
         if not isinstance(char_vocab, CharVocabulary):
-            raise UsageError(f"char_vocab must be a CharVocabulary, got {type(char_vocab).__name__}")
+            raise UsageTypeError(f"char_vocab must be a CharVocabulary, got {type(char_vocab).__name__}")
         if tokens_to_add:
             raise UsageError("tokens_to_add belongs to the UTF-8 byte scheme; it cannot be combined with char_vocab")
         mapper: ByteCharacterMapper | CharVocabulary = char_vocab

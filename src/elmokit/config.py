@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elmokit.checks import is_int
 from elmokit.errors import ConfigError, MissingFileError
+from elmokit.io import atomic_write_text
 
 __all__ = [
     "CharCNNConfig",
@@ -77,7 +79,7 @@ class CharCNNConfig:
             raise ConfigError(f"{source}: char_cnn.filters={filters!r}; expected a non-empty list "
                               "[[width, n_filters], ...]")
         for i, f in enumerate(filters):
-            if (not isinstance(f, (list, tuple)) or len(f) != 2 or not all(_is_int(v) and v >= 1 for v in f)):
+            if (not isinstance(f, (list, tuple)) or len(f) != 2 or not all(is_int(v) and v >= 1 for v in f)):
                 raise ConfigError(f"{source}: char_cnn.filters entry {i} is {_show(f)}; expected [width, n_filters] "
                                   "with two integers >= 1, the whole list being [[width, n_filters], ...]")
         _check_int(source, "char_cnn.n_highway", self.n_highway, 0)
@@ -271,17 +273,11 @@ class ElmoConfig:
 
     def to_json_file(self, path: str | os.PathLike) -> None:
         """Write ``to_options()`` as JSON atomically."""
-        from elmokit.io import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.to_options(), indent=2) + "\n")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict view (dataclass fields)."""
         return asdict(self)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:
@@ -294,7 +290,7 @@ def _show(value: Any) -> str:
 
 
 def _check_int(source: str, key: str, value: Any, minimum: int) -> None:
-    if not _is_int(value):
+    if not is_int(value):
         raise ConfigError(f"{source}: {key}={_show(value)}; expected a JSON integer >= {minimum}")
     if value < minimum:
         raise ConfigError(f"{source}: {key}={value}; expected an integer >= {minimum}")
@@ -332,7 +328,8 @@ def elmo_original_5b() -> ElmoConfig:
 
 
 def elmo_tiny(use_skip_connections: bool = True) -> ElmoConfig:
-    """The tiny architecture of the reference fixtures: filters (1,4)…(5,64), char dim 4, 2 highway, cell 64, proj 16."""
+    """The tiny architecture of the reference fixtures: filters (1,4)…(5,64), char dim 4, 2 highway, cell 64,
+    proj 16."""
     return ElmoConfig(
         char_cnn=CharCNNConfig(
             filters=[(1, 4), (2, 8), (3, 16), (4, 32), (5, 64)], n_highway=2, embedding_dim=4, n_characters=262,

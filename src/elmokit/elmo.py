@@ -11,10 +11,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from elmokit.characters import batch_to_ids
+from elmokit.checks import positive_int
 from elmokit.config import ElmoConfig
-from elmokit.errors import InputError, UsageError
+from elmokit.errors import InputError, InputTypeError, UsageError, UsageTypeError
 from elmokit.modules.bilm import BiLM, BiLMOutput, StatefulBiLM, remove_sentence_boundaries
 from elmokit.modules.scalar_mix import ScalarMix
+from elmokit.weights.native import load_pretrained_bilm
 
 __all__ = ["Elmo", "TokenVectorCache"]
 
@@ -42,7 +44,7 @@ class TokenVectorCache(nn.Module):
     same layers (to float rounding).
 
     Raises:
-        UsageError: ``words`` is not a list of str.
+        UsageTypeError: (also a ``TypeError``) ``bilm`` is not a :class:`BiLM`, or ``words`` is not a list of str.
 
     Source: AllenNLP ``_ElmoBiLm.create_cached_cnn_embeddings`` and its ``forward(inputs, word_inputs)``.
     """
@@ -52,12 +54,12 @@ class TokenVectorCache(nn.Module):
         if isinstance(bilm, StatefulBiLM):
             bilm = bilm.bilm  # the token encoder is context-free
         if not isinstance(bilm, BiLM):
-            raise UsageError(f"TokenVectorCache needs a BiLM, got {type(bilm).__name__}")
+            raise UsageTypeError(f"TokenVectorCache needs a BiLM, got {type(bilm).__name__}")
         if isinstance(words, str) or not isinstance(words, Sequence):
-            raise UsageError(f"vocab_to_cache must be a list of words (str), got {type(words).__name__}")
+            raise UsageTypeError(f"vocab_to_cache must be a list of words (str), got {type(words).__name__}")
         for i, w in enumerate(words):
             if not isinstance(w, str):
-                raise UsageError(f"vocab_to_cache entry {i} is a {type(w).__name__} ({w!r}); words must be str")
+                raise UsageTypeError(f"vocab_to_cache entry {i} is a {type(w).__name__} ({w!r}); words must be str")
         self.words = list(words)
         c = bilm.config.char_cnn.max_characters_per_token
         device = bilm.token_encoder.projection.weight.device
@@ -81,12 +83,14 @@ class TokenVectorCache(nn.Module):
         """(…, T) word ids → ((…, T, P) token vectors, (…, T) mask = ``word_ids > 0``).
 
         Raises:
-            InputError: not an integer tensor, or an id outside ``[0, V)`` (the message gives it and V).
+            InputTypeError: (also a ``TypeError``) not an integer tensor.
+            InputError: an id outside ``[0, V)`` (the message gives it and V).
         """
         if not isinstance(word_ids, torch.Tensor) or word_ids.is_floating_point() or word_ids.is_complex() \
                 or word_ids.dtype == torch.bool:
             what = word_ids.dtype if isinstance(word_ids, torch.Tensor) else type(word_ids).__name__
-            raise InputError(f"word_inputs must be an integer tensor (B, T) of ids into vocab_to_cache, got {what}")
+            raise InputTypeError(f"word_inputs must be an integer tensor (B, T) of ids into vocab_to_cache, got "
+                                 f"{what}")
         if word_ids.numel():
             lo, hi = int(word_ids.min()), int(word_ids.max())
             if lo < 0 or hi >= len(self.words):
@@ -148,7 +152,11 @@ class Elmo(nn.Module):
     kept; … the leading dims of the input).
 
     Raises:
-        UsageError: a bad argument (which, and what is expected).
+        UsageTypeError: (also a ``TypeError``) an argument of the wrong type (``num_output_representations=1.0``,
+            ``module`` not a biLM); the message names it and what is expected.
+        UsageError: a bad argument value (which, and what is expected).
+        InputTypeError: (from ``forward``; also a ``TypeError``) ``inputs`` that are not a LongTensor, e.g. token
+            lists not yet through :func:`~elmokit.characters.batch_to_ids`.
         InputError: malformed ids (see :meth:`BiLM.check_char_ids`, :meth:`TokenVectorCache.lookup`).
 
     Source: Peters et al. (2018) eq. (1); AllenNLP ``Elmo.__init__`` / ``Elmo.forward``.
@@ -175,10 +183,10 @@ class Elmo(nn.Module):
         if module is not None and bilm is not None and module is not bilm:
             raise UsageError("pass the prebuilt biLM once: module= (AllenNLP's name) or bilm=, not both")
         given = module if module is not None else bilm
-        if isinstance(num_output_representations, bool) or not isinstance(num_output_representations, int) \
-                or num_output_representations < 1:
-            raise UsageError(f"num_output_representations must be an int >= 1, got {num_output_representations!r}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout <= 1.0:
+        positive_int("num_output_representations", num_output_representations)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+            raise UsageTypeError(f"dropout must be a number in [0, 1], got {dropout!r} ({type(dropout).__name__})")
+        if not 0.0 <= dropout <= 1.0:
             raise UsageError(f"dropout must be a number in [0, 1], got {dropout!r}")
         if layer_norm_mask not in ("with_boundaries", "tokens"):
             raise UsageError(f"layer_norm_mask must be 'with_boundaries' or 'tokens', got {layer_norm_mask!r}")
@@ -186,7 +194,7 @@ class Elmo(nn.Module):
             if options_file is None or weight_file is None:
                 raise UsageError("Elmo needs options_file and weight_file (the original options.json and HDF5), or "
                                  "a prebuilt biLM as module=..., or Elmo.from_pretrained(name_or_folder)")
-            from elmokit.weights.original import load_original
+            from elmokit.weights.original import load_original  # lazy: CLI start-up (it imports h5py)
 
             given = load_original(options_file, weight_file, stateful=stateful)
         else:
@@ -205,7 +213,7 @@ class Elmo(nn.Module):
                     raise UsageError("vocab_to_cache needs an elmokit BiLM (it calls its token encoder); "
                                      f"got a {type(given).__name__}")
             else:
-                raise UsageError(f"module must be an elmokit BiLM or an nn.Module with AllenNLP's biLM contract "
+                raise UsageTypeError(f"module must be an elmokit BiLM or an nn.Module with AllenNLP's biLM contract "
                                  f"(num_layers, forward -> {{'activations', 'mask'}}), got {type(given).__name__}")
         self._elmo_lstm = given
         for p in given.parameters():
@@ -272,8 +280,6 @@ class Elmo(nn.Module):
                         **kwargs) -> "Elmo":
         """Load a released model by name (``small``, ``medium``, ``original``, ``original-5.5b``: downloaded once
         into the cache) or a local directory (elmokit native format, or ``options.json`` + one ``*.hdf5``)."""
-        from elmokit.weights.native import load_pretrained_bilm
-
         stateful = kwargs.pop("stateful", False)
         bilm = load_pretrained_bilm(name_or_path, stateful=stateful)
         return cls(num_output_representations=num_output_representations, bilm=bilm, stateful=stateful, **kwargs)
@@ -303,10 +309,12 @@ class Elmo(nn.Module):
         return out.layers, out.mask
 
     def forward(self, inputs: torch.Tensor | None, word_inputs: torch.Tensor | None = None) -> dict:
-        """See the class docstring. Raises :class:`InputError` for malformed ids or shapes."""
+        """See the class docstring. Raises :class:`~elmokit.errors.InputTypeError` (also a ``TypeError``) for
+        ``inputs`` / ``word_inputs`` that are not integer tensors, :class:`InputError` for malformed ids or shapes."""
         lead: tuple[int, ...] | None = None  # leading dims to restore
         if inputs is not None and not isinstance(inputs, torch.Tensor):
-            raise InputError(f"inputs must be a LongTensor (B, T, C) from batch_to_ids, got {type(inputs).__name__}")
+            raise InputTypeError(f"inputs must be a LongTensor (B, T, C) from batch_to_ids (token lists go through "
+                                 f"batch_to_ids first), got {type(inputs).__name__}")
         if word_inputs is not None:
             if self._word_cache is None and isinstance(self._elmo_lstm, (BiLM, StatefulBiLM)):
                 if not self._warned_word_inputs:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -88,8 +89,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex sha256 of a file's bytes, read in 1 MiB blocks (constant memory)."""
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

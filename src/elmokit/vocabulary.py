@@ -22,7 +22,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from elmokit import interrupts
-from elmokit.errors import DataError, InputError, MissingFileError, UsageError
+from elmokit.checks import check_int, positive_int
+from elmokit.errors import DataError, InputError, InputTypeError, MissingFileError
 
 logger = logging.getLogger(__name__)
 
@@ -51,17 +52,17 @@ class Vocabulary:
     Raises:
         DataError: a special token is missing, a token is duplicated, empty or contains whitespace, or ``counts`` has
             the wrong length or negative entries.
-        InputError: ``tokens`` is a single ``str``, or a token is not a ``str``.
+        InputTypeError: (also a ``TypeError``) ``tokens`` is a single ``str``, or a token is not a ``str``.
     """
 
     def __init__(self, tokens: Sequence[str], counts: Sequence[int] | None = None) -> None:
         if isinstance(tokens, str):
-            raise InputError("Vocabulary(tokens): expected a sequence of token strings, got a single str")
+            raise InputTypeError("Vocabulary(tokens): expected a sequence of token strings, got a single str")
         id_to_token: list[str] = []
         token_to_id: dict[str, int] = {}
         for i, tok in enumerate(tokens):
             if not isinstance(tok, str):
-                raise InputError(f"Vocabulary token at id {i} is {type(tok).__name__}, expected str: {tok!r}")
+                raise InputTypeError(f"Vocabulary token at id {i} is {type(tok).__name__}, expected str: {tok!r}")
             _check_token(tok, where=f"id {i}")
             if tok in token_to_id:
                 raise DataError(f"duplicate token {tok!r} at ids {token_to_id[tok]} and {i}")
@@ -172,21 +173,23 @@ class Vocabulary:
         ``<UNK>`` tokens). So ``counts`` are the unigram counts of the ids a whole-sentence LM sees.
 
         Raises:
-            InputError: a sentence is a ``str`` (pass token lists: ``line.split()``) or a token is not a ``str``.
-            UsageError: ``min_count < 1`` or ``max_size < 3``.
+            InputTypeError: (also a ``TypeError``) a sentence is a ``str`` (pass token lists: ``line.split()``) or
+                a token is not a ``str``.
+            UsageError: ``min_count < 1`` or ``max_size < 3`` (:class:`~elmokit.errors.UsageTypeError` when not an
+                int).
             DataError: a token is empty or contains whitespace.
         """
         counter: Counter[str] = Counter()
         n_sentences = 0
         for i, sent in enumerate(sentences):
             if isinstance(sent, str):
-                raise InputError(
+                raise InputTypeError(
                     f"Vocabulary.build: sentence {i} is a str; pass lists of tokens (e.g. line.split())"
                 )
             n_sentences += 1
             for tok in sent:
                 if not isinstance(tok, str):
-                    raise InputError(
+                    raise InputTypeError(
                         f"Vocabulary.build: sentence {i} holds a {type(tok).__name__}, expected str tokens")
                 counter[tok] += 1
         return cls.from_counts(counter, n_sentences, min_count=min_count, max_size=max_size)
@@ -202,16 +205,13 @@ class Vocabulary:
             min_count, max_size: as :meth:`build`.
 
         Raises:
-            UsageError: ``min_count < 1`` or ``max_size < 3``.
+            UsageError: ``min_count < 1`` or ``max_size < 3`` (:class:`~elmokit.errors.UsageTypeError`, also a
+                ``TypeError``, when not an int).
             DataError: a token is empty or contains whitespace.
         """
-        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-            raise UsageError(f"min_count must be an int >= 1, got {min_count!r}")
-        if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int)
-                                     or max_size < len(SPECIAL_TOKENS)):
-            raise UsageError(
-                f"max_size must be None or an int >= {len(SPECIAL_TOKENS)} (the specials), got {max_size!r}"
-            )
+        positive_int("min_count", min_count)
+        if max_size is not None:
+            check_int("max_size (None or the vocabulary size, specials included)", max_size, len(SPECIAL_TOKENS))
         counter = Counter(counter)
         special_counts = {s: counter.pop(s, 0) for s in SPECIAL_TOKENS}
         for tok in counter:
@@ -319,13 +319,14 @@ class Vocabulary:
         """Token with id ``token_id``.
 
         Raises:
-            InputError: ``token_id`` is not an int, or is outside ``[0, len(self))``.
+            InputTypeError: (also a ``TypeError``) ``token_id`` is not an int.
+            InputError: ``token_id`` is outside ``[0, len(self))``.
         """
         if isinstance(token_id, bool) or not isinstance(token_id, int):
             try:
                 token_id = operator.index(token_id)  # accepts numpy / 0-d torch integers
             except TypeError:
-                raise InputError(f"token id must be an int, got {type(token_id).__name__}") from None
+                raise InputTypeError(f"token id must be an int, got {type(token_id).__name__}") from None
         if not 0 <= token_id < len(self._id_to_token):
             raise InputError(f"token id {token_id} out of range [0, {len(self._id_to_token)})")
         return self._id_to_token[token_id]
@@ -334,10 +335,10 @@ class Vocabulary:
         """Ids of ``tokens`` (unknown → :attr:`unk_id`); with ``add_boundaries`` wrapped as ``<S> … </S>``.
 
         Raises:
-            InputError: ``tokens`` is a ``str`` (pass a list of tokens).
+            InputTypeError: (also a ``TypeError``) ``tokens`` is a ``str`` (pass a list of tokens).
         """
         if isinstance(tokens, str):
-            raise InputError("encode(tokens): expected a list of tokens, got a str (use str.split())")
+            raise InputTypeError("encode(tokens): expected a list of tokens, got a str (use str.split())")
         unk = self._token_to_id[UNK]
         ids = [self._token_to_id.get(t, unk) for t in tokens]
         if add_boundaries:

@@ -34,7 +34,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from elmokit.errors import DataError, InputError, UsageError
+from elmokit.checks import check_int
+from elmokit.errors import DataError, InputTypeError, UsageError, UsageTypeError
 from elmokit.vocabulary import BOS, EOS, Vocabulary
 
 __all__ = ["KneserNeyLM", "kneser_ney_perplexity"]
@@ -73,19 +74,22 @@ class KneserNeyLM:
             sentences). Both must be in ``vocab``.
 
     Raises:
-        UsageError: ``order`` is not an int >= 2, ``discount`` is not in (0, 1] nor ``"estimate"``, or ``start`` /
-            ``end`` are not in the vocabulary or are equal.
+        UsageTypeError: (also a ``TypeError``) ``vocab`` is not a :class:`Vocabulary`, ``order`` not an int,
+            ``discount`` neither a number nor a string.
+        UsageError: ``order`` < 2, ``discount`` is not in (0, 1] nor ``"estimate"``, or ``start`` / ``end`` are not
+            in the vocabulary or are equal.
     """
 
     def __init__(self, vocab: Vocabulary, order: int = 3, discount: float | str = 0.75, start: str = BOS,
                  end: str = EOS) -> None:
         if not isinstance(vocab, Vocabulary):
-            raise UsageError(f"vocab must be an elmokit Vocabulary, got {type(vocab).__name__}")
-        if isinstance(order, bool) or not isinstance(order, int) or order < 2:
-            raise UsageError(f"order must be an int >= 2, got {order!r}")
+            raise UsageTypeError(f"vocab must be an elmokit Vocabulary, got {type(vocab).__name__}")
+        check_int("order", order, 2)
         if discount != "estimate" and (isinstance(discount, bool) or not isinstance(discount, (int, float))
                                        or not 0 < discount <= 1):
-            raise UsageError(f"discount must be a number in (0, 1] or 'estimate', got {discount!r}")
+            is_number = isinstance(discount, (int, float)) and not isinstance(discount, bool)
+            raise (UsageError if is_number or isinstance(discount, str) else UsageTypeError)(
+                f"discount must be a number in (0, 1] or 'estimate', got {discount!r}")
         for name, tok in (("start", start), ("end", end)):
             if tok not in vocab:
                 raise UsageError(f"{name} token {tok!r} is not in the vocabulary")
@@ -111,7 +115,7 @@ class KneserNeyLM:
         lengths: list[int] = []
         for i, s in enumerate(sentences):
             if isinstance(s, str):
-                raise InputError(f"sentence {i} is a str; pass lists of tokens (e.g. line.split())")
+                raise InputTypeError(f"sentence {i} is a str; pass lists of tokens (e.g. line.split())")
             enc = self.vocab.encode(s)
             ids.extend(pad)
             ids.extend(enc)
@@ -147,7 +151,7 @@ class KneserNeyLM:
         """Count ``sentences`` (token lists, no boundary tokens; consumed once). Returns ``self``.
 
         Raises:
-            InputError: a sentence is a ``str``.
+            InputTypeError: (also a ``TypeError``) a sentence is a ``str``.
             DataError: no sentences, or ``discount="estimate"`` finds no n-gram seen once at some order.
         """
         seq, local, n_sent = self._encode(sentences)
@@ -224,7 +228,7 @@ class KneserNeyLM:
         """Ids (as 1-element arrays) of the suffixes of ``context`` (truncated to n−1 tokens, as nltk does) for
         each level, and the top level it allows."""
         if isinstance(context, str):
-            raise InputError("context must be a sequence of tokens, got a str")
+            raise InputTypeError("context must be a sequence of tokens, got a str")
         ids = self.vocab.encode(list(context))[-(self.order - 1):] if context else []
         V = self._V
         ctx: list[np.ndarray | None] = [None, np.zeros(1, dtype=np.int64)]
@@ -244,7 +248,7 @@ class KneserNeyLM:
 
         Raises:
             UsageError: not fitted.
-            InputError: ``context`` is a ``str``.
+            InputTypeError: (also a ``TypeError``) ``context`` is a ``str``.
         """
         self._check_fitted()
         ctx, top = self._context_ids(context)
@@ -255,7 +259,7 @@ class KneserNeyLM:
 
         Raises:
             UsageError: not fitted.
-            InputError: ``context`` is a ``str``.
+            InputTypeError: (also a ``TypeError``) ``context`` is a ``str``.
         """
         self._check_fitted()
         ctx, top = self._context_ids(context)
@@ -270,7 +274,7 @@ class KneserNeyLM:
 
         Raises:
             UsageError: not fitted.
-            InputError: a sentence is a ``str``.
+            InputTypeError: (also a ``TypeError``) a sentence is a ``str``.
         """
         self._check_fitted()
         seq, local, n_sent = self._encode(sentences)

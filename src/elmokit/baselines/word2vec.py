@@ -24,7 +24,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from elmokit.errors import DataError, InputError, MissingFileError, UsageError, import_optional
+import numpy as np
+
+from elmokit.checks import positive_int
+from elmokit.errors import DataError, InputError, InputTypeError, MissingFileError, UsageError, import_optional
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.vocabulary import UNK
 
@@ -51,7 +54,7 @@ def _prepare(sentences: Iterable[Sequence[str]], min_count: int) -> tuple[list[l
     counts: Counter[str] = Counter()
     for i, s in enumerate(sentences):
         if isinstance(s, str):
-            raise InputError(f"train_word2vec: sentence {i} is a str; pass lists of tokens (e.g. line.split())")
+            raise InputTypeError(f"train_word2vec: sentence {i} is a str; pass lists of tokens (e.g. line.split())")
         s = list(s)
         for tok in s:
             if not isinstance(tok, str) or not tok or len(tok.split()) != 1 or tok != tok.strip():
@@ -83,7 +86,8 @@ def train_word2vec(sentences: Iterable[Sequence[str]], out_dir: str | Path, **se
 
     Raises:
         UsageError: an unknown setting, or ``workers`` != 1 (a rebuild would not repeat bit-exactly).
-        InputError: a sentence is a ``str`` or holds an empty/whitespace token.
+        InputTypeError: (also a ``TypeError``) a sentence is a ``str``.
+        InputError: a sentence holds an empty/whitespace token (or a non-str one).
         DataError: no tokens.
         MissingExtraError: gensim is missing (``pip install 'elmokit[baselines]'``).
     """
@@ -96,13 +100,10 @@ def train_word2vec(sentences: Iterable[Sequence[str]], out_dir: str | Path, **se
         raise UsageError(f"train_word2vec: workers must be 1 so that a rebuild repeats bit-exactly, got "
                          f"{config['workers']!r}")
     min_count = config["min_count"]
-    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-        raise UsageError(f"train_word2vec: min_count must be an int >= 1, got {min_count!r}")
+    positive_int("train_word2vec: min_count", min_count)
 
-    import numpy as np
-
-    gensim = import_optional("gensim", "baselines", "the word2vec baseline")
-    from gensim.models import Word2Vec
+    gensim = import_optional("gensim", "baselines", "the word2vec baseline")  # optional: gensim
+    Word2Vec = gensim.models.Word2Vec
 
     sents, text_sha, n_tokens = _prepare(sentences, min_count)
     if n_tokens == 0:

@@ -13,13 +13,15 @@ import numpy as np
 import torch
 
 from elmokit import interrupts
-from elmokit.characters import CharVocabulary, batch_to_ids, validate_sentences
-from elmokit.elmo import TokenVectorCache
-from elmokit.errors import InputError, UsageError
-from elmokit.modules.bilm import BiLM, StatefulBiLM
+from elmokit.characters import CharVocabulary, batch_to_ids, validate_sentences, validate_tokens
 from elmokit.checks import positive_int
+from elmokit.devices import resolve_device
+from elmokit.elmo import Elmo, TokenVectorCache
 from elmokit.embedding.pooling import OutputSpec
 from elmokit.embedding.writer import EmbedJob
+from elmokit.errors import UsageError, UsageTypeError
+from elmokit.modules.bilm import BiLM, StatefulBiLM
+from elmokit.weights.native import load_pretrained_bilm
 
 __all__ = ["Embedder"]
 
@@ -40,25 +42,24 @@ def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -
       (:func:`~elmokit.weights.native.load_pretrained_bilm`).
 
     Raises:
-        UsageError: anything else, ``weight_file`` with a model object, or an options file without its weight file
-            (the message says what to pass).
+        UsageTypeError: (also a ``TypeError``) a model of another type, or ``weight_file`` with a model object or not
+            a path (the message says what to pass).
+        UsageError: an options file without its weight file, or another file (the message says what to pass).
         MissingFileError / ConfigError / WeightsError: from the loaders (naming the file).
     """
-    from elmokit.elmo import Elmo
-
     if isinstance(model, (BiLM, StatefulBiLM, Elmo)):
         if weight_file is not None:
-            raise UsageError(f"weight_file is only for an options.json path; the {type(model).__name__} given already "
-                             "has its weights (did you mean batch_size=...? it is keyword-only)")
+            raise UsageTypeError(f"weight_file is only for an options.json path; the {type(model).__name__} given "
+                                 "already has its weights (did you mean batch_size=...? it is keyword-only)")
         if isinstance(model, StatefulBiLM):
             return model.bilm  # the stateless model inside; the wrapper's carried state is left alone
         return model if isinstance(model, BiLM) else model.bilm
     if isinstance(model, (str, os.PathLike)):
         if weight_file is not None:
             if not isinstance(weight_file, (str, os.PathLike)):
-                raise UsageError(f"weight_file must be the path of the HDF5 weight file, got {weight_file!r} "
+                raise UsageTypeError(f"weight_file must be the path of the HDF5 weight file, got {weight_file!r} "
                                  "(batch_size and the other options are keyword-only: Embedder(model, batch_size=64))")
-            from elmokit.weights.original import load_original
+            from elmokit.weights.original import load_original  # lazy: CLI start-up (it imports h5py)
 
             return load_original(model, weight_file)
         path = Path(model)
@@ -67,10 +68,8 @@ def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -
                 raise UsageError(f"{path} is an options file: pass its HDF5 weight file too, "
                                  "Embedder(options_file, weight_file)")
             raise UsageError(f"{path} is a file; {_MODEL_HELP}")
-        from elmokit.weights.native import load_pretrained_bilm
-
         return load_pretrained_bilm(model)
-    raise UsageError(f"Embedder got a {type(model).__name__} as its model: {_MODEL_HELP}")
+    raise UsageTypeError(f"Embedder got a {type(model).__name__} as its model: {_MODEL_HELP}")
 
 
 class Embedder:
@@ -104,7 +103,9 @@ class Embedder:
     vectors (:meth:`BiLM.forward_token_vectors`).
 
     Raises:
-        UsageError: a model of the wrong kind, a bad option value, a device this machine lacks.
+        UsageTypeError: (also a ``TypeError``) a model or option of the wrong type (``Embedder(42)``,
+            ``batch_size="8"``, ``char_vocab`` not a :class:`CharVocabulary`).
+        UsageError: a bad option value (``batch_size=0``), a device this machine lacks.
         ConfigError / WeightsError / MissingFileError: from loading a model given by path.
 
     Source: AllenNLP ``ElmoEmbedder`` (``embed_sentence``, ``embed_sentences``, ``embed_file``); outputs match
@@ -124,18 +125,13 @@ class Embedder:
         if empty_tokens not in _EMPTY_TOKEN_MODES:
             raise UsageError(f"empty_tokens must be one of {_EMPTY_TOKEN_MODES}, got {empty_tokens!r}")
         self.empty_tokens = empty_tokens
-        if device is not None:
-            from elmokit.devices import resolve_device
-
-            target = resolve_device(device)
-        else:
-            target = None
+        target = resolve_device(device) if device is not None else None
         bilm = resolve_model(model, weight_file)
         self.bilm = bilm.eval()
         self.device = target if target is not None else next(bilm.parameters()).device
         self.bilm.to(self.device)
         if char_vocab is not None and not isinstance(char_vocab, CharVocabulary):
-            raise UsageError(f"char_vocab must be a CharVocabulary, got {type(char_vocab).__name__}")
+            raise UsageTypeError(f"char_vocab must be a CharVocabulary, got {type(char_vocab).__name__}")
         self.char_vocab = char_vocab if char_vocab is not None else getattr(bilm, "char_vocab", None)
         if bilm.config.char_cnn.char_vocab_size is not None and self.char_vocab is None:
             raise UsageError("this model reads a character vocabulary (config char_vocab_size="
@@ -250,22 +246,24 @@ class Embedder:
                     keep_sentence_boundaries: bool = False, dtype: str = "float32") -> list[np.ndarray]:
         """B sentences → B arrays, in one forward pass: (L+1, n_i, 2P) float32 by default.
 
-        ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as in :class:`~elmokit.embedding.pooling.OutputSpec`:
-        e.g. ``layers="top", pool="mean"`` gives one (2P,) sentence vector each, the mean over real tokens only.
+        ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as in
+        :class:`~elmokit.embedding.pooling.OutputSpec`: e.g. ``layers="top", pool="mean"`` gives one (2P,) sentence
+        vector each, the mean over real tokens only.
 
-        Raises :class:`InputError` for malformed input (names sentence and token), :class:`UsageError` for a bad
-        option."""
+        Raises :class:`~elmokit.errors.InputTypeError` (also a ``TypeError``) for input of the wrong type (``batch``
+        not a list of lists of str), :class:`~elmokit.errors.InputError` for a blank token (both name sentence and
+        token), :class:`UsageError` for a bad option."""
         spec = self.output_spec(layers, pool, keep_sentence_boundaries, dtype)
-        return self._forward(validate_sentences(batch, empty_tokens=self.empty_tokens), spec)
+        return self._forward(validate_sentences(batch, empty_tokens=self.empty_tokens, name="batch"), spec)
 
     def embed_sentence(self, tokens: Sequence[str], **options) -> np.ndarray:
         """One sentence (list of str) → (L+1, n, 2P) float32 (or as ``options``, see :meth:`embed_batch`). An empty
         sentence gives (L+1, 0, 2P).
 
-        Raises :class:`InputError` for a string (tokenise it first) or malformed tokens."""
-        if isinstance(tokens, (str, bytes)):
-            raise InputError("embed_sentence expects a list of tokens, not a string; use text.split()")
-        return self.embed_batch([tokens], **options)[0]
+        Raises :class:`~elmokit.errors.InputTypeError` (also a ``TypeError``) for ``tokens`` of the wrong type: a
+        string (tokenise it first), a list of sentences, non-string tokens; :class:`~elmokit.errors.InputError` for
+        a blank token."""
+        return self.embed_batch([validate_tokens(tokens, name="embed_sentence(tokens)")], **options)[0]
 
     def embed_sentences(self, sentences: Iterable[Sequence[str]], batch_size: int | None = None, *,
                         layers: object = "all", pool: str = "none", keep_sentence_boundaries: bool = False,
@@ -276,11 +274,16 @@ class Embedder:
 
         A sentence's vectors do not depend on its neighbours, its batch or the order of the stream beyond float
         rounding (≤ 1e-4 max abs, tested on small models); with ``batch_size=1`` they are bitwise the same whatever
-        the order (each sentence runs alone)."""
+        the order (each sentence runs alone).
+
+        Raises :class:`~elmokit.errors.InputTypeError` (also a ``TypeError``) for ``sentences`` of the wrong type (a
+        string, a flat list of tokens, not iterable, non-string tokens), :class:`~elmokit.errors.InputError` for a
+        blank token, :class:`UsageError` for a bad option (:class:`~elmokit.errors.UsageTypeError` for one of the
+        wrong type)."""
         batch_size = self.batch_size if batch_size is None else positive_int("batch_size", batch_size)
         spec = self.output_spec(layers, pool, keep_sentence_boundaries, dtype)
-        if isinstance(sentences, (str, bytes)):
-            validate_sentences(sentences)  # raises the "single string" InputError
+        if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Iterable):
+            validate_sentences(sentences)  # raises the InputTypeError naming the expected form
         chunk: list[Sequence[str]] = []
         start = 0
         for sentence in sentences:
@@ -325,8 +328,9 @@ class Embedder:
         Datasets are 0-based, lines 1-based; a blank line gives a zero-length array (a zero vector when pooled), so
         dataset numbers follow line numbers. A byte-order mark at the start is not part of the first token.
         ``use_sentence_keys``: each dataset is named by its stripped line (AllenNLP's ``use_sentence_keys``; ``/``,
-        ``%``, NUL and a lone ``.`` are %-escaped, see :func:`elmokit.embedding.writer.sentence_key`), a repeated line is
-        written once, blank lines are left out, and there is no sentence map. ``forget_sentences``: no sentence map.
+        ``%``, NUL and a lone ``.`` are %-escaped, see :func:`elmokit.embedding.writer.sentence_key`), a repeated line
+        is written once, blank lines are left out, and there is no sentence map. ``forget_sentences``: no sentence
+        map.
 
         ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as :meth:`embed_batch`; ``tokenizer``:
         ``"whitespace"`` (``str.split``), ``"moses"`` (sacremoses, English) or ``"jieba"`` (Chinese word

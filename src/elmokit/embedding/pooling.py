@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from elmokit.errors import UsageError
+from elmokit.errors import UsageError, UsageTypeError
 
 __all__ = ["POOL_MODES", "LAYER_NAMES", "LayerSpec", "OutputSpec", "masked_mean", "masked_max", "pool",
            "select_layers", "parse_layers"]
@@ -118,7 +118,9 @@ def parse_layers(value: object) -> LayerSpec:
     ``"0.2,0.3,0.5"``) → :class:`LayerSpec`. The model's layer count is checked later (:meth:`LayerSpec.check`).
 
     Raises:
-        UsageError: anything else (the message lists the forms)."""
+        UsageTypeError: (also a ``TypeError``) a value of another type (a bool, None, a dict, a list holding
+            non-numbers); the message lists the forms.
+        UsageError: a string or number that is none of the forms, a negative layer, an empty or non-finite mix."""
     if isinstance(value, LayerSpec):
         return value
     forms = ("all, top, average, a layer number (0 = token layer), or L+1 comma-separated weights of a fixed mix "
@@ -137,7 +139,7 @@ def parse_layers(value: object) -> LayerSpec:
             return LayerSpec("layer", index=int(text))
         raise UsageError(f"layers {value!r}: expected {forms}")
     if isinstance(value, bool):
-        raise UsageError(f"layers {value!r}: expected {forms}")
+        raise UsageTypeError(f"layers {value!r}: expected {forms}")
     if isinstance(value, (int, np.integer)):
         if value < 0:
             raise UsageError(f"layers={value}: a layer number is >= 0 (0 = token layer); expected {forms}")
@@ -148,7 +150,8 @@ def parse_layers(value: object) -> LayerSpec:
         if not all(math.isfinite(w) for w in weights):
             raise UsageError(f"layers {list(value)}: mix weights must be finite numbers")
         return LayerSpec("mix", weights=weights)
-    raise UsageError(f"layers {value!r}: expected {forms}")
+    empty = isinstance(value, Sequence) and not value
+    raise (UsageError if empty else UsageTypeError)(f"layers {value!r}: expected {forms}")
 
 
 def select_layers(layers: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
@@ -190,6 +193,8 @@ class OutputSpec:
         """Build and check a spec (``num_layers`` = L+1 checks a layer number or the mix length).
 
         Raises:
+            UsageTypeError: (also a ``TypeError``) ``layers`` of the wrong type (see :func:`parse_layers`),
+                ``keep_sentence_boundaries`` not a bool.
             UsageError: a bad value (names the option and the accepted values)."""
         spec = parse_layers(layers)
         if num_layers is not None:
@@ -197,7 +202,7 @@ class OutputSpec:
         if pool not in POOL_MODES:
             raise UsageError(f"pool must be one of {POOL_MODES}, got {pool!r}")
         if not isinstance(keep_sentence_boundaries, bool):
-            raise UsageError(f"keep_sentence_boundaries must be True or False, got {keep_sentence_boundaries!r}")
+            raise UsageTypeError(f"keep_sentence_boundaries must be True or False, got {keep_sentence_boundaries!r}")
         if dtype not in DTYPES:
             raise UsageError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         return cls(spec, pool, keep_sentence_boundaries, dtype)

@@ -6,15 +6,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from elmokit.characters import boundary_char_ids
+from elmokit.characters import ByteCharacterMapper, CharVocabulary, boundary_char_ids
 from elmokit.config import ElmoConfig
-from elmokit.errors import InputError, UsageError
+from elmokit.errors import InputError, InputTypeError, UsageError
 from elmokit.modules.derived import DerivedWeights
 from elmokit.modules.lstm import BiLSTM, LSTMState
 from elmokit.modules.token_encoder import TokenEncoder
 
-__all__ = ["BiLM", "BiLMOutput", "StatefulBiLM", "add_sentence_boundaries", "remove_sentence_boundaries", "reverse_padded",
-           "token_mask"]
+__all__ = ["BiLM", "BiLMOutput", "StatefulBiLM", "add_sentence_boundaries", "remove_sentence_boundaries",
+           "reverse_padded", "token_mask"]
 
 
 @dataclass
@@ -50,7 +50,8 @@ def token_mask(char_ids: torch.Tensor) -> torch.Tensor:
     return (char_ids != 0).any(dim=-1)
 
 
-def add_sentence_boundaries(char_ids: torch.Tensor, bos: list[int], eos: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def add_sentence_boundaries(char_ids: torch.Tensor, bos: list[int], eos: list[int]
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Wrap every row in ``<S> … </S>``.
 
     Args:
@@ -78,7 +79,9 @@ def remove_sentence_boundaries(tensor: torch.Tensor, mask: torch.Tensor) -> tupl
     Args:
         tensor: (B, ..., T, D) with time on dim -2; mask: (B, T) bool including the boundaries.
     Returns:
-        (B, ..., T - 2, D) with zeros at padding, and the (B, T - 2) mask. Source: AllenNLP ``remove_sentence_boundaries``.
+        (B, ..., T - 2, D) with zeros at padding, and the (B, T - 2) mask.
+
+    Source: AllenNLP ``remove_sentence_boundaries``.
     """
     lengths = mask.sum(1)
     t = mask.shape[1]
@@ -135,12 +138,13 @@ class BiLM(nn.Module):
     (:attr:`start_state` is ``None``). A model trained here on stream windows with carried state
     (``batching="windows"``) never saw a zero state in training; its trainer stores one fixed start state with it (the
     mean state at sentence starts over its training text, see :func:`elmokit.pretraining.start_state.mean_start_state`),
-    which it then reads every sentence from. The start state is a non-persistent buffer: it follows ``.to(device)`` but is not in
-    :meth:`state_dict`, so the tensor names of every format are unchanged; the native format stores it beside the
-    weights (``start_state.c`` / ``start_state.h``).
+    which it then reads every sentence from. The start state is a non-persistent buffer: it follows ``.to(device)``
+    but is not in :meth:`state_dict`, so the tensor names of every format are unchanged; the native format stores it
+    beside the weights (``start_state.c`` / ``start_state.h``).
 
-    ``forward(char_ids (B, T, C), state=None)`` → :class:`BiLMOutput`. Raises :class:`InputError` for a wrong shape, a C that is
-    not ``max_characters_per_token``, ids outside the character table, padding before a row's real tokens, or ids that
+    ``forward(char_ids (B, T, C), state=None)`` → :class:`BiLMOutput`. Raises :class:`InputTypeError` (also a
+    ``TypeError``) for char ids that are not an integer tensor, :class:`InputError` for a wrong shape, a C that is not
+    ``max_characters_per_token``, ids outside the character table, padding before a row's real tokens, or ids that
     are all of the other character scheme. A position is a real token when any of its C ids is non-zero (AllenNLP's
     rule), so hand-made id rows work as long as real tokens come first in each row.
 
@@ -160,8 +164,9 @@ class BiLM(nn.Module):
         self.register_buffer("start_h", None, persistent=False)
         #: how the stored start state was made (recorded in the native file's metadata), ``None`` without one
         self.start_state_source: str | None = None
-        #: the character vocabulary of a model trained in the character-vocabulary mode (``config.char_cnn.char_vocab_size``
-        #: set); attached by the loaders from ``chars.txt``. ``None`` for the UTF-8 byte scheme.
+        #: the character vocabulary of a model trained in the character-vocabulary mode
+        #: (``config.char_cnn.char_vocab_size`` set); attached by the loaders from ``chars.txt``. ``None`` for the
+        #: UTF-8 byte scheme.
         self.char_vocab = None
         self._derived = DerivedWeights()  # inference-time copies (the boundary token vectors)
 
@@ -253,12 +258,14 @@ class BiLM(nn.Module):
         """Validate a (B, T, C) id tensor and return its (B, T) token mask (see :func:`token_mask`).
 
         Raises:
-            InputError: naming the problem — not a tensor, wrong shape or dtype, ids outside the character table,
+            InputTypeError: (also a ``TypeError``) not a tensor, or not an integer dtype.
+            InputError: naming the problem — wrong shape, ids outside the character table,
                 padding (an all-zero position) before a row's last real token, or ids that are all of the other
                 character scheme (UTF-8 bytes given to a character-vocabulary model, or the reverse).
         """
         if not isinstance(char_ids, torch.Tensor):
-            raise InputError(f"char_ids must be a LongTensor (B, T, C) from batch_to_ids, got {type(char_ids).__name__}")
+            raise InputTypeError(f"char_ids must be a LongTensor (B, T, C) from batch_to_ids, got "
+                                 f"{type(char_ids).__name__}")
         c = self.config.char_cnn.max_characters_per_token
         byte_scheme = self.config.char_cnn.char_vocab_size is None
         scheme = (f"batch_to_ids(sentences{'' if c == 50 else f', {c}'}) (UTF-8 bytes, no char_vocab)" if byte_scheme
@@ -268,7 +275,8 @@ class BiLM(nn.Module):
             raise InputError(f"char_ids must have shape (B, T, {c}), got {tuple(char_ids.shape)}; this model's ids "
                              f"come from {scheme}")
         if char_ids.dtype not in (torch.long, torch.int32, torch.int64, torch.int16, torch.uint8):
-            raise InputError(f"char_ids must be integer ids, got dtype {char_ids.dtype}")
+            raise InputTypeError(f"char_ids must be integer ids (a LongTensor from batch_to_ids), got dtype "
+                                 f"{char_ids.dtype}")
         mask = token_mask(char_ids)
         if char_ids.numel():
             lo, hi = int(char_ids.min()), int(char_ids.max())
@@ -279,8 +287,6 @@ class BiLM(nn.Module):
             _check_left_aligned(mask, "char_ids")
             # ids made for the other scheme run and give wrong vectors: refuse them when every real token has the
             # other scheme's begin-of-word first and its end-of-word or in-word pad last (hand-made ids pass)
-            from elmokit.characters import ByteCharacterMapper, CharVocabulary
-
             other = CharVocabulary if byte_scheme else ByteCharacterMapper
             real = char_ids[mask]
             if real.shape[0] and other.bow_char != self._bos[0]:
@@ -377,18 +383,22 @@ class BiLM(nn.Module):
             state, boundary_steps: as in :meth:`forward`.
 
         Raises:
-            InputError: wrong shapes or dtypes, padding before a row's last real token, or a bad ``state``.
+            InputTypeError: (also a ``TypeError``) not tensors, or ``token_vectors`` not floating point.
+            InputError: wrong shapes, padding before a row's last real token, or a bad ``state``.
         """
         p = self.config.lstm.projection_dim
-        if not isinstance(token_vectors, torch.Tensor) or token_vectors.dim() != 3 or token_vectors.shape[-1] != p:
-            shape = (tuple(token_vectors.shape) if isinstance(token_vectors, torch.Tensor)
-                     else type(token_vectors).__name__)
-            raise InputError(f"token_vectors must be a float tensor (B, T, {p}), got {shape}")
+        if not isinstance(token_vectors, torch.Tensor):
+            raise InputTypeError(f"token_vectors must be a float tensor (B, T, {p}), got "
+                                 f"{type(token_vectors).__name__}")
+        if token_vectors.dim() != 3 or token_vectors.shape[-1] != p:
+            raise InputError(f"token_vectors must be a float tensor (B, T, {p}), got {tuple(token_vectors.shape)}")
         if not token_vectors.is_floating_point():
-            raise InputError(f"token_vectors must be floating point, got dtype {token_vectors.dtype}")
-        if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(token_vectors.shape[:2]):
-            shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise InputError(f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got {shape}")
+            raise InputTypeError(f"token_vectors must be floating point, got dtype {token_vectors.dtype}")
+        if not isinstance(mask, torch.Tensor):
+            raise InputTypeError(f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got "
+                                 f"{type(mask).__name__}")
+        if tuple(mask.shape) != tuple(token_vectors.shape[:2]):
+            raise InputError(f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got {tuple(mask.shape)}")
         mask = mask.bool()
         _check_left_aligned(mask, "mask")
         tokens, new_mask = self._add_boundary_vectors(token_vectors, mask)
@@ -396,7 +406,8 @@ class BiLM(nn.Module):
                                    boundary_steps=boundary_steps)
 
     def check_state(self, state: LSTMState, batch_size: int) -> None:
-        """Raise :class:`InputError` unless ``state`` is (c (2, L, B, H), h (2, L, B, P)) float tensors, B = batch_size."""
+        """Raise :class:`InputError` unless ``state`` is (c (2, L, B, H), h (2, L, B, P)) float tensors,
+        B = ``batch_size``."""
         cfg = self.config.lstm
         want = ((2, cfg.n_layers, batch_size, cfg.dim), (2, cfg.n_layers, batch_size, cfg.projection_dim))
         ok = (isinstance(state, (tuple, list)) and len(state) == 2
@@ -494,7 +505,7 @@ class StatefulBiLM(nn.Module):
     def __init__(self, bilm: BiLM) -> None:
         super().__init__()
         if not isinstance(bilm, BiLM):
-            raise InputError(f"StatefulBiLM wraps an elmokit BiLM, got {type(bilm).__name__}")
+            raise InputTypeError(f"StatefulBiLM wraps an elmokit BiLM, got {type(bilm).__name__}")
         self.bilm = bilm
         self._state: LSTMState | None = None
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import warnings
 from typing import List, Tuple
 
@@ -237,8 +238,6 @@ def inference_steps(by_direction: bool = False):
     global _compiled_steps
     fn = _steps_by_direction if by_direction else _steps_in_place
     if _compiled_steps is None:
-        import os
-
         if os.environ.get("ELMOKIT_TORCHSCRIPT", "1") == "0":
             _compiled_steps = False
         else:

@@ -19,10 +19,11 @@ clamped where float32 results saturate, and inputs holding inf or NaN are refuse
 
 The extension is built by ``torch.utils.cpp_extension.load`` (it needs a C++ compiler and ``ninja``, which the
 ``ninja`` package installed with elmokit provides; ≈ 20 s on 2 cores, once per machine, kept in torch's extension
-directory, ``TORCH_EXTENSIONS_DIR``). The build's name carries a digest of the source, the flags (``-march=native``), the torch version and this CPU's model and flags, so a home
-directory shared by different machines never loads another CPU's build. Where the build or the load fails (no
-compiler, no ninja, another platform) one warning is logged and the fallback paths run (same values, slower at
-batch 1). ``ELMOKIT_NATIVE=0`` turns the kernels off.
+directory, ``TORCH_EXTENSIONS_DIR``). The build's name carries a digest of the source, the flags
+(``-march=native``), the torch version and this CPU's model and flags, so a home directory shared by different
+machines never loads another CPU's build. Where the build or the load fails (no compiler, no ninja, another
+platform) one warning is logged and the fallback paths run (same values, slower at batch 1). ``ELMOKIT_NATIVE=0``
+turns the kernels off.
 """
 from __future__ import annotations
 
@@ -88,11 +89,11 @@ def _load():
     if os.environ.get("ELMOKIT_NATIVE", "1") == "0":
         return None
     try:
-        from torch.utils import cpp_extension
+        from torch.utils import cpp_extension  # lazy: only when the kernels are built (it imports setuptools)
 
         if shutil.which("ninja") is None:  # the pip package's binary, when its environment is not on PATH
             try:
-                import ninja
+                import ninja  # optional: ninja
 
                 os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
             except ImportError:
@@ -127,8 +128,9 @@ def lstm_layer(module, x: torch.Tensor, sizes: list[int], c: torch.Tensor, h: to
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """One LSTM layer by the extension ``module`` (from :func:`kernels`); arguments and result as
     :func:`elmokit.modules.lstm._steps_by_direction` (``sizes``: the running rows per step, zeros dropped) but for
-    ``w_hh``, packed by :func:`pack_lstm`; all float32 CPU tensors; ``None`` when ``x``, ``c`` or ``h`` hold inf or NaN (the kernel is built with ``-ffast-math``, which
-    assumes finite values: the caller then runs its ATen path, which propagates them)."""
+    ``w_hh``, packed by :func:`pack_lstm`; all float32 CPU tensors; ``None`` when ``x``, ``c`` or ``h`` hold inf or
+    NaN (the kernel is built with ``-ffast-math``, which assumes finite values: the caller then runs its ATen path,
+    which propagates them)."""
     result = module.lstm_layer(x.contiguous(), sizes, c.contiguous(), h.contiguous(), w_ih, bias, w_hh,
                                w_proj.contiguous(), float(cell_clip), float(proj_clip))
     return tuple(result) if result else None

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from elmokit.errors import InputError, UsageError
+from elmokit.checks import positive_int
+from elmokit.errors import InputError, UsageError, UsageTypeError
 
 __all__ = ["ScalarMix"]
 
@@ -33,7 +34,9 @@ class ScalarMix(nn.Module):
     split on the way in).
 
     Raises:
-        UsageError: a bad ``mixture_size`` or ``initial_scalar_parameters`` of the wrong length.
+        UsageTypeError: (also a ``TypeError``) ``mixture_size`` not an int, ``initial_scalar_parameters`` not
+            numbers.
+        UsageError: ``mixture_size`` < 1, or ``initial_scalar_parameters`` of the wrong length.
         InputError: a wrong number of layers, a missing mask with layer norm, a layers tensor of the wrong rank.
     """
 
@@ -41,14 +44,13 @@ class ScalarMix(nn.Module):
                  initial_scalar_parameters: Sequence[float] | None = None, trainable: bool = True,
                  initial_gamma: float = 1.0, top_only: bool = False) -> None:
         super().__init__()
-        if isinstance(mixture_size, bool) or not isinstance(mixture_size, int) or mixture_size < 1:
-            raise UsageError(f"mixture_size must be an int >= 1 (the number of layers mixed), got {mixture_size!r}")
+        positive_int("mixture_size (the number of layers mixed)", mixture_size)
         if initial_scalar_parameters is None:
             initial_scalar_parameters = [0.0] * mixture_size
         try:
             values = [float(v) for v in initial_scalar_parameters]
         except (TypeError, ValueError):
-            raise UsageError(f"initial_scalar_parameters must be {mixture_size} numbers, got "
+            raise UsageTypeError(f"initial_scalar_parameters must be {mixture_size} numbers, got "
                              f"{initial_scalar_parameters!r}") from None
         if len(values) != mixture_size:
             raise UsageError(

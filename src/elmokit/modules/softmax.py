@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elmokit.errors import ConfigError, InputError, UsageError
+from elmokit.checks import check_int, is_int, positive_int
+from elmokit.errors import ConfigError, InputError, InputTypeError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------- sampled logits
-def _accidental_hits(targets: torch.Tensor, sampled: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _accidental_hits(targets: torch.Tensor, sampled: torch.Tensor, vocab_size: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, columns) where ``sampled[column] == targets[row]``: targets (N,) long, sampled (S,) distinct long ids.
 
     A lookup table of each id's position among the samples, O(V + N), instead of comparing all N × S pairs (which
@@ -145,7 +147,8 @@ def log_uniform_candidates(
         UsageError: ``num_samples`` not in ``[1, range_max]``, or ``range_max`` not an int >= 1.
     """
     _check_range_max(range_max)
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= range_max:
+    check_int("num_samples", num_samples, 1)
+    if num_samples > range_max:
         raise UsageError(f"num_samples must be an int in [1, {range_max}] (range_max), got {num_samples!r}")
     seen = torch.zeros(range_max, dtype=torch.bool)
     picked: list[torch.Tensor] = []
@@ -193,8 +196,7 @@ def log_uniform_expected_count(
 
 
 def _check_range_max(range_max: int) -> None:
-    if isinstance(range_max, bool) or not isinstance(range_max, int) or range_max < 1:
-        raise UsageError(f"range_max (vocabulary size) must be an int >= 1, got {range_max!r}")
+    positive_int("range_max (vocabulary size)", range_max)
 
 
 # ---------------------------------------------------------------------------------------------- the LM head
@@ -218,7 +220,7 @@ class SoftmaxLM(nn.Module):
     def __init__(self, input_dim: int, vocab_size: int) -> None:
         super().__init__()
         for name, value in (("input_dim", input_dim), ("vocab_size", vocab_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ConfigError(f"SoftmaxLM: {name} must be an int >= 1, got {value!r}")
         self.input_dim = input_dim
         self.vocab_size = vocab_size
@@ -239,9 +241,9 @@ class SoftmaxLM(nn.Module):
     # ------------------------------------------------------------------ validation
     def _check_h(self, h: torch.Tensor, *, two_d: bool) -> None:
         if not isinstance(h, torch.Tensor):
-            raise InputError(f"h must be a torch.Tensor, got {type(h).__name__}")
+            raise InputTypeError(f"h must be a torch.Tensor, got {type(h).__name__}")
         if not h.is_floating_point():
-            raise InputError(f"h must be a floating-point tensor, got dtype {h.dtype}")
+            raise InputTypeError(f"h must be a floating-point tensor, got dtype {h.dtype}")
         if two_d and h.dim() != 2:
             raise InputError(f"h must have shape (N, D={self.input_dim}), got {tuple(h.shape)}")
         if h.dim() < 1 or h.shape[-1] != self.input_dim:
@@ -249,9 +251,9 @@ class SoftmaxLM(nn.Module):
 
     def _check_targets(self, targets: torch.Tensor, n: int) -> None:
         if not isinstance(targets, torch.Tensor):
-            raise InputError(f"targets must be a torch.Tensor of ids, got {type(targets).__name__}")
+            raise InputTypeError(f"targets must be a torch.Tensor of ids, got {type(targets).__name__}")
         if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.is_complex():
-            raise InputError(f"targets must be an integer tensor of ids, got dtype {targets.dtype}")
+            raise InputTypeError(f"targets must be an integer tensor of ids, got dtype {targets.dtype}")
         if targets.dim() != 1 or targets.shape[0] != n:
             raise InputError(f"targets must have shape (N={n},), got {tuple(targets.shape)}")
         if n:
@@ -276,8 +278,8 @@ class SoftmaxLM(nn.Module):
             (N,) float32, nats. This is what bilm-tf evaluates for perplexity (``exp`` of the mean).
 
         Raises:
-            InputError: ``h`` not a floating tensor, ``targets`` not an integer tensor, wrong shapes, or an id out of
-                range.
+            InputTypeError: (also a ``TypeError``) ``h`` not a floating tensor, ``targets`` not an integer tensor.
+            InputError: wrong shapes, or an id out of range.
         """
         self._check_h(h, two_d=True)
         self._check_targets(targets, h.shape[0])
@@ -320,8 +322,7 @@ class SoftmaxLM(nn.Module):
         """
         self._check_h(h, two_d=True)
         self._check_targets(targets, h.shape[0])
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise UsageError(f"num_samples must be an int >= 1, got {num_samples!r}")
+        positive_int("num_samples", num_samples)
         V = self.vocab_size
         if num_samples >= V - 1:
             if not self._logged_fallback:

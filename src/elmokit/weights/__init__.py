@@ -1,4 +1,5 @@
-"""Weight formats: the original options.json + HDF5 (:mod:`.original`) and the native safetensors folder (:mod:`.native`).
+"""Weight formats: the original options.json + HDF5 (:mod:`.original`) and the native safetensors folder
+(:mod:`.native`).
 
 Both loaders end in :func:`load_state_checked`, so a mismatch reads the same whatever the file format.
 """

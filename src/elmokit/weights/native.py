@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
 
 from elmokit.characters import CharVocabulary
 from elmokit.config import ElmoConfig
-from elmokit.errors import InputError, MissingFileError, UsageError, WeightsError
-from elmokit.io import LOCK_NAME, atomic_path
+from elmokit.errors import ConfigError, InputError, MissingFileError, UsageError, UsageTypeError, WeightsError
+from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text
 from elmokit.modules.bilm import BiLM, StatefulBiLM
 from elmokit.weights import load_state_checked
 
@@ -143,8 +145,6 @@ def download(url: str, dest: str | os.PathLike, *, opener: Callable | None = Non
     dest = Path(dest)
     if dest.is_file():
         return dest
-    from tqdm.auto import tqdm
-
     opener = opener or _urlopen
     logger.info("downloading %s → %s", url, dest)
     try:
@@ -192,8 +192,6 @@ def save_pretrained(model: BiLM, out_dir: str | os.PathLike, *, vocab_lines: lis
         save_file(tensors, str(tmp), metadata=metadata)
         _sort_metadata(tmp)
     if vocab_lines is not None:
-        from elmokit.io import atomic_write_text
-
         atomic_write_text(out_dir / "vocab.txt", "".join(line + "\n" for line in vocab_lines))
     model.config.to_json_file(out_dir / CONFIG_NAME)
     return out_dir
@@ -256,8 +254,6 @@ def load_native(path: str | os.PathLike, *, stateful: bool = False, **bilm_kwarg
     if START_C in tensors or START_H in tensors:
         if not (START_C in tensors and START_H in tensors):
             raise WeightsError(f"{weights} holds only one of {START_C} and {START_H}: a start state needs both")
-        from safetensors import safe_open
-
         with safe_open(str(weights), framework="pt") as fh:
             source = (fh.metadata() or {}).get("start_state")
         try:
@@ -305,16 +301,17 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
     Raises:
         UsageError: a path that is a file (says what to pass instead: the options + weights pair goes to
             ``load_original`` / ``Embedder(options_file, weight_file)``), or a name that is neither a folder nor a
-            released or zoo model (lists the known names); not a str / path.
+            released or zoo model (lists the known names).
+        UsageTypeError: (also a ``TypeError``) not a str / path.
         MissingFileError: a folder that is not a model (names it, says what a model folder holds and what was
             found), a path-like name that does not exist, or a zoo model that is not built yet (says to run
             ``elmokit zoo build LANG``).
         ConfigError / WeightsError: as the loaders.
     """
-    from elmokit.weights.original import load_original
+    from elmokit.weights.original import load_original  # lazy: CLI start-up (it imports h5py)
 
     if not isinstance(name_or_path, (str, os.PathLike)):
-        raise UsageError(f"model must be a folder path, a released model name or a zoo model name "
+        raise UsageTypeError(f"model must be a folder path, a released model name or a zoo model name "
                          f"{known_model_names()}, got {type(name_or_path).__name__}")
     resolved = resolve_model_name(name_or_path)
     if resolved is not name_or_path:  # a zoo model: its native folder
@@ -351,8 +348,6 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
 
 def read_config_json(path: str | os.PathLike) -> dict:
     """Parse a JSON file (helper for the CLI). Raises :class:`MissingFileError` / :class:`ConfigError` naming it."""
-    from elmokit.errors import ConfigError
-
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"{path}: no such file")
