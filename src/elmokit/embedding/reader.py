@@ -59,7 +59,7 @@ class EmbeddingReader(Mapping):
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        import h5py
+        import h5py  # lazy: CLI start-up (the embed command imports this module to build its parser)
 
         self.path = Path(path)
         self._h5py = h5py
