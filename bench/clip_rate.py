@@ -2,15 +2,16 @@
 
 bilm-tf's cells clip the memory cell to ±cell_clip and the projected output to ±proj_clip at every step; PyTorch's
 ``nn.LSTM(proj_size=…)`` (and cuDNN) cannot. Swapping them is exact only where no clip ever changes a value. This
-script runs trained biLMs over real sentences (the first ``--sentences`` of UD English-EWT dev, each with ``<S> … </S>``,
-from a zero state, as elmokit embeds) with the cell equations written out step by step, and counts, per layer and
-direction, the fraction of (real position, unit) values that a clip changed and the fraction of positions with at
+script runs trained biLMs over real sentences (the first ``--sentences`` of UD English-EWT dev, each with ``<S> …
+</S>``, from a zero state, as elmokit embeds) with the cell equations written out step by step, and counts, per layer
+and direction, the fraction of (real position, unit) values that a clip changed and the fraction of positions with at
 least one clipped unit; then it reruns without clipping and reports the max abs change of the top layer.
 
 Run: ``python bench/clip_rate.py MODEL [MODEL …] [--sentences 500]`` where MODEL is a native folder (``config.json`` +
 ``model.safetensors``), an original-format folder, or ``fixture:allennlp-elmo`` / ``fixture:bilm-tf`` (the reference
 fixtures in ../shared). The last line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,13 +80,16 @@ def run_layers(bilm, tokens: torch.Tensor, lengths: torch.Tensor, clip: bool) ->
             out = out + x
         n_pos = float(lengths.sum())
         for d, name in enumerate(("forward", "backward")):
-            stats.append({
-                "layer": k, "direction": name,
-                "cell_values_clipped": float(counts[d, 0]) / (n_pos * lstm.hidden_dim),
-                "positions_with_cell_clip": float(counts[d, 1]) / n_pos,
-                "proj_values_clipped": float(counts[d, 2]) / (n_pos * lstm.projection_dim),
-                "positions_with_proj_clip": float(counts[d, 3]) / n_pos,
-            })
+            stats.append(
+                {
+                    "layer": k,
+                    "direction": name,
+                    "cell_values_clipped": float(counts[d, 0]) / (n_pos * lstm.hidden_dim),
+                    "positions_with_cell_clip": float(counts[d, 1]) / n_pos,
+                    "proj_values_clipped": float(counts[d, 2]) / (n_pos * lstm.projection_dim),
+                    "positions_with_proj_clip": float(counts[d, 3]) / n_pos,
+                }
+            )
         x = out
     return x, stats
 
@@ -109,8 +113,12 @@ def measure(spec: str, sentences: list[list[str]]) -> dict:
     mine = torch.cat([top_clip[0], reverse_padded(top_clip[1], lengths)], dim=-1) * mask.unsqueeze(-1)
     free = torch.cat([top_free[0], reverse_padded(top_free[1], lengths)], dim=-1) * mask.unsqueeze(-1)
     return {
-        "model": spec, "cell_clip": cfg.cell_clip, "proj_clip": cfg.proj_clip, "sentences": len(sentences),
-        "positions": int(lengths.sum()), "layers": stats,
+        "model": spec,
+        "cell_clip": cfg.cell_clip,
+        "proj_clip": cfg.proj_clip,
+        "sentences": len(sentences),
+        "positions": int(lengths.sum()),
+        "layers": stats,
         "check_max_abs_diff_vs_bilm": float((mine - reference).abs().max()),
         "top_layer_max_abs_change_without_clipping": float((free - mine).abs().max()),
     }
@@ -125,16 +133,24 @@ def main() -> None:
     sentences = read_conllu_forms(EWT_DEV, args.sentences)
     results = [measure(m, sentences) for m in args.models]
     for r in results:
-        print(f"\n{r['model']}  (cell_clip {r['cell_clip']}, proj_clip {r['proj_clip']}; {r['sentences']} sentences, "
-              f"{r['positions']} positions with boundaries; check vs BiLM {r['check_max_abs_diff_vs_bilm']:.1e})")
-        print("| layer | direction | cell values clipped | positions with a cell clip | proj values clipped | "
-              "positions with a proj clip |")
+        print(
+            f"\n{r['model']}  (cell_clip {r['cell_clip']}, proj_clip {r['proj_clip']}; {r['sentences']} sentences, "
+            f"{r['positions']} positions with boundaries; check vs BiLM {r['check_max_abs_diff_vs_bilm']:.1e})"
+        )
+        print(
+            "| layer | direction | cell values clipped | positions with a cell clip | proj values clipped | "
+            "positions with a proj clip |"
+        )
         print("|---|---|---|---|---|---|")
         for s in r["layers"]:
-            print(f"| {s['layer']} | {s['direction']} | {s['cell_values_clipped']:.2e} | "
-                  f"{s['positions_with_cell_clip']:.2%} | {s['proj_values_clipped']:.2e} | "
-                  f"{s['positions_with_proj_clip']:.2%} |")
-        print(f"top layer, max abs change if the clips were dropped: {r['top_layer_max_abs_change_without_clipping']:.3g}")
+            print(
+                f"| {s['layer']} | {s['direction']} | {s['cell_values_clipped']:.2e} | "
+                f"{s['positions_with_cell_clip']:.2%} | {s['proj_values_clipped']:.2e} | "
+                f"{s['positions_with_proj_clip']:.2%} |"
+            )
+        print(
+            f"top layer, max abs change if the clips were dropped: {r['top_layer_max_abs_change_without_clipping']:.3g}"
+        )
     print(json.dumps({"results": results}))
 
 

@@ -30,6 +30,7 @@ each setting are medians over ``--repeats`` children. The last line is one JSON 
 quiet rate, the rate under each load, their ratios (for latency: loaded / quiet time), and each setting's quiet rate
 relative to ``today``'s measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,7 @@ SETTINGS: dict[str, tuple[dict[str, str], int | None]] = {
 
 LOADS = {
     "quiet": None,
-    "matmul2": ("import torch\ntorch.set_num_threads(2)\na = torch.randn(1024, 1024)\n"
-                "while True:\n    a @ a\n"),
+    "matmul2": ("import torch\ntorch.set_num_threads(2)\na = torch.randn(1024, 1024)\nwhile True:\n    a @ a\n"),
     "pyloop": "x = 0\nwhile True:\n    x += 1\n",
 }
 
@@ -87,9 +87,9 @@ def _timed(step, seconds: float, warmup: int, min_runs: int) -> tuple[list[float
 
 
 def child(args: argparse.Namespace) -> None:
-    import elmokit  # noqa: F401  (first: elmokit's thread defaults apply before torch starts its OpenMP runtime)
     import torch
 
+    import elmokit  # noqa: F401  (first: elmokit's thread defaults apply before torch starts its OpenMP runtime)
     from elmokit import threads as elmokit_threads
 
     elmokit_threads.set_threads(args.threads or elmokit_threads.default_threads())  # as the CLI does
@@ -102,11 +102,27 @@ def child(args: argparse.Namespace) -> None:
         work = Path(args.work)
         corpus = work / "lee.txt"
         corpus.write_text("".join(" ".join(s) + "\n" for s in train), encoding="utf-8")
-        config = TrainConfig(train_files=[str(corpus)], out_dir=str(work / "run"),
-                             model=quickstart_config().to_options(), min_count=2, batching="sentences",
-                             batch_size=32, unroll_steps=20, n_epochs=1000, optimizer="adam", lr=2e-3,
-                             clip_norm=5.0, dropout=0.5, n_negative_samples=0, seed=0, max_steps=10**6,
-                             checkpoint_every=10**6, log_every=10**6, progress=False, device="cpu")
+        config = TrainConfig(
+            train_files=[str(corpus)],
+            out_dir=str(work / "run"),
+            model=quickstart_config().to_options(),
+            min_count=2,
+            batching="sentences",
+            batch_size=32,
+            unroll_steps=20,
+            n_epochs=1000,
+            optimizer="adam",
+            lr=2e-3,
+            clip_norm=5.0,
+            dropout=0.5,
+            n_negative_samples=0,
+            seed=0,
+            max_steps=10**6,
+            checkpoint_every=10**6,
+            log_every=10**6,
+            progress=False,
+            device="cpu",
+        )
         trainer = build_trainer(config)
         trainer.lm.train()
         torch.use_deterministic_algorithms(config.deterministic, warn_only=True)
@@ -119,8 +135,8 @@ def child(args: argparse.Namespace) -> None:
         bilm = BiLM(elmo_small()).eval()
         sentences = read_conllu_forms(EWT_DEV, 1000)
         if args.workload == "embed":
-            batches = [batch_to_ids(sentences[i: i + 64]) for i in range(0, len(sentences), 64)]
-            tokens = [sum(len(s) for s in sentences[i: i + 64]) for i in range(0, len(sentences), 64)]
+            batches = [batch_to_ids(sentences[i : i + 64]) for i in range(0, len(sentences), 64)]
+            tokens = [sum(len(s) for s in sentences[i : i + 64]) for i in range(0, len(sentences), 64)]
             it = iter(range(10**9))
 
             def step() -> None:
@@ -162,17 +178,36 @@ def start_load(name: str) -> subprocess.Popen | None:
 
 def run_child(setting: str, workload: str, load: str, args: argparse.Namespace, tmp: Path) -> dict:
     env_extra, threads = SETTINGS[setting]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "ELMOKIT_THREADS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "ELMOKIT_THREADS")
+    }
     env.update(env_extra)
     env["PYTHONPATH"] = str(ROOT / "src")
     work = Path(tempfile.mkdtemp(dir=tmp))
     result = work / "result.json"
     proc = start_load(load)
     try:
-        subprocess.run([sys.executable, __file__, "--child", workload, "--work", str(work), "--result", str(result),
-                        "--seconds", str(args.seconds), "--threads", str(threads or 0)],
-                       check=True, env=env, timeout=args.seconds * 20 + 120)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                workload,
+                "--work",
+                str(work),
+                "--result",
+                str(result),
+                "--seconds",
+                str(args.seconds),
+                "--threads",
+                str(threads or 0),
+            ],
+            check=True,
+            env=env,
+            timeout=args.seconds * 20 + 120,
+        )
     finally:
         if proc is not None:
             proc.kill()
@@ -206,8 +241,12 @@ def main() -> None:
     if load1 > 0.5:
         print(f"warning: load average {load1:.2f} before the run: the quiet figures may not be quiet", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="elmokit-contention-"))
-    out: dict = {"seconds": args.seconds, "cpus": len(os.sched_getaffinity(0)), "load_average_before": load1,
-                 "settings": {}}
+    out: dict = {
+        "seconds": args.seconds,
+        "cpus": len(os.sched_getaffinity(0)),
+        "load_average_before": load1,
+        "settings": {},
+    }
     for workload in workloads:
         for load in loads:
             # quiet runs are repeated, settings interleaved (A B C A B C …), so that a slow drift of the machine's
@@ -228,15 +267,18 @@ def main() -> None:
                 if runs > 1:
                     entry[f"{load}_runs"] = rates[setting]
                 each = ", ".join(f"{x:.3f}" for x in rates[setting])
-                print(f"{workload:8s} {setting:10s} {load:8s} {entry[load]:10.3f} {entry['unit']}"
-                      + (f"  (runs: {each})" if runs > 1 else ""), flush=True)
+                print(
+                    f"{workload:8s} {setting:10s} {load:8s} {entry[load]:10.3f} {entry['unit']}"
+                    + (f"  (runs: {each})" if runs > 1 else ""),
+                    flush=True,
+                )
         for setting in settings:
             entry = out["settings"][setting][workload]
             for load in loads:
                 if load != "quiet" and "quiet" in entry:
                     entry[f"{load}_vs_quiet"] = entry[load] / entry["quiet"]
     if "today" in out["settings"]:
-        for setting, per in out["settings"].items():
+        for per in out["settings"].values():
             for workload, entry in per.items():
                 ref = out["settings"]["today"].get(workload, {}).get("quiet")
                 if ref and "quiet" in entry:

@@ -14,6 +14,7 @@ Run: ``python bench/continued.py [--steps-a 200] [--steps-b 100] [--threads 2]``
 with the defaults). Prints a table, then one JSON line: the figures and the ratio continued / scratch of the final
 held-out average perplexity (below 1: continued pretraining wins).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,10 +35,17 @@ SHARED = ROOT.parent / "shared" / "data"
 def architecture() -> ElmoConfig:
     """Small enough for a CPU minute: char CNN 128 filters, 1 highway, LSTM 256 → 64, 2 layers, skip connections."""
     return ElmoConfig(
-        char_cnn=CharCNNConfig(filters=[(1, 16), (2, 16), (3, 32), (4, 64)], n_highway=1, embedding_dim=8,
-                               n_characters=262, max_characters_per_token=20, activation="relu"),
-        lstm=LSTMConfig(dim=256, projection_dim=64, n_layers=2, cell_clip=3.0, proj_clip=3.0,
-                        use_skip_connections=True),
+        char_cnn=CharCNNConfig(
+            filters=[(1, 16), (2, 16), (3, 32), (4, 64)],
+            n_highway=1,
+            embedding_dim=8,
+            n_characters=262,
+            max_characters_per_token=20,
+            activation="relu",
+        ),
+        lstm=LSTMConfig(
+            dim=256, projection_dim=64, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True
+        ),
     )
 
 
@@ -57,15 +65,35 @@ def corpus_a(path: Path) -> int:
 
 
 def run(name: str, train: Path, out: Path, steps: int, args, **kw) -> dict:
-    config = TrainConfig(train_files=[str(train)], out_dir=str(out), batch_size=args.batch_size, n_epochs=1000,
-                         max_steps=steps, optimizer="adam", lr=2e-3, dropout=0.1, n_negative_samples=0, min_count=2,
-                         seed=args.seed, checkpoint_every=10_000, log_every=10, progress=False, device="cpu", **kw)
+    config = TrainConfig(
+        train_files=[str(train)],
+        out_dir=str(out),
+        batch_size=args.batch_size,
+        n_epochs=1000,
+        max_steps=steps,
+        optimizer="adam",
+        lr=2e-3,
+        dropout=0.1,
+        n_negative_samples=0,
+        min_count=2,
+        seed=args.seed,
+        checkpoint_every=10_000,
+        log_every=10,
+        progress=False,
+        device="cpu",
+        **kw,
+    )
     start = time.perf_counter()
     summary = Trainer(config).train()
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     curve = [(r["step"], round(r["valid_ppl"], 2)) for r in rows if r["kind"] == "valid"]
-    return {"run": name, "steps": summary["steps"], "seconds": round(time.perf_counter() - start, 1),
-            "valid": summary.get("valid"), "curve": curve}
+    return {
+        "run": name,
+        "steps": summary["steps"],
+        "seconds": round(time.perf_counter() - start, 1),
+        "valid": summary.get("valid"),
+        "curve": curve,
+    }
 
 
 def main() -> None:
@@ -90,23 +118,44 @@ def main() -> None:
         on_b = dict(valid_files=[str(tmp / "held.txt")], valid_every=every)
         a = run("A from scratch", tmp / "a.txt", tmp / "a", args.steps_a, args, model=model)
         scratch = run("B from scratch", tmp / "b.txt", tmp / "scratch", args.steps_b, args, model=model, **on_b)
-        continued = run("A, then B (--init-from)", tmp / "b.txt", tmp / "continued", args.steps_b, args,
-                        init_from=str(tmp / "a" / "model"), **on_b)
-    print(f"corpus A: WikiText-2 valid+test, {n_a} sentences; corpus B: PTB valid; held out: {len(held)} lines of "
-          f"PTB test; {args.batch_size} sentences a step")
+        continued = run(
+            "A, then B (--init-from)",
+            tmp / "b.txt",
+            tmp / "continued",
+            args.steps_b,
+            args,
+            init_from=str(tmp / "a" / "model"),
+            **on_b,
+        )
+    print(
+        f"corpus A: WikiText-2 valid+test, {n_a} sentences; corpus B: PTB valid; held out: {len(held)} lines of "
+        f"PTB test; {args.batch_size} sentences a step"
+    )
     print(f"{'run':28s}{'steps on A':>11s}{'steps on B':>11s}{'held-out ppl on B (fwd / bwd / avg)':>40s}{'s':>7s}")
     for r, steps_a in ((scratch, 0), (continued, args.steps_a)):
         v = r["valid"]
         figures = f"{v['valid_ppl_fwd']:.1f} / {v['valid_ppl_bwd']:.1f} / {v['valid_ppl']:.1f}"
-        print(f"{r['run']:28s}{steps_a:>11d}{r['steps']:>11d}{figures:>40s}{r['seconds'] + (a['seconds'] if steps_a else 0):>7.1f}")
+        seconds = r["seconds"] + (a["seconds"] if steps_a else 0)
+        print(f"{r['run']:28s}{steps_a:>11d}{r['steps']:>11d}{figures:>40s}{seconds:>7.1f}")
     print(f"held-out curve on B (step, average): scratch {scratch['curve']}")
     print(f"                                     continued {continued['curve']}")
     ratio = continued["valid"]["valid_ppl"] / scratch["valid"]["valid_ppl"]
-    print(json.dumps({"steps_a": args.steps_a, "steps_b": args.steps_b, "batch_size": args.batch_size,
-                      "threads": torch.get_num_threads(), "scratch": scratch["valid"], "continued": continued["valid"],
-                      "scratch_curve": scratch["curve"], "continued_curve": continued["curve"],
-                      "seconds": {"a": a["seconds"], "scratch": scratch["seconds"], "continued": continued["seconds"]},
-                      "ratio": ratio}))
+    print(
+        json.dumps(
+            {
+                "steps_a": args.steps_a,
+                "steps_b": args.steps_b,
+                "batch_size": args.batch_size,
+                "threads": torch.get_num_threads(),
+                "scratch": scratch["valid"],
+                "continued": continued["valid"],
+                "scratch_curve": scratch["curve"],
+                "continued_curve": continued["curve"],
+                "seconds": {"a": a["seconds"], "scratch": scratch["seconds"], "continued": continued["seconds"]},
+                "ratio": ratio,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

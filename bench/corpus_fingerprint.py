@@ -9,6 +9,7 @@ the disk's read time) and, for comparison, BLAKE2b over the same bytes. Run it u
 
 The last line is one JSON object: MB/s of each pass, the median, and the seconds for 1 GB at the median rate.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,9 +72,19 @@ def main() -> None:
         p.unlink()
     os.rmdir(args.work)
     median = statistics.median(rates)
-    print(json.dumps({"bytes": total, "files": len(paths), "sha256_mb_per_s": [round(r) for r in rates],
-                      "sha256_median_mb_per_s": round(median), "seconds_per_gb": round(1000 / median, 2),
-                      "blake2b_mb_per_s": round(blake), "cpu": os.cpu_count()}))
+    print(
+        json.dumps(
+            {
+                "bytes": total,
+                "files": len(paths),
+                "sha256_mb_per_s": [round(r) for r in rates],
+                "sha256_median_mb_per_s": round(median),
+                "seconds_per_gb": round(1000 / median, 2),
+                "blake2b_mb_per_s": round(blake),
+                "cpu": os.cpu_count(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

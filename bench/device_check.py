@@ -8,6 +8,7 @@ Measures, with random weights and synthetic Zipf-distributed text (nothing to do
 Run: ``PYTHONPATH=src python bench/device_check.py [--preset small] [--steps 20]``. Without CUDA it says so and stops.
 Prints one JSON line last with the figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from elmokit import Embedder, PRESETS, batch_to_ids
+from elmokit import PRESETS, Embedder, batch_to_ids
 from elmokit.modules.bilm import BiLM
 from elmokit.pretraining.trainer import TrainConfig, Trainer
 
@@ -34,8 +35,18 @@ def zipf_corpus(n_sentences: int, vocab_size: int = 5000, seed: int = 0) -> list
 
 def train_steps_per_s(model: dict, corpus_file: Path, device: str, steps: int, out: Path, batch: int) -> float:
     """Optimiser steps per second (sampled softmax, 1024 negatives, stream windows of 20), after 3 warm-up steps."""
-    cfg = TrainConfig(train_files=[str(corpus_file)], out_dir=str(out), model=model, batch_size=batch,
-                      unroll_steps=20, n_negative_samples=1024, n_epochs=100, device=device, progress=False, seed=0)
+    cfg = TrainConfig(
+        train_files=[str(corpus_file)],
+        out_dir=str(out),
+        model=model,
+        batch_size=batch,
+        unroll_steps=20,
+        n_negative_samples=1024,
+        n_epochs=100,
+        device=device,
+        progress=False,
+        seed=0,
+    )
     trainer = Trainer(cfg)
     trainer.lm.train()
     batches = iter(trainer.data)
@@ -81,8 +92,12 @@ def main() -> int:
         return 2
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    result: dict = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else None, "preset": args.preset,
-                    "cpu_threads": torch.get_num_threads()}
+    result: dict = {
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else None,
+        "preset": args.preset,
+        "cpu_threads": torch.get_num_threads(),
+    }
     config = PRESETS[args.preset]()
     sentences = zipf_corpus(args.embed_sentences, seed=1)
 
@@ -104,8 +119,19 @@ def main() -> int:
         corpus.write_text("".join(" ".join(s) + "\n" for s in zipf_corpus(4000)))
         small = PRESETS["tiny"]().to_options()
         # 2. exact resume on the device
-        base = dict(train_files=[str(corpus)], model=small, batch_size=8, unroll_steps=10, n_epochs=100,
-                    n_negative_samples=64, device=dev, progress=False, checkpoint_every=15, log_every=1, seed=3)
+        base = dict(
+            train_files=[str(corpus)],
+            model=small,
+            batch_size=8,
+            unroll_steps=10,
+            n_epochs=100,
+            n_negative_samples=64,
+            device=dev,
+            progress=False,
+            checkpoint_every=15,
+            log_every=1,
+            seed=3,
+        )
         Trainer(TrainConfig(out_dir=str(tmp / "full"), max_steps=30, **base)).train()
         Trainer(TrainConfig(out_dir=str(tmp / "cut"), max_steps=15, **base)).train()
         resumed = Trainer(TrainConfig(out_dir=str(tmp / "cut"), max_steps=30, **base))

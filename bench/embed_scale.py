@@ -22,6 +22,7 @@ saved to a temporary folder and text drawn from a fixed 2,000-word vocabulary (s
 The last line printed is one JSON object with every figure; ratios are to the 1-worker / uncached run of the same
 invocation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,8 +91,22 @@ def _tree(pid: int) -> list[int]:
 
 def run_cli(model: Path, text: Path, out: Path, workers: int) -> dict:
     """One `elmokit embed` subprocess: wall seconds and the peak summed RSS of its process tree (MB)."""
-    cmd = [sys.executable, "-m", "elmokit", "embed", str(model), str(text), str(out), "--format", "hdf5",
-           "--no-progress", "--workers", str(workers), "--part-size", "500"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "elmokit",
+        "embed",
+        str(model),
+        str(text),
+        str(out),
+        "--format",
+        "hdf5",
+        "--no-progress",
+        "--workers",
+        str(workers),
+        "--part-size",
+        "500",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -125,10 +140,15 @@ def flat_memory(model, text: Path, out: Path, lines: int, parts: int) -> dict:
         embed_output._probe = None
     done = sorted(seen)
     at10 = seen[done[max(0, len(done) // 10 - 1)]]
-    return {"lines": lines, "parts": len(done), "sent_per_s": round(lines / wall, 1),
-            "rss_at_10pct_mb": round(at10 / 1024, 1), "rss_at_100pct_mb": round(seen[done[-1]] / 1024, 1),
-            "rss_after_merge_mb": round(_rss_kb(os.getpid()) / 1024, 1),
-            "growth_10_to_100pct_mb": round((seen[done[-1]] - at10) / 1024, 1)}
+    return {
+        "lines": lines,
+        "parts": len(done),
+        "sent_per_s": round(lines / wall, 1),
+        "rss_at_10pct_mb": round(at10 / 1024, 1),
+        "rss_at_100pct_mb": round(seen[done[-1]] / 1024, 1),
+        "rss_after_merge_mb": round(_rss_kb(os.getpid()) / 1024, 1),
+        "growth_10_to_100pct_mb": round((seen[done[-1]] - at10) / 1024, 1),
+    }
 
 
 def cache_speed(model, text: Path, vocab: list[str]) -> dict:
@@ -176,13 +196,17 @@ print(f"{out.shape[0]} {base} {peak} {wall}")
 
 
 def long_sentence(tokens: int, how: str = "embedder") -> dict:
-    res = subprocess.run([sys.executable, "-c", _LONG, str(tokens), str(REPO / "src"), how], capture_output=True,
-                         text=True)
+    res = subprocess.run(
+        [sys.executable, "-c", _LONG, str(tokens), str(REPO / "src"), how], capture_output=True, text=True
+    )
     if res.returncode:
         return {"error": res.stderr.strip().splitlines()[-1:]}
     n, base, peak, wall = res.stdout.split()
-    return {"tokens": int(n), "extra_peak_rss_mb": round((int(peak) - int(base)) / 1024, 1),
-            "wall_s": round(float(wall), 2)}
+    return {
+        "tokens": int(n),
+        "extra_peak_rss_mb": round((int(peak) - int(base)) / 1024, 1),
+        "wall_s": round(float(wall), 2),
+    }
 
 
 def main() -> None:
@@ -190,8 +214,9 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=3000, help="lines of the small file (default: %(default)s)")
     ap.add_argument("--scale", type=int, default=10, help="the large file is this many times larger (default: 10)")
     ap.add_argument("--parts", type=int, default=30, help="parts of the large file (default: %(default)s)")
-    ap.add_argument("--long-tokens", type=int, default=10000,
-                    help="tokens of the long sentence, 0 to skip (default: %(default)s)")
+    ap.add_argument(
+        "--long-tokens", type=int, default=10000, help="tokens of the long sentence, 0 to skip (default: %(default)s)"
+    )
     args = ap.parse_args()
     from elmokit.weights.native import save_pretrained
 
@@ -212,8 +237,9 @@ def main() -> None:
                 r["sent_per_s"] = round(lines / r["wall_s"], 1)  # wall time includes start-up and the merge
                 result[f"{name}_workers_{workers}"] = r
                 print(f"{name} file, workers={workers}: {r}", flush=True)
-            result[f"{name}_workers_2_over_1_speed"] = round(result[f"{name}_workers_2"]["sent_per_s"]
-                                                             / result[f"{name}_workers_1"]["sent_per_s"], 2)
+            result[f"{name}_workers_2_over_1_speed"] = round(
+                result[f"{name}_workers_2"]["sent_per_s"] / result[f"{name}_workers_1"]["sent_per_s"], 2
+            )
         result["flat_memory"] = flat_memory(model, large, tmp / "large.h5", args.lines * args.scale, args.parts)
         print(f"flat memory: {result['flat_memory']}", flush=True)
         result["token_cache"] = cache_speed(model, small, vocab)
@@ -222,8 +248,7 @@ def main() -> None:
         result["long_sentence_small_config"] = long_sentence(args.long_tokens)
         print(f"long sentence (Embedder): {result['long_sentence_small_config']}", flush=True)
         result["long_sentence_small_config_bilm"] = long_sentence(args.long_tokens, "bilm")
-        print(f"long sentence (BiLM module, as Elmo runs it): {result['long_sentence_small_config_bilm']}",
-              flush=True)
+        print(f"long sentence (BiLM module, as Elmo runs it): {result['long_sentence_small_config_bilm']}", flush=True)
     print(json.dumps(result))
 
 

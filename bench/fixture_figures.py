@@ -3,6 +3,7 @@
 Run from the repo root with ``../shared`` beside it: ``python bench/fixture_figures.py``. The tests
 (``tests/test_fixtures.py``) assert the same quantities against 1e-5; this prints them. One JSON line.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import shared_path  # noqa: E402
+from elmokit import batch_to_ids  # noqa: E402
 from helpers import fixture_model  # noqa: E402
 from test_fixtures import _run_stateful  # noqa: E402
-
-from elmokit import batch_to_ids  # noqa: E402
 
 
 def main() -> int:
@@ -37,7 +37,9 @@ def main() -> int:
         out = model(batch_to_ids([["a", "b"]]), keep_sentence_boundaries=True)
     figures["token_embeddings_max_abs_diff"] = float(np.abs(got - expected).max())
     figures["bos_vs_literal_<S>"] = float(np.abs(out.token_vectors[0, 0].numpy() - expected[words.index("<S>")]).max())
-    figures["eos_vs_literal_</S>"] = float(np.abs(out.token_vectors[0, 3].numpy() - expected[words.index("</S>")]).max())
+    figures["eos_vs_literal_</S>"] = float(
+        np.abs(out.token_vectors[0, 3].numpy() - expected[words.index("</S>")]).max()
+    )
     print(json.dumps(figures))
     return 0
 

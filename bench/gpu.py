@@ -12,6 +12,7 @@ Run on a GPU machine: ``PYTHONPATH=src python bench/gpu.py [--preset original] [
 each measurement stops after ``--seconds``). Without CUDA it prints a JSON line saying so and exits 0. The last line is
 one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,7 +77,7 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     data = sentences(2000)
-    batches = [data[i: i + args.batch_size] for i in range(0, len(data), args.batch_size)]
+    batches = [data[i : i + args.batch_size] for i in range(0, len(data), args.batch_size)]
     cpu_model = BiLM(PRESETS[args.preset]()).eval()
     gpu_model = BiLM(PRESETS[args.preset]()).eval()
     gpu_model.load_state_dict(cpu_model.state_dict())
@@ -95,10 +96,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
         corpus.write_text("".join(" ".join(s) + "\n" for s in data * 5), encoding="utf-8")
-        cfg = TrainConfig(train_files=[str(corpus)], out_dir=str(Path(tmp) / "run"),
-                          model=PRESETS[args.preset]().to_options(), batching="windows",
-                          batch_size=args.train_batch, unroll_steps=20, n_negative_samples=8192, max_steps=3,
-                          checkpoint_every=10_000, log_every=1, progress=False, device="cuda")
+        cfg = TrainConfig(
+            train_files=[str(corpus)],
+            out_dir=str(Path(tmp) / "run"),
+            model=PRESETS[args.preset]().to_options(),
+            batching="windows",
+            batch_size=args.train_batch,
+            unroll_steps=20,
+            n_negative_samples=8192,
+            max_steps=3,
+            checkpoint_every=10_000,
+            log_every=1,
+            progress=False,
+            device="cuda",
+        )
         trainer = Trainer(cfg)
         trainer.train()  # warm-up steps
         steps = 3

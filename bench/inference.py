@@ -22,6 +22,7 @@ Run (see ``../shared/docs/peer-allennlp.md`` for the peer venv)::
 
 Without ``--peer-python`` only elmokit is measured. Benchmark on a quiet machine. The last line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -157,7 +158,7 @@ def child(args: argparse.Namespace) -> None:
     b = args.batch_size
     file_order = [list(range(i, min(i + b, len(sentences)))) for i in range(0, len(sentences), b)]
     by_len = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
-    sorted_order = [by_len[i: i + b] for i in range(0, len(by_len), b)]
+    sorted_order = [by_len[i : i + b] for i in range(0, len(by_len), b)]
     n_tokens = sum(len(s) for s in sentences)
     run(file_order[:1])  # warm-up
     times_file, times_sorted = [], []
@@ -189,11 +190,18 @@ def child(args: argparse.Namespace) -> None:
     np.save(args.outputs, np.concatenate(rows, axis=0))
     peak = _peak_rss_mb()
     result = {
-        "side": args.child, "torch": torch.__version__, "threads": torch.get_num_threads(), "tokens": n_tokens,
-        "tokens_per_s_file_order": n_tokens / min(times_file), "tokens_per_s_sorted": n_tokens / min(times_sorted),
-        "seconds_file_order": times_file, "seconds_sorted": times_sorted,
+        "side": args.child,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "tokens": n_tokens,
+        "tokens_per_s_file_order": n_tokens / min(times_file),
+        "tokens_per_s_sorted": n_tokens / min(times_sorted),
+        "seconds_file_order": times_file,
+        "seconds_sorted": times_sorted,
         "latency_ms_10_tokens": 1000 * lat[len(lat) // 2],
-        "baseline_rss_mb": baseline, "peak_rss_mb": peak, "memory_above_baseline_mb": peak - baseline,
+        "baseline_rss_mb": baseline,
+        "peak_rss_mb": peak,
+        "memory_above_baseline_mb": peak - baseline,
     }
     if args.child != "allennlp":  # whether the batch-1 calls ran elmokit's C++ kernels (elmokit/modules/native.py)
         from elmokit.modules import native
@@ -256,10 +264,29 @@ def run_sides(script: str, args: argparse.Namespace, prefix: str, outputs: str, 
         env = dict(os.environ)
         if side == "elmokit":
             env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [python, script, "--child", side, "--options", str(options), "--weights", str(weights),
-               "--sentences-file", str(tmp / "sentences.json"), "--result", str(tmp / f"{side}.json"),
-               "--outputs", str(tmp / outputs.format(side=side)), "--threads", str(args.threads),
-               "--batch-size", str(args.batch_size), "--repeats", str(args.repeats), *extra]
+        cmd = [
+            python,
+            script,
+            "--child",
+            side,
+            "--options",
+            str(options),
+            "--weights",
+            str(weights),
+            "--sentences-file",
+            str(tmp / "sentences.json"),
+            "--result",
+            str(tmp / f"{side}.json"),
+            "--outputs",
+            str(tmp / outputs.format(side=side)),
+            "--threads",
+            str(args.threads),
+            "--batch-size",
+            str(args.batch_size),
+            "--repeats",
+            str(args.repeats),
+            *extra,
+        ]
         subprocess.run(cmd, check=True, env=env)
         results[side] = json.loads((tmp / f"{side}.json").read_text())
         print(f"{side}: {json.dumps(results[side])}", flush=True)
@@ -277,17 +304,32 @@ def main() -> None:
 
     import numpy as np
 
-    results, sentences, tmp, opts = run_sides(__file__, args, "elmokit-bench-", "{side}.npy",
-                                              ["--latency-repeats", str(args.latency_repeats)])
+    results, sentences, tmp, opts = run_sides(
+        __file__, args, "elmokit-bench-", "{side}.npy", ["--latency-repeats", str(args.latency_repeats)]
+    )
     gflops = matmul_gflops(args.threads)
     flops = useful_flops_per_token(opts)
-    summary = {"preset": args.preset, "sentences": len(sentences), "tokens": results["elmokit"]["tokens"],
-               "batch_size": args.batch_size, "threads": args.threads, "matmul_gflops": gflops,
-               "useful_mflop_per_token": flops / 1e6,
-               "fp32_limit_tokens_per_s": gflops * 1e9 / flops}
+    summary = {
+        "preset": args.preset,
+        "sentences": len(sentences),
+        "tokens": results["elmokit"]["tokens"],
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "matmul_gflops": gflops,
+        "useful_mflop_per_token": flops / 1e6,
+        "fp32_limit_tokens_per_s": gflops * 1e9 / flops,
+    }
     for side, r in results.items():
-        summary[side] = {k: r[k] for k in ("tokens_per_s_file_order", "tokens_per_s_sorted", "latency_ms_10_tokens",
-                                           "peak_rss_mb", "memory_above_baseline_mb")}
+        summary[side] = {
+            k: r[k]
+            for k in (
+                "tokens_per_s_file_order",
+                "tokens_per_s_sorted",
+                "latency_ms_10_tokens",
+                "peak_rss_mb",
+                "memory_above_baseline_mb",
+            )
+        }
         summary[side]["fraction_of_matmul_limit"] = r["tokens_per_s_file_order"] * flops / (gflops * 1e9)
         if "native_kernels" in r:
             summary[side]["native_kernels"] = r["native_kernels"]

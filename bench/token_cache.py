@@ -34,6 +34,7 @@ Run (see ``../shared/docs/peer-allennlp.md`` for the peer venv)::
 
 Without ``--peer-python`` only elmokit is measured. Benchmark on a quiet machine. The last line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,6 +59,7 @@ def _import_side(side: str):
     """``(Elmo, batch_to_ids, build_cache)`` of one side; ``build_cache(elmo, vocab)`` rebuilds its token cache."""
     Elmo, batch_to_ids = import_elmo(side)
     if side == "allennlp":
+
         def build_cache(elmo, vocab):
             elmo._elmo_lstm.create_cached_cnn_embeddings(vocab)
     else:
@@ -65,6 +67,7 @@ def _import_side(side: str):
 
         def build_cache(elmo, vocab):
             TokenVectorCache(elmo.bilm, vocab)
+
     return Elmo, batch_to_ids, build_cache
 
 
@@ -114,7 +117,7 @@ def child(args: argparse.Namespace) -> None:
                 outs.append((idx, out["elmo_representations"][0], out["mask"]))
         return time.perf_counter() - start, outs
 
-    def rows(outs: list) -> "np.ndarray":
+    def rows(outs: list) -> np.ndarray:
         got: list = [None] * len(sentences)
         for idx, rep, mask in outs:
             for j, i in enumerate(idx):
@@ -149,14 +152,23 @@ def child(args: argparse.Namespace) -> None:
     np.save(args.outputs + ".cached.npy", c)
     tps_plain, tps_cached = n_tokens / min(times_plain), n_tokens / min(times_cached)
     result = {
-        "side": args.child, "torch": torch.__version__, "threads": torch.get_num_threads(), "tokens": n_tokens,
-        "vocab_size": len(vocab), "cache_build_s": min(builds), "cache_build_s_all": builds,
+        "side": args.child,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "tokens": n_tokens,
+        "vocab_size": len(vocab),
+        "cache_build_s": min(builds),
+        "cache_build_s_all": builds,
         "cache_build_s_cold": init_cached - init_plain,
-        "init_s_without_cache": init_plain, "init_s_with_cache": init_cached,
-        "tokens_per_s_without_cache": tps_plain, "tokens_per_s_with_cache": tps_cached,
+        "init_s_without_cache": init_plain,
+        "init_s_with_cache": init_cached,
+        "tokens_per_s_without_cache": tps_plain,
+        "tokens_per_s_with_cache": tps_cached,
         "speedup": tps_cached / tps_plain,
-        "seconds_without_cache": times_plain, "seconds_with_cache": times_cached,
-        "max_abs_diff_cached_vs_uncached": float(np.abs(a - c).max()), "cache_used": cache_used,
+        "seconds_without_cache": times_plain,
+        "seconds_with_cache": times_cached,
+        "max_abs_diff_cached_vs_uncached": float(np.abs(a - c).max()),
+        "cache_used": cache_used,
         "peak_rss_mb": _peak_rss_mb(),
     }
     Path(args.result).write_text(json.dumps(result))
@@ -176,16 +188,24 @@ def table(summary: dict, sides: list[str]) -> str:
 
     row("cache build, warm (s)", "cache_build_s", ".3f", "cache_build_ratio")
     row("cache build, cold: Elmo() with - without (s)", "cache_build_s_cold", ".2f")
-    lines.append("| " + " | ".join(
-        ["Elmo() without / with cache (s)"]
-        + [f"{summary[s]['init_s_without_cache']:.2f} / {summary[s]['init_s_with_cache']:.2f}" for s in sides]
-        + ([""] if len(sides) == 2 else [])) + " |")
+    lines.append(
+        "| "
+        + " | ".join(
+            ["Elmo() without / with cache (s)"]
+            + [f"{summary[s]['init_s_without_cache']:.2f} / {summary[s]['init_s_with_cache']:.2f}" for s in sides]
+            + ([""] if len(sides) == 2 else [])
+        )
+        + " |"
+    )
     row("tokens/s without cache", "tokens_per_s_without_cache", ",.0f", "ratio_without_cache")
     row("tokens/s with cache", "tokens_per_s_with_cache", ",.0f", "ratio_with_cache")
     row("speed-up (with / without)", "speedup", ".2f")
     row("max |cached - uncached|", "max_abs_diff_cached_vs_uncached", ".2e")
-    lines.append("| cached path used | " + " | ".join(str(summary[s]["cache_used"]) for s in sides)
-                 + (" | |" if len(sides) == 2 else " |"))
+    lines.append(
+        "| cached path used | "
+        + " | ".join(str(summary[s]["cache_used"]) for s in sides)
+        + (" | |" if len(sides) == 2 else " |")
+    )
     return "\n".join(lines)
 
 
@@ -200,13 +220,30 @@ def main() -> None:
 
     import numpy as np
 
-    results, sentences, tmp, _ = run_sides(__file__, args, "elmokit-bench-cache-", "{side}",
-                                           ["--build-repeats", str(args.build_repeats)])
-    summary = {"preset": args.preset, "sentences": len(sentences), "tokens": results["elmokit"]["tokens"],
-               "vocab_size": results["elmokit"]["vocab_size"], "batch_size": args.batch_size,
-               "threads": args.threads, "repeats": args.repeats}
-    keys = ("cache_build_s", "cache_build_s_cold", "init_s_without_cache", "init_s_with_cache", "tokens_per_s_without_cache",
-            "tokens_per_s_with_cache", "speedup", "max_abs_diff_cached_vs_uncached", "cache_used", "peak_rss_mb")
+    results, sentences, tmp, _ = run_sides(
+        __file__, args, "elmokit-bench-cache-", "{side}", ["--build-repeats", str(args.build_repeats)]
+    )
+    summary = {
+        "preset": args.preset,
+        "sentences": len(sentences),
+        "tokens": results["elmokit"]["tokens"],
+        "vocab_size": results["elmokit"]["vocab_size"],
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "repeats": args.repeats,
+    }
+    keys = (
+        "cache_build_s",
+        "cache_build_s_cold",
+        "init_s_without_cache",
+        "init_s_with_cache",
+        "tokens_per_s_without_cache",
+        "tokens_per_s_with_cache",
+        "speedup",
+        "max_abs_diff_cached_vs_uncached",
+        "cache_used",
+        "peak_rss_mb",
+    )
     for side, r in results.items():
         summary[side] = {k: r[k] for k in keys}
     if "allennlp" in results:
@@ -219,8 +256,10 @@ def main() -> None:
             summary[f"max_abs_diff_sides_{mode}"] = float(diff)
     print(table(summary, list(results)))
     if "allennlp" in results:
-        print(f"max |elmokit - AllenNLP|: cached {summary['max_abs_diff_sides_cached']:.2e}, "
-              f"uncached {summary['max_abs_diff_sides_plain']:.2e}")
+        print(
+            f"max |elmokit - AllenNLP|: cached {summary['max_abs_diff_sides_cached']:.2e}, "
+            f"uncached {summary['max_abs_diff_sides_plain']:.2e}"
+        )
     print(json.dumps(summary))
 
 

@@ -21,6 +21,7 @@ Run: ``python bench/train.py [--steps 8] [--warmup 2] [--quickstart-steps 40] [-
 Benchmark on a quiet machine (another process on the 2 cores makes 2-thread torch several times slower). The last line
 is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,21 +63,48 @@ def child(args: argparse.Namespace) -> None:
     out = Path(args.work) / "run"
     if args.workload == "bilm-tf":
         corpus = Path(args.work) / "wikitext.txt"
-        config = TrainConfig(train_files=[str(corpus)], out_dir=str(out), model=PRESETS["small"]().to_options(),
-                             batching="windows", batch_size=128, unroll_steps=20, n_negative_samples=8192,
-                             optimizer="adagrad", max_steps=args.warmup + args.steps, log_every=1,
-                             checkpoint_every=10_000, progress=False, device="cpu")
+        config = TrainConfig(
+            train_files=[str(corpus)],
+            out_dir=str(out),
+            model=PRESETS["small"]().to_options(),
+            batching="windows",
+            batch_size=128,
+            unroll_steps=20,
+            n_negative_samples=8192,
+            optimizer="adagrad",
+            max_steps=args.warmup + args.steps,
+            log_every=1,
+            checkpoint_every=10_000,
+            progress=False,
+            device="cpu",
+        )
     else:
         from elmokit.recipes.quickstart import load_lee_corpus, quickstart_config
 
         train, _ = load_lee_corpus()
         corpus = Path(args.work) / "lee.txt"
         corpus.write_text("".join(" ".join(s) + "\n" for s in train), encoding="utf-8")
-        config = TrainConfig(train_files=[str(corpus)], out_dir=str(out), model=quickstart_config().to_options(),
-                             min_count=2, batching="sentences", batch_size=32, unroll_steps=20, n_epochs=1000,
-                             optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0, seed=0,
-                             max_steps=args.warmup + args.steps, checkpoint_every=10_000, log_every=1,
-                             progress=False, device="cpu")
+        config = TrainConfig(
+            train_files=[str(corpus)],
+            out_dir=str(out),
+            model=quickstart_config().to_options(),
+            min_count=2,
+            batching="sentences",
+            batch_size=32,
+            unroll_steps=20,
+            n_epochs=1000,
+            optimizer="adam",
+            lr=2e-3,
+            clip_norm=5.0,
+            dropout=0.5,
+            n_negative_samples=0,
+            seed=0,
+            max_steps=args.warmup + args.steps,
+            checkpoint_every=10_000,
+            log_every=1,
+            progress=False,
+            device="cpu",
+        )
     if build_trainer is not None:
         # the step the training loop runs: draw the step's batch, train_step (forward, backward, clip, update)
         trainer = build_trainer(config)
@@ -125,8 +153,11 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="elmokit-train-bench-"))
     ref_tree = tmp / "reference"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(ref_tree), args.reference],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(ref_tree), args.reference],
+        check=True,
+        capture_output=True,
+    )
     text = "".join((WIKITEXT / name).read_text(encoding="utf-8") for name in ("valid.txt", "test.txt"))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     try:
@@ -138,9 +169,30 @@ def main() -> None:
                 (work / "wikitext.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
                 res = work / "result.json"
                 env = dict(os.environ, PYTHONPATH=str(src))
-                subprocess.run([sys.executable, __file__, "--child", "1", "--src", str(src), "--work", str(work),
-                                "--result", str(res), "--workload", workload, "--steps", str(steps),
-                                "--warmup", str(args.warmup), "--threads", str(args.threads)], check=True, env=env)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        "1",
+                        "--src",
+                        str(src),
+                        "--work",
+                        str(work),
+                        "--result",
+                        str(res),
+                        "--workload",
+                        workload,
+                        "--steps",
+                        str(steps),
+                        "--warmup",
+                        str(args.warmup),
+                        "--threads",
+                        str(args.threads),
+                    ],
+                    check=True,
+                    env=env,
+                )
                 r = json.loads(res.read_text())
                 results[(workload, side)] = r
                 print(f"{workload} / {side}: {json.dumps(r)}", flush=True)
@@ -150,14 +202,19 @@ def main() -> None:
     summary = {"matmul_gflops": gflops, "mflop_per_token": MFLOP_PER_TOKEN}
     for side in ("reference", "this tree"):
         r = results[("bilm-tf", side)]
-        summary[side] = {"tokens_per_s": r["tokens_per_s"], "seconds_per_step": r["seconds_per_step"],
-                         "utilisation": r["tokens_per_s"] * MFLOP_PER_TOKEN * 1e6 / (gflops * 1e9),
-                         "peak_rss_mb": r["peak_rss_mb"]}
+        summary[side] = {
+            "tokens_per_s": r["tokens_per_s"],
+            "seconds_per_step": r["seconds_per_step"],
+            "utilisation": r["tokens_per_s"] * MFLOP_PER_TOKEN * 1e6 / (gflops * 1e9),
+            "peak_rss_mb": r["peak_rss_mb"],
+        }
     summary["speedup"] = summary["this tree"]["tokens_per_s"] / summary["reference"]["tokens_per_s"]
-    summary["quickstart_steps_per_minute"] = {side: results[("quickstart", side)]["steps_per_minute"]
-                                              for side in ("reference", "this tree")}
-    summary["quickstart_ratio"] = (summary["quickstart_steps_per_minute"]["this tree"]
-                                   / summary["quickstart_steps_per_minute"]["reference"])
+    summary["quickstart_steps_per_minute"] = {
+        side: results[("quickstart", side)]["steps_per_minute"] for side in ("reference", "this tree")
+    }
+    summary["quickstart_ratio"] = (
+        summary["quickstart_steps_per_minute"]["this tree"] / summary["quickstart_steps_per_minute"]["reference"]
+    )
     print(json.dumps(summary))
 
 

@@ -16,6 +16,7 @@ experiments/results/downstream-<task>.md/.json and downstream-<task>-layers.png,
 
     ELMOKIT_CACHE=/work/cache nice -n 5 python experiments/downstream.py --task sst2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-import elmokit  # noqa: E402,F401  (before torch: elmokit's OpenMP wait setting applies, see elmokit.threads)
 import torch  # noqa: E402
-from elmokit.threads import default_threads  # noqa: E402
+
+import elmokit  # noqa: E402,F401  (before torch: elmokit's OpenMP wait setting applies, see elmokit.threads)
 from elmokit.tasks.config import load_task_config  # noqa: E402
 from elmokit.tasks.report import mean_std, plot_layer_weights, results_table, write_results  # noqa: E402
 from elmokit.tasks.training import train_from_config  # noqa: E402
+from elmokit.threads import default_threads  # noqa: E402
 
 TASKS = {
     "weibo": ("weibo-ner.toml", "Weibo NER (Chinese, weiboNER_2nd_conll)", "test entity F1"),
@@ -66,14 +68,25 @@ def run_row(config, name: str, seeds: list[int]) -> dict:
     runs = []
     for seed in seeds:
         t0 = time.perf_counter()
-        model = train_from_config(config, seed=seed, reuse=reuse, log=lambda m: say(f"  {name} seed {seed}: {m}"))
+        model = train_from_config(config, seed=seed, reuse=reuse, log=lambda m: say(f"  {name} seed {seed}: {m}"))  # noqa: B023 (called in this iteration)
         r = model.results
-        runs.append({"seed": seed, "test": r["test"]["score"], "dev": r["dev"]["score"], "best_epoch": r["best_epoch"],
-                     "epochs_run": len(model.history), "train_seconds": r["train_seconds"],
-                     "seconds": round(time.perf_counter() - t0, 1), "mix_weights": r["mix_weights"],
-                     "per_type": r["test"].get("per_type")})
-        say(f"{name} seed {seed}: test {r['test']['score']:.2f}, dev {r['dev']['score']:.2f} "
-            f"(best epoch {r['best_epoch']}, {runs[-1]['seconds']:.0f} s)")
+        runs.append(
+            {
+                "seed": seed,
+                "test": r["test"]["score"],
+                "dev": r["dev"]["score"],
+                "best_epoch": r["best_epoch"],
+                "epochs_run": len(model.history),
+                "train_seconds": r["train_seconds"],
+                "seconds": round(time.perf_counter() - t0, 1),
+                "mix_weights": r["mix_weights"],
+                "per_type": r["test"].get("per_type"),
+            }
+        )
+        say(
+            f"{name} seed {seed}: test {r['test']['score']:.2f}, dev {r['dev']['score']:.2f} "
+            f"(best epoch {r['best_epoch']}, {runs[-1]['seconds']:.0f} s)"
+        )
     seconds = time.perf_counter() - start
     say(f"row {name!r}: {seconds / 60:.1f} min for {len(seeds)} seeds")
     return {"name": name, "runs": runs, "seconds": seconds, "bilm": reuse.get("record")}
@@ -91,11 +104,14 @@ def plot_rows(task: str, rows: list[dict], out: Path, n_seeds: int) -> None:
             mean_w = [sum(m["weights"][j] for m in mixes) / len(mixes) for j in range(n)]
             weights[name.replace("static + ", "")] = [math.log(w) for w in mean_w]
             gammas[name.replace("static + ", "")] = sum(m["gamma"] for m in mixes) / len(mixes)
-            say(f"{name}: mean softmax(s) = [{', '.join(f'{w:.3f}' for w in mean_w)}], "
-                f"gamma = {gammas[name.replace('static + ', '')]:.3f}")
+            say(
+                f"{name}: mean softmax(s) = [{', '.join(f'{w:.3f}' for w in mean_w)}], "
+                f"gamma = {gammas[name.replace('static + ', '')]:.3f}"
+            )
     if weights:
-        plot_layer_weights(weights, gammas, out / f"downstream-{task}-layers.png",
-                           f"{SHORT[task]}: layer weights ({n_seeds} seeds)")
+        plot_layer_weights(
+            weights, gammas, out / f"downstream-{task}-layers.png", f"{SHORT[task]}: layer weights ({n_seeds} seeds)"
+        )
 
 
 SUMMARY_ORDER = ["conll2003", "ewt", "sst2", "sst5", "weibo"]
@@ -108,8 +124,11 @@ def summary_table(results: Path) -> str:
 
     from elmokit.tasks.report import format_mean_std
 
-    head = (["task (metric; budget)"] + list(ROWS)
-            + ["ELMo vs static", "ELMo vs char CNN", "ELMo vs random biLM", "char CNN + ELMo vs char CNN"])
+    head = (
+        ["task (metric; budget)"]
+        + list(ROWS)
+        + ["ELMo vs static", "ELMo vs char CNN", "ELMo vs random biLM", "char CNN + ELMo vs char CNN"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for task in SUMMARY_ORDER:
         path = results / f"downstream-{task}.json"
@@ -121,21 +140,27 @@ def summary_table(results: Path) -> str:
         epochs = {r["epochs_run"] for row in saved["rows"] for r in row["runs"]}
         sub = meta.get("train_sentences", "")
         train = f"first {sub.split()[2]} train sentences" if sub.startswith("the first ") else "all train sentences"
-        budget = (f"≤ {max(epochs)} epochs, {train}, {meta.get('total_minutes')} min for {len(rows)} rows × "
-                  f"{len(meta.get('seeds', []))} seeds")
+        budget = (
+            f"≤ {max(epochs)} epochs, {train}, {meta.get('total_minutes')} min for {len(rows)} rows × "
+            f"{len(meta.get('seeds', []))} seeds"
+        )
         cells = [f"{TASKS[task][1]} ({TASKS[task][2]}; {budget})"]
         cells += [format_mean_std(rows[r]["test"]["mean"], rows[r]["test"]["std"]) if r in rows else "—" for r in ROWS]
 
         def versus(other: str, mine: str = "static + ELMo") -> str:
-            a, b = rows.get(mine), rows.get(other)
+            a, b = rows.get(mine), rows.get(other)  # noqa: B023 (called in this iteration)
             if a is None or b is None:
                 return "—"
             delta = a["test"]["mean"] - b["test"]["mean"]
             beyond = abs(delta) > a["test"]["std"] + b["test"]["std"]
             return f"{delta:+.1f}" + (" (beyond spread)" if beyond else " (within)")
 
-        cells += [versus("static"), versus("static + char CNN"), versus("static + random biLM"),
-                  versus("static + char CNN", "static + char CNN + ELMo")]
+        cells += [
+            versus("static"),
+            versus("static + char CNN"),
+            versus("static + random biLM"),
+            versus("static + char CNN", "static + char CNN + ELMo"),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -143,19 +168,33 @@ def summary_table(results: Path) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=sorted(TASKS), help="the table to make (required unless --summary)")
-    parser.add_argument("--summary", action="store_true",
-                        help="print the README's one-table summary of the five tasks from their JSON (no training)")
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="print the README's one-table summary of the five tasks from their JSON (no training)",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=list(ROWS), metavar="ROW",
-                        help=f"rows to run (default: the four of the issue; also {list(ROWS)[-1]!r})")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=DEFAULT_ROWS,
+        choices=list(ROWS),
+        metavar="ROW",
+        help=f"rows to run (default: the four of the issue; also {list(ROWS)[-1]!r})",
+    )
     parser.add_argument("--epochs", type=int, default=None, help="override train.epochs of the config")
     parser.add_argument("--max-train-sentences", type=int, default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
-    parser.add_argument("--threads", type=int, default=default_threads(),
-                        help="torch threads (default: %(default)s, elmokit's default; the README's tables were made "
-                             "with --threads 1, which repeats them exactly)")
-    parser.add_argument("--replot", action="store_true",
-                        help="only redraw the layer-weight PNG from the table's JSON (no training)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=default_threads(),
+        help="torch threads (default: %(default)s, elmokit's default; the README's tables were made "
+        "with --threads 1, which repeats them exactly)",
+    )
+    parser.add_argument(
+        "--replot", action="store_true", help="only redraw the layer-weight PNG from the table's JSON (no training)"
+    )
     args = parser.parse_args(argv)
     if args.summary:
         print(summary_table(args.out))
@@ -192,45 +231,71 @@ def main(argv=None) -> int:
     for r in rows:
         name = r["name"]
         mean, std = stats[name]
-        row = {"row": name, "test": scores[name], "dev": [run["dev"] for run in r["runs"]],
-               "seeds": " ".join(f"{run['test']:.1f}" for run in r["runs"]),
-               "best epochs": " ".join(str(run["best_epoch"]) for run in r["runs"]),
-               "min / row": round(r["seconds"] / 60, 1)}
+        row = {
+            "row": name,
+            "test": scores[name],
+            "dev": [run["dev"] for run in r["runs"]],
+            "seeds": " ".join(f"{run['test']:.1f}" for run in r["runs"]),
+            "best epochs": " ".join(str(run["best_epoch"]) for run in r["runs"]),
+            "min / row": round(r["seconds"] / 60, 1),
+        }
         if name != "static" and "static" in stats:
             b_mean, b_std = stats["static"]
             gain = mean - b_mean
-            row["Δ vs static"] = f"{gain:+.1f}" + (" (beyond spread)" if abs(gain) > std + b_std else " (within spread)")
+            row["Δ vs static"] = f"{gain:+.1f}" + (
+                " (beyond spread)" if abs(gain) > std + b_std else " (within spread)"
+            )
         table_rows.append(row)
     claims = []
-    for a, b in (("static + ELMo", "static"), ("static + ELMo", "static + char CNN"),
-                 ("static + ELMo", "static + random biLM"), ("static + random biLM", "static"),
-                 ("static + char CNN + ELMo", "static + char CNN")):
+    for a, b in (
+        ("static + ELMo", "static"),
+        ("static + ELMo", "static + char CNN"),
+        ("static + ELMo", "static + random biLM"),
+        ("static + random biLM", "static"),
+        ("static + char CNN + ELMo", "static + char CNN"),
+    ):
         if a in stats and b in stats:
             (ma, sa), (mb, sb) = stats[a], stats[b]
-            verdict = "gain beyond the spread" if ma - mb > sa + sb else (
-                "loss beyond the spread" if mb - ma > sa + sb else "no difference beyond the spread")
+            verdict = (
+                "gain beyond the spread"
+                if ma - mb > sa + sb
+                else ("loss beyond the spread" if mb - ma > sa + sb else "no difference beyond the spread")
+            )
             claims.append(f"{a} vs {b}: {ma - mb:+.2f} ({verdict}: |Δ| vs std sum {sa + sb:.2f})")
-    columns = [("row", "row"), ("test", metric_name + " (mean ± std)"), ("dev", "dev (mean ± std)"),
-               ("seeds", "test per seed"), ("Δ vs static", "Δ test vs static"), ("best epochs", "best epoch per seed"),
-               ("min / row", "minutes / row (3 seeds)")]
+    columns = [
+        ("row", "row"),
+        ("test", metric_name + " (mean ± std)"),
+        ("dev", "dev (mean ± std)"),
+        ("seeds", "test per seed"),
+        ("Δ vs static", "Δ test vs static"),
+        ("best epochs", "best epoch per seed"),
+        ("min / row", "minutes / row (3 seeds)"),
+    ]
     t = config.train
     meta = {
         "title": f"{title}: frozen ELMo vs static vectors ({metric_name}, mean ± std over {len(args.seeds)} seeds)",
         "columns": columns,
         "command": f"ELMOKIT_CACHE={os.environ['ELMOKIT_CACHE']} nice -n 5 python experiments/downstream.py "
-                   + " ".join(argv if argv is not None else sys.argv[1:]),
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "config": f"configs/tasks/{config_file}",
-        "model": (f"{'BiLSTM-CRF tagger' if config.task == 'tag' else 'BiLSTM classifier, ' + config.model['pooling'] + ' pooling'}"
-                  f", {config.model['layers']} x {config.model['hidden']} cells per direction, dropout "
-                  f"{config.model['dropout']}; ELMo: one ScalarMix at the input (L2 {config.bilm['l2']} on s, dropout "
-                  f"{config.bilm['dropout']}), biLM frozen, layers cached"),
-        "budget": (f"at most {t['epochs']} epochs (early stopping on dev, patience {t['patience']}), Adam lr {t['lr']}, "
-                   f"batch {t['batch_size']}, clip {t['clip']}; the paper trains for many more epochs with larger "
-                   "models — these are 2-core budgets, so absolute scores are lower"),
+        "model": (
+            ("BiLSTM-CRF tagger" if config.task == "tag" else f"BiLSTM classifier, {config.model['pooling']} pooling")
+            + f", {config.model['layers']} x {config.model['hidden']} cells per direction, dropout "
+            f"{config.model['dropout']}; ELMo: one ScalarMix at the input (L2 {config.bilm['l2']} on s, dropout "
+            f"{config.bilm['dropout']}), biLM frozen, layers cached"
+        ),
+        "budget": (
+            f"at most {t['epochs']} epochs (early stopping on dev, patience {t['patience']}), Adam lr {t['lr']}, "
+            f"batch {t['batch_size']}, clip {t['clip']}; the paper trains for many more epochs with larger "
+            "models — these are 2-core budgets, so absolute scores are lower"
+        ),
         "data": {k: config.data[k] for k in ("train", "dev", "test")},
-        "train_sentences": (f"the first {config.data['max_train_sentences']:,} sentences of the train file "
-                            "(data.max_train_sentences: the 2-core budget); dev and test in full"
-                            if config.data["max_train_sentences"] else "all; dev and test in full"),
+        "train_sentences": (
+            f"the first {config.data['max_train_sentences']:,} sentences of the train file "
+            "(data.max_train_sentences: the 2-core budget); dev and test in full"
+            if config.data["max_train_sentences"]
+            else "all; dev and test in full"
+        ),
         "static_vectors": config.static["vectors"],
         "bilms": {r["name"]: (r["bilm"] or {}).get("name") for r in rows},
         "seeds": args.seeds,
@@ -238,7 +303,7 @@ def main(argv=None) -> int:
         "row_seconds": {r["name"]: round(r["seconds"], 1) for r in rows},
         "total_minutes": round(total / 60, 1),
         "machine": f"2 CPU cores shared with other jobs (load average {load_before[0]:.1f} before, "
-                   f"{os.getloadavg()[0]:.1f} after), torch {torch.__version__}, {torch.get_num_threads()} threads",
+        f"{os.getloadavg()[0]:.1f} after), torch {torch.__version__}, {torch.get_num_threads()} threads",
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
     }
     stem = args.out / f"downstream-{args.task}"
@@ -248,8 +313,7 @@ def main(argv=None) -> int:
     print()
     print(results_table(table_rows, columns), end="")
     print("\n".join(claims))
-    print(f"total {total / 60:.1f} min; rows: "
-          + ", ".join(f"{r['name']} {r['seconds'] / 60:.1f} min" for r in rows))
+    print(f"total {total / 60:.1f} min; rows: " + ", ".join(f"{r['name']} {r['seconds'] / 60:.1f} min" for r in rows))
     return 0
 
 

@@ -6,6 +6,7 @@ Reads ``<cache>/zoo/elmokit-<lang>/card.json`` (written by ``elmokit zoo build``
 the rebuild command, data, configuration, perplexities (held-out: biLM vs add-one unigram vs interpolated Kneser-Ney
 3-gram; WikiText-2 test for English), tokens/s, wall times and the card path. A model not built is listed as such.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,31 +28,58 @@ def row(lang: str, cache) -> list[str]:
     d, c, f = card["data"], card["configuration"], card["figures"]
     t, lstm, cnn = c["train"], c["model"]["lstm"], c["model"]["char_cnn"]
     h, tr, tm = f["heldout"], f["training"], f["timing"]
-    data = (f"{d['files']['train.txt']['tokens'] / 1e6:.2f}M train / {d['files']['heldout.txt']['tokens'] / 1e3:.0f}k "
-            f"held-out tokens, {len(d['sources'])} sources, vocab {d['vocabulary']['size']:,}")
-    config = (f"char CNN {sum(n for _, n in cnn['filters'])} ({'char vocab' if t['char_vocab'] else 'bytes'}, "
-              f"C={cnn['max_characters_per_token']}), LSTM {lstm['dim']}→{lstm['projection_dim']} ×{lstm['n_layers']}, "
-              f"{t['batch_size']} sentences/step, {t['max_steps']:,} steps, {t['optimizer']} {t['lr']:g}, dropout "
-              f"{t['dropout']}, {t['n_negative_samples']:,} negatives, seed {t['seed']}, {c['torch_threads']} threads")
-    held = (f"**{_ppl(h['bilm']['average'])}** (fwd {_ppl(h['bilm']['forward'])}, bwd {_ppl(h['bilm']['backward'])})"
-            f" / {_ppl(h['unigram_add_one'])} / {_ppl(h['kneser_ney_3']['average'])}")
+    data = (
+        f"{d['files']['train.txt']['tokens'] / 1e6:.2f}M train / {d['files']['heldout.txt']['tokens'] / 1e3:.0f}k "
+        f"held-out tokens, {len(d['sources'])} sources, vocab {d['vocabulary']['size']:,}"
+    )
+    config = (
+        f"char CNN {sum(n for _, n in cnn['filters'])} ({'char vocab' if t['char_vocab'] else 'bytes'}, "
+        f"C={cnn['max_characters_per_token']}), LSTM {lstm['dim']}→{lstm['projection_dim']} ×{lstm['n_layers']}, "
+        f"{t['batch_size']} sentences/step, {t['max_steps']:,} steps, {t['optimizer']} {t['lr']:g}, dropout "
+        f"{t['dropout']}, {t['n_negative_samples']:,} negatives, seed {t['seed']}, {c['torch_threads']} threads"
+    )
+    held = (
+        f"**{_ppl(h['bilm']['average'])}** (fwd {_ppl(h['bilm']['forward'])}, bwd {_ppl(h['bilm']['backward'])})"
+        f" / {_ppl(h['unigram_add_one'])} / {_ppl(h['kneser_ney_3']['average'])}"
+    )
     wt = f.get("wikitext2_test")
-    wiki = (f"**{_ppl(wt['bilm']['average'])}** / {_ppl(wt['unigram_add_one'])} / "
-            f"{_ppl(wt['kneser_ney_3']['average'])} (OOV {100 * wt['oov_rate']:.1f} %)" if wt else "—")
+    wiki = (
+        f"**{_ppl(wt['bilm']['average'])}** / {_ppl(wt['unigram_add_one'])} / "
+        f"{_ppl(wt['kneser_ney_3']['average'])} (OOV {100 * wt['oov_rate']:.1f} %)"
+        if wt
+        else "—"
+    )
     speed = f"{tr['tokens_per_s']:,.0f}"
     wall = f"{tm['bilm_seconds'] / 60:.1f} min (build {tm['total_seconds'] / 60:.1f} min)"
     note = " (TEST BUILD)" if card.get("overrides") else ""
-    return [f"`{spec.name}`{note}", f"`{card['rebuild_command']}`", data, config, held, wiki, speed, wall,
-            f"`$ELMOKIT_CACHE/zoo/{spec.name}/README.md`"]
+    return [
+        f"`{spec.name}`{note}",
+        f"`{card['rebuild_command']}`",
+        data,
+        config,
+        held,
+        wiki,
+        speed,
+        wall,
+        f"`$ELMOKIT_CACHE/zoo/{spec.name}/README.md`",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", default=None, help="cache root (default: $ELMOKIT_CACHE, else ~/.cache/elmokit)")
     args = parser.parse_args(argv)
-    header = ["model", "rebuild", "data", "configuration",
-              "held-out perplexity: biLM / add-one unigram / Kneser-Ney 3-gram",
-              "WikiText-2 test: biLM / unigram / KN-3", "tokens/s", "biLM training wall", "card"]
+    header = [
+        "model",
+        "rebuild",
+        "data",
+        "configuration",
+        "held-out perplexity: biLM / add-one unigram / Kneser-Ney 3-gram",
+        "WikiText-2 test: biLM / unigram / KN-3",
+        "tokens/s",
+        "biLM training wall",
+        "card",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for lang in SPECS:
         lines.append("| " + " | ".join(row(lang, args.cache)) + " |")

@@ -1,11 +1,13 @@
 """Shared test helpers: locating ``../shared`` beside the repository root; a one-thread fixture for tiny models."""
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import elmokit  # noqa: F401  (before torch: elmokit's OpenMP wait setting, see elmokit.threads, applies here too)
 import pytest
+
+import elmokit  # noqa: F401  (before torch: elmokit's OpenMP wait setting, see elmokit.threads, applies here too)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"

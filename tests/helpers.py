@@ -1,4 +1,5 @@
 """Loading the reference fixture models (../shared/fixtures) for tests."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,15 @@ def expected_top(name: str, k: int, i: int) -> np.ndarray:
     return np.concatenate([e[0], e[1]], axis=-1)
 
 
-def clipping_lstm(dim: int, projection_dim: int, n_layers: int, cell_clip: float, proj_clip: float,
-                  use_skip_connections: bool, seed: int):
+def clipping_lstm(
+    dim: int,
+    projection_dim: int,
+    n_layers: int,
+    cell_clip: float,
+    proj_clip: float,
+    use_skip_connections: bool,
+    seed: int,
+):
     """A random BiLM LSTM stack whose weights are scaled ×4, large enough that both clips fire."""
     import torch
 
@@ -44,8 +52,16 @@ def clipping_lstm(dim: int, projection_dim: int, n_layers: int, cell_clip: float
     from elmokit.modules.lstm import BiLSTM
 
     torch.manual_seed(seed)
-    lstm = BiLSTM(LSTMConfig(dim=dim, projection_dim=projection_dim, n_layers=n_layers, cell_clip=cell_clip,
-                             proj_clip=proj_clip, use_skip_connections=use_skip_connections))
+    lstm = BiLSTM(
+        LSTMConfig(
+            dim=dim,
+            projection_dim=projection_dim,
+            n_layers=n_layers,
+            cell_clip=cell_clip,
+            proj_clip=proj_clip,
+            use_skip_connections=use_skip_connections,
+        )
+    )
     with torch.no_grad():
         for w in list(lstm.weight_ih) + list(lstm.weight_hh) + list(lstm.weight_proj):
             w.mul_(4.0)
@@ -63,8 +79,14 @@ def tiny_random_bilm(seed: int = 0, *, stateful: bool = False, lstm_dims: tuple[
 
     config = ElmoConfig(
         char_cnn=CharCNNConfig(filters=[(1, 4), (2, 4), (3, 8)], n_highway=1, embedding_dim=4),
-        lstm=LSTMConfig(dim=lstm_dims[0], projection_dim=lstm_dims[1], n_layers=2, cell_clip=3.0, proj_clip=3.0,
-                        use_skip_connections=True),
+        lstm=LSTMConfig(
+            dim=lstm_dims[0],
+            projection_dim=lstm_dims[1],
+            n_layers=2,
+            cell_clip=3.0,
+            proj_clip=3.0,
+            use_skip_connections=True,
+        ),
     )
     torch.manual_seed(seed)
     model = BiLM(config).eval()
@@ -77,10 +99,22 @@ def tiny_random_bilm(seed: int = 0, *, stateful: bool = False, lstm_dims: tuple[
 
 #: A small character model for training tests (1 highway layer, 10 characters a token): ~5 ms a step.
 TINY_TRAIN_OPTIONS = {
-    "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 2, "cell_clip": None, "proj_clip": None,
-             "use_skip_connections": True},
-    "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 8], [2, 8], [3, 16]], "n_highway": 1,
-                 "n_characters": 261, "max_characters_per_token": 10, "activation": "tanh"},
+    "lstm": {
+        "dim": 16,
+        "projection_dim": 8,
+        "n_layers": 2,
+        "cell_clip": None,
+        "proj_clip": None,
+        "use_skip_connections": True,
+    },
+    "char_cnn": {
+        "embedding": {"dim": 4},
+        "filters": [[1, 8], [2, 8], [3, 16]],
+        "n_highway": 1,
+        "n_characters": 261,
+        "max_characters_per_token": 10,
+        "activation": "tanh",
+    },
 }
 #: Words of the tiny training corpora.
 TINY_WORDS = "the a cat dog sat ran on under mat tree big small red fast slowly quietly".split()
@@ -110,6 +144,8 @@ def assert_close_to_scale(got, want, tol: float, *, equal_nan: bool = False, dim
     ratio = torch.where(finite, diff / allowed, torch.zeros_like(got))
     if ratio.numel() and float(ratio.max()) > 1:
         i = int(ratio.argmax())
-        raise AssertionError(f"{int((ratio > 1).sum())} of {ratio.numel()} values differ by more than {tol:g} x "
-                             f"max(1, |value|); worst at flat index {i}: got {float(got.flatten()[i])!r}, want "
-                             f"{float(want.flatten()[i])!r} (difference {float(diff.flatten()[i]):.3g})")
+        raise AssertionError(
+            f"{int((ratio > 1).sum())} of {ratio.numel()} values differ by more than {tol:g} x "
+            f"max(1, |value|); worst at flat index {i}: got {float(got.flatten()[i])!r}, want "
+            f"{float(want.flatten()[i])!r} (difference {float(diff.flatten()[i]):.3g})"
+        )

@@ -10,6 +10,7 @@ it does not build itself. For a run in a subprocess, this file is the program::
 (also under ``torchrun``: ``python -m torch.distributed.run ... tests/run_hooks.py ... -- train ...``), which installs
 the hooks and then runs what ``python -m elmokit <elmokit arguments>`` runs (:func:`elmokit.cli.entry`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,8 @@ import json
 import os
 import signal
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import elmokit.cli  # noqa: F401  (first: elmokit's OpenMP settings before torch, as `python -m elmokit`)
 from elmokit.embedding import writer
@@ -47,8 +49,12 @@ class TestHooks(TrainHooks):
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, digests: str | None = None, sigint_at: tuple[int, int] | None = None,
-                 kill_at: tuple[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        digests: str | None = None,
+        sigint_at: tuple[int, int] | None = None,
+        kill_at: tuple[str, int] | None = None,
+    ) -> None:
         if kill_at is not None and kill_at[0] not in KILL_POINTS:
             raise ValueError(f"kill point {kill_at[0]!r} is not one of {KILL_POINTS}")
         self.digests, self.sigint_at, self.kill_at = digests, sigint_at, kill_at
@@ -94,7 +100,7 @@ def main(argv: list[str]) -> int:
     Trainer.default_hooks = TestHooks(args.digests, args.sigint_at, args.kill_at)
     if args.embed_kill_at:
         writer._probe = embed_kill_probe(*args.embed_kill_at)
-    sys.argv = [sys.argv[0], *argv[cut + 1:]]
+    sys.argv = [sys.argv[0], *argv[cut + 1 :]]
     return elmokit.cli.entry()
 
 

@@ -1,6 +1,7 @@
 """AllenNLP habits that elmokit supports, checked in elmokit's own words and numbers: a prebuilt biLM as ``module=``,
 (B, N, T, C) inputs, the ScalarMix parameter layout, ``tokens_to_add``, ``vocab_to_cache`` + ``word_inputs``,
 ``Embedder(options_file, weight_file)`` and hand-made character ids."""
+
 from __future__ import annotations
 
 import logging
@@ -69,7 +70,7 @@ def test_module_with_allennlps_contract(bilm):
     assert torch.equal(got["elmo_representations"][0], ref["elmo_representations"][0])
     assert torch.equal(got["mask"], ref["mask"])
     with pytest.raises(UsageError, match="not an elmokit BiLM"):
-        elmo.bilm
+        _ = elmo.bilm
     with pytest.raises(UsageError, match="vocab_to_cache needs an elmokit BiLM"):
         Elmo(module=_AllenNLPStyleBiLM(bilm), vocab_to_cache=["a"])
 
@@ -129,7 +130,7 @@ def test_scalar_mix_names_and_elmo_aliases(bilm):
     assert elmo.scalar_mix_0 is elmo.scalar_mixes[0] and elmo.scalar_mix_1 is elmo.scalar_mixes[1]
     assert elmo.scalar_mix_0.scalar_parameters[2].shape == (1,)
     with pytest.raises(AttributeError):
-        elmo.scalar_mix_2
+        _ = elmo.scalar_mix_2
 
 
 WORDS = ["@@PADDING@@", "@@UNKNOWN@@", "one", "This", "is", "a", "sentence", "Here", "'s", "Another"]

@@ -1,4 +1,5 @@
 """elmokit.allocator: glibc malloc tuning is applied once, reported truthfully, and can be turned off."""
+
 import subprocess
 import sys
 

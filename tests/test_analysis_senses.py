@@ -1,5 +1,6 @@
 """Sense separation (elmokit.analysis.senses): classifiers and scores on hand cases, the readers, the split, the static
 baseline, the embedding cache."""
+
 from __future__ import annotations
 
 import json
@@ -9,11 +10,28 @@ import pytest
 
 from conftest import shared_path
 from elmokit import Embedder
+from elmokit.analysis.senses import (
+    SenseExample,
+    build_apple_set,
+    centroid_predict,
+    choose_static_settings,
+    coarsewsd_senses,
+    coarsewsd_words,
+    cv_folds,
+    example_vectors,
+    group_split,
+    layer_scores,
+    macro_f1,
+    mfs_scores,
+    nn1_predict,
+    read_coarsewsd,
+    read_coarsewsd_baselines,
+    recase,
+    scores,
+    static_context_vectors,
+    truecase_table,
+)
 from elmokit.errors import DataError, InputError, MissingFileError, UsageError
-from elmokit.analysis.senses import (SenseExample, build_apple_set, centroid_predict, choose_static_settings, coarsewsd_senses,
-                            coarsewsd_words, cv_folds, example_vectors, group_split, layer_scores, macro_f1,
-                            mfs_scores, nn1_predict, read_coarsewsd, read_coarsewsd_baselines, recase, scores,
-                            static_context_vectors, truecase_table)
 from helpers import tiny_random_bilm
 
 
@@ -189,15 +207,19 @@ def kv():
     from gensim.models import KeyedVectors
 
     kv = KeyedVectors(vector_size=2)
-    kv.add_vectors(["money", "River", "bank", "loan", "water"],
-                   np.array([[1, 0], [0, 1], [1, 1], [2, 0], [0, 3]], dtype=np.float32))
+    kv.add_vectors(
+        ["money", "River", "bank", "loan", "water"],
+        np.array([[1, 0], [0, 1], [1, 1], [2, 0], [0, 3]], dtype=np.float32),
+    )
     return kv
 
 
 def test_static_context_vectors_hand_values(kv):
-    ex = [SenseExample(("money", "x", "bank", "loan", "water"), 2, 3, "m", "g0"),
-          SenseExample(("river", "bank"), 1, 2, "r", "g1"),  # "river" → "River" (capitalised fallback)
-          SenseExample(("zzz", "bank"), 1, 2, "r", "g2")]  # nothing known in the window → zeros
+    ex = [
+        SenseExample(("money", "x", "bank", "loan", "water"), 2, 3, "m", "g0"),
+        SenseExample(("river", "bank"), 1, 2, "r", "g1"),  # "river" → "River" (capitalised fallback)
+        SenseExample(("zzz", "bank"), 1, 2, "r", "g2"),
+    ]  # nothing known in the window → zeros
     v = static_context_vectors(kv, ex, window=1, include_target=False)
     np.testing.assert_allclose(v[0], [2, 0])  # only "loan" (x unknown)
     np.testing.assert_allclose(v[1], [0, 1])
@@ -245,16 +267,21 @@ def test_read_coarsewsd_small_folder(tmp_path):
     assert coarsewsd_words(root) == ["bank"]
     assert coarsewsd_senses(root, "bank") == ["bank_bank", "bank_bank_(geography)"]
     ex = read_coarsewsd(root, "bank", "train")
-    assert ex == [SenseExample(("a", "bank", "b"), 1, 2, "bank_bank", "bank/train/1"),
-                  SenseExample(("bank", "c"), 0, 1, "bank_bank_(geography)", "bank/train/2")]
+    assert ex == [
+        SenseExample(("a", "bank", "b"), 1, 2, "bank_bank", "bank/train/1"),
+        SenseExample(("bank", "c"), 0, 1, "bank_bank_(geography)", "bank/train/2"),
+    ]
 
 
-@pytest.mark.parametrize("data, gold, message", [
-    ("5\ta bank\n", "0\n", r"train.data.txt:1: target index '5'"),
-    ("0\ta\n", "0\n1\n", "has 1 lines but"),
-    ("0\ta\n", "7\n", r"train.gold.txt:1: class 7"),
-    ("x\ta\n", "0\n", r"train.data.txt:1: expected"),
-])
+@pytest.mark.parametrize(
+    "data, gold, message",
+    [
+        ("5\ta bank\n", "0\n", r"train.data.txt:1: target index '5'"),
+        ("0\ta\n", "0\n1\n", "has 1 lines but"),
+        ("0\ta\n", "7\n", r"train.gold.txt:1: class 7"),
+        ("x\ta\n", "0\n", r"train.data.txt:1: expected"),
+    ],
+)
 def test_read_coarsewsd_errors_name_file_and_line(tmp_path, data, gold, message):
     root = _coarse(tmp_path, data, gold)
     with pytest.raises(DataError, match=message):
@@ -283,20 +310,25 @@ def test_read_coarsewsd_shared_bank_and_baselines():
 
 def test_build_apple_set_small_csv(tmp_path):
     csv = tmp_path / "shop.csv"
-    csv.write_text("cat,label,review\n"
-                   "水果,1,\ufeff苹果 很 甜。苹果 好\n"
-                   "平板,0,比 苹果 差\n"
-                   "平板,1,苹果手机 好\n"
-                   "酒店,1,苹果 免费\n"
-                   "衣服,1,没有 水果\n", encoding="utf-8")
+    csv.write_text(
+        "cat,label,review\n"
+        "水果,1,\ufeff苹果 很 甜。苹果 好\n"
+        "平板,0,比 苹果 差\n"
+        "平板,1,苹果手机 好\n"
+        "酒店,1,苹果 免费\n"
+        "衣服,1,没有 水果\n",
+        encoding="utf-8",
+    )
 
     def tokenize(text):
         return [s.split() for s in text.split("。") if s.split()]
 
     data = build_apple_set(csv, tokenize)
     assert [(e.tokens, e.start, e.label, e.group) for e in data.examples] == [
-        (("苹果", "很", "甜"), 0, "fruit", "row2"), (("苹果", "好"), 0, "fruit", "row2"),
-        (("比", "苹果", "差"), 1, "Apple", "row3")]
+        (("苹果", "很", "甜"), 0, "fruit", "row2"),
+        (("苹果", "好"), 0, "fruit", "row2"),
+        (("比", "苹果", "差"), 1, "Apple", "row3"),
+    ]
     st = data.stats
     assert st["reviews_with_word_token"] == {"水果": 1, "平板": 1}
     assert st["reviews_only_inside_other_token"] == {"平板": 1}

@@ -1,4 +1,5 @@
 """Bad or unusual input gives defined output or a clear error, never a crash deep inside torch."""
+
 from __future__ import annotations
 
 import h5py
@@ -6,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import (DataError, Elmo, Embedder, InputError, MissingFileError, UsageError, batch_to_ids,
-                     save_pretrained)
+from elmokit import DataError, Elmo, Embedder, InputError, MissingFileError, UsageError, batch_to_ids, save_pretrained
 from helpers import assert_close_to_scale, fixture_dir, fixture_model
 
 
@@ -146,8 +146,7 @@ def test_embed_file_decode_errors_keep_dataset_numbers(tmp_path):
 
     index = json.loads(got["sentence_to_index"][0])
     assert index == {"the bank": "0", "": "2", "river bank": "3"}
-    assert embedder.embed_file(src, tmp_path / "rep.h5", progress=False, decode_errors="replace",
-                               layers="top") == 5
+    assert embedder.embed_file(src, tmp_path / "rep.h5", progress=False, decode_errors="replace", layers="top") == 5
     rep = _datasets(tmp_path / "rep.h5")
     assert rep["1"].shape == (3, 32)  # "\ufffd bad line": three tokens
     with pytest.raises(UsageError, match="decode_errors"):

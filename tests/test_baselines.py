@@ -1,4 +1,5 @@
 """The classical baselines: interpolated Kneser-Ney (checked against nltk.lm and by hand) and word2vec."""
+
 from __future__ import annotations
 
 import json
@@ -63,7 +64,7 @@ def test_probabilities_equal_nltk_kneser_ney_interpolated(order, discount):
     for s in test:
         padded = [BOS] * (order - 1) + [t if t in vocab else UNK for t in s] + [EOS]
         for j in range(order - 1, len(padded)):
-            full = tuple(padded[j - order + 1:j])
+            full = tuple(padded[j - order + 1 : j])
             for k in range(len(full) + 1):
                 contexts.add(full[k:])
     contexts |= {("mat", "mat", "mat")[: order - 1], ("red",), ()}
@@ -79,7 +80,7 @@ def test_probabilities_equal_nltk_kneser_ney_interpolated(order, discount):
     expected = []
     for s in test:
         padded = [BOS] * (order - 1) + list(s) + [EOS]
-        expected += [lm.score(padded[j], tuple(padded[j - order + 1:j])) for j in range(order - 1, len(padded))]
+        expected += [lm.score(padded[j], tuple(padded[j - order + 1 : j])) for j in range(order - 1, len(padded))]
     np.testing.assert_allclose(p, expected, rtol=0, atol=1e-9)
     assert list(np.bincount(sent)) == [len(s) + 1 for s in test]
 
@@ -95,8 +96,9 @@ def test_nltk_padding_overcounts_start_context():
     train = _corpus(30, seed=3)
     vocab = Vocabulary.build(train, min_count=1)
     text, _ = padded_everygram_pipeline(3, train)
-    lm = KneserNeyInterpolated(3, discount=0.75, vocabulary=NltkVocabulary(list(vocab) + ["<s>", "</s>"],
-                                                                           unk_cutoff=1, unk_label=UNK))
+    lm = KneserNeyInterpolated(
+        3, discount=0.75, vocabulary=NltkVocabulary(list(vocab) + ["<s>", "</s>"], unk_cutoff=1, unk_label=UNK)
+    )
     lm.fit(text)
     nltk_total = sum(lm.score(w, ("<s>", "<s>")) for w in [*vocab.tokens, "<s>", "</s>"])
     assert nltk_total > 1 + 1e-6
@@ -156,15 +158,18 @@ def test_perplexity_averages_like_the_bilm():
 
 # ---------------------------------------------------------------------------------------------------- properties
 @settings(max_examples=25, deadline=None)
-@given(sentences=st.lists(st.lists(st.sampled_from("abcdef"), max_size=6), min_size=1, max_size=12),
-       order=st.integers(2, 4), discount=st.sampled_from([0.1, 0.5, 0.75, 1.0]))
+@given(
+    sentences=st.lists(st.lists(st.sampled_from("abcdef"), max_size=6), min_size=1, max_size=12),
+    order=st.integers(2, 4),
+    discount=st.sampled_from([0.1, 0.5, 0.75, 1.0]),
+)
 def test_every_context_sums_to_one(sentences, order, discount):
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", *"abcdef"])
     fwd = KneserNeyLM(vocab, order=order, discount=discount).fit(sentences)
     contexts = [[]]
     for s in sentences:
         padded = [BOS] * (order - 1) + s + [EOS]
-        contexts += [padded[max(0, j - order + 1):j] for j in range(1, len(padded) + 1)]
+        contexts += [padded[max(0, j - order + 1) : j] for j in range(1, len(padded) + 1)]
     contexts += [["a", "a", "a"], ["f", EOS], [UNK]]
     for ctx in contexts:
         dist = fwd.distribution(ctx)
@@ -223,6 +228,7 @@ def test_word2vec_is_bit_exact_and_round_trips(tmp_path):
     from gensim.models import Word2Vec
 
     from elmokit.baselines.word2vec import WORD2VEC_SETTINGS
+
     cfg = {**WORD2VEC_SETTINGS, **TINY_W2V}
     del cfg["min_count"]
     counts = {}
@@ -239,11 +245,17 @@ def test_word2vec_does_not_depend_on_the_hash_seed(tmp_path):
     """A rebuild in another process (another PYTHONHASHSEED, so another str hash and set order) gives the same bytes."""
     pytest.importorskip("gensim")
     here = train_word2vec(_w2v_corpus(), tmp_path / "here", **TINY_W2V)
-    script = ("import sys; sys.path.insert(0, sys.argv[2]); from test_baselines import _w2v_corpus, TINY_W2V; "
-              "from elmokit.baselines import train_word2vec; train_word2vec(_w2v_corpus(), sys.argv[1], **TINY_W2V)")
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[2]); from test_baselines import _w2v_corpus, TINY_W2V; "
+        "from elmokit.baselines import train_word2vec; train_word2vec(_w2v_corpus(), sys.argv[1], **TINY_W2V)"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "there"), os.path.dirname(__file__)], check=True,
-                   env=env, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "there"), os.path.dirname(__file__)],
+        check=True,
+        env=env,
+        timeout=120,
+    )
     assert (tmp_path / "there" / "vectors.bin").read_bytes() == here.read_bytes()
 
 
@@ -259,8 +271,10 @@ def test_word2vec_errors(tmp_path):
 
 
 def test_import_elmokit_baselines_and_zoo_is_light():
-    code = ("import sys, elmokit.baselines, elmokit.recipes.zoo; "
-            "print(any(m in sys.modules for m in ('gensim', 'nltk', 'jieba', 'sacremoses')))")
+    code = (
+        "import sys, elmokit.baselines, elmokit.recipes.zoo; "
+        "print(any(m in sys.modules for m in ('gensim', 'nltk', 'jieba', 'sacremoses')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False"
 

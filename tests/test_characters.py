@@ -1,8 +1,8 @@
 """Character ids: the original byte scheme, hand-computed, and the character-vocabulary scheme."""
+
 from __future__ import annotations
 
 import pytest
-import torch
 
 from elmokit import CharVocabulary, DataError, InputError, MissingFileError, UsageError, batch_to_ids
 from elmokit.characters import ByteCharacterMapper, boundary_char_ids, is_blank_token, validate_sentences
@@ -67,16 +67,19 @@ def test_char_vocab_file_round_trip(tmp_path):
         CharVocabulary(["a", "a"])
 
 
-@pytest.mark.parametrize("bad,match", [
-    ("a sentence", "single string"),
-    (["flat", "list"], "flat list"),
-    ([["ok"], [1, 2]], "sentence 1, token 0 is a int"),
-    ([["ok"], 7], "sentence 1 is a int"),
-    ([[["nested"]]], "sentence 0, token 0 is a list"),
-    ([b"bytes"], "sentence 0 is a bytes"),
-    (42, "list of sentences"),
-    ({"a": ["b"]}, "list of sentences"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ("a sentence", "single string"),
+        (["flat", "list"], "flat list"),
+        ([["ok"], [1, 2]], "sentence 1, token 0 is a int"),
+        ([["ok"], 7], "sentence 1 is a int"),
+        ([[["nested"]]], "sentence 0, token 0 is a list"),
+        ([b"bytes"], "sentence 0 is a bytes"),
+        (42, "list of sentences"),
+        ({"a": ["b"]}, "list of sentences"),
+    ],
+)
 def test_malformed_input_errors(bad, match):
     # these were TypeErrors; now InputError (a ValueError), which the CLI reports as a usage error, not a crash
     with pytest.raises(InputError, match=match):

@@ -1,5 +1,6 @@
 """Training runs lose nothing: a folder holding a run is not clobbered, the last checkpoints are kept and verified, a
 damaged one is skipped, Ctrl-C leaves a checkpoint at the interrupt, and a changed vocabulary or model is named."""
+
 from __future__ import annotations
 
 import hashlib
@@ -45,9 +46,23 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def _cfg(corpus: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(train_files=[str(corpus)], out_dir=str(out), model=TINY, batching="windows", batch_size=2,
-                unroll_steps=5, n_epochs=100, max_steps=12, n_negative_samples=6, dropout=0.1, clip_norm=1.0, seed=0,
-                checkpoint_every=4, log_every=1, progress=False)
+    base = dict(
+        train_files=[str(corpus)],
+        out_dir=str(out),
+        model=TINY,
+        batching="windows",
+        batch_size=2,
+        unroll_steps=5,
+        n_epochs=100,
+        max_steps=12,
+        n_negative_samples=6,
+        dropout=0.1,
+        clip_norm=1.0,
+        seed=0,
+        checkpoint_every=4,
+        log_every=1,
+        progress=False,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -147,8 +162,9 @@ def test_overwrite_removes_the_runs_own_files_and_nothing_else(corpus, tmp_path)
     (tmp_path / ".metrics.jsonl.k2j3.tmp").write_text("")  # left by a write that a kill cut: the run's own
     Trainer(_cfg(corpus, tmp_path, max_steps=6, checkpoint_every=5)).train(overwrite=True)
     assert not (tmp_path / ".metrics.jsonl.k2j3.tmp").exists()
-    assert _ckpt_files(tmp_path) == {"ckpt-notes.md"} | {f"ckpt-{s}.{x}" for s in (5, 6)
-                                                         for x in ("safetensors", "state.pt")}
+    assert _ckpt_files(tmp_path) == {"ckpt-notes.md"} | {
+        f"ckpt-{s}.{x}" for s in (5, 6) for x in ("safetensors", "state.pt")
+    }
     assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "data" / "x.txt").read_text() == "x"
     assert sorted(_losses(tmp_path)) == list(range(1, 7))  # the old run's metrics are gone, not appended to
     assert [c["step"] for c in _manifest(tmp_path)["checkpoints"]] == [5, 6]
@@ -213,11 +229,12 @@ def _damage(path: Path, how: str) -> None:
         path.write_bytes(data[: len(data) // 2])
     else:  # one byte changed in the middle, size kept
         i = len(data) // 2
-        path.write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:])
+        path.write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :])
 
 
-@pytest.mark.parametrize("suffix,how", [("safetensors", "truncated"), ("state.pt", "truncated"),
-                                        ("safetensors", "flipped")])
+@pytest.mark.parametrize(
+    "suffix,how", [("safetensors", "truncated"), ("state.pt", "truncated"), ("safetensors", "flipped")]
+)
 def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(corpus, reference, tmp_path, caplog, suffix, how):
     Trainer(_cfg(corpus, tmp_path, max_steps=8)).train()  # checkpoints 4 and 8
     damaged = tmp_path / f"ckpt-8.{suffix}"
@@ -337,15 +354,19 @@ def test_model_options_changed_before_resume_names_the_first_mismatching_tensor(
 
 def test_optimizer_changed_before_resume_is_named(corpus, tmp_path):
     Trainer(_cfg(corpus, tmp_path, max_steps=4)).train()
-    with pytest.raises(CheckpointError, match=r"ckpt-4\.state\.pt holds the state of the optimizer 'adagrad', "
-                                              r"this run uses 'adam'"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"ckpt-4\.state\.pt holds the state of the optimizer 'adagrad', "
+        r"this run uses 'adam'",
+    ):
         Trainer(_cfg(corpus, tmp_path, optimizer="adam")).train(resume=True)
 
 
 # ---------------------------------------------------------------------------------------------- interrupts
 @pytest.mark.parametrize("every", [1000, 4])
-def test_ctrl_c_between_steps_leaves_a_checkpoint_at_the_interrupt(corpus, reference, tmp_path, monkeypatch,
-                                                                   caplog, every):
+def test_ctrl_c_between_steps_leaves_a_checkpoint_at_the_interrupt(
+    corpus, reference, tmp_path, monkeypatch, caplog, every
+):
     # before: interrupted before its first periodic checkpoint, a run resumed from step 0
     real = Trainer.train_step
 
@@ -398,8 +419,10 @@ def test_interrupt_in_the_middle_of_a_step_saves_nothing(corpus, reference, tmp_
     with caplog.at_level(logging.WARNING), pytest.raises(KeyboardInterrupt):
         Trainer(_cfg(corpus, tmp_path)).train()
     assert _manifest(tmp_path)["step"] == 4
-    assert any("in the middle of a step: nothing saved" in r.getMessage() and "step 4" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "in the middle of a step: nothing saved" in r.getMessage() and "step 4" in r.getMessage()
+        for r in caplog.records
+    )
     monkeypatch.setattr(Trainer, "train_step", real)
     Trainer(_cfg(corpus, tmp_path)).train(resume=True)
     _assert_same_run(tmp_path, reference)
@@ -415,20 +438,38 @@ def test_checkpoint_minutes_writes_by_time_too(corpus, tmp_path, monkeypatch):
         return real(self, batch)
 
     monkeypatch.setattr(Trainer, "train_step", step_of_40_seconds)
-    Trainer(_cfg(corpus, tmp_path, max_steps=7, checkpoint_every=1000, checkpoint_minutes=1.0,
-                 keep_checkpoints=10)).train()
+    Trainer(
+        _cfg(corpus, tmp_path, max_steps=7, checkpoint_every=1000, checkpoint_minutes=1.0, keep_checkpoints=10)
+    ).train()
     # 60 s passed after steps 2 (80 s), 4 (80 s since the last), 6; and the final one at 7
     assert [c["step"] for c in _manifest(tmp_path)["checkpoints"]] == [2, 4, 6, 7]
 
 
 # ---------------------------------------------------------------------------------------------- config values
-@pytest.mark.parametrize("field,value", [
-    ("keep_checkpoints", 0), ("keep_checkpoints", -1), ("keep_checkpoints", 1.5), ("keep_checkpoints", True),
-    ("checkpoint_minutes", 0), ("checkpoint_minutes", -2.0), ("checkpoint_minutes", math.nan),
-    ("checkpoint_minutes", math.inf), ("checkpoint_minutes", "5"),
-    ("batch_size", 0), ("checkpoint_every", 0), ("n_negative_samples", -1), ("max_steps", 0), ("dropout", 1.0),
-    ("lr", 0.0), ("clip_norm", -1.0), ("batching", "docs"), ("optimizer", "sgd"), ("decode_errors", "lenient"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("keep_checkpoints", 0),
+        ("keep_checkpoints", -1),
+        ("keep_checkpoints", 1.5),
+        ("keep_checkpoints", True),
+        ("checkpoint_minutes", 0),
+        ("checkpoint_minutes", -2.0),
+        ("checkpoint_minutes", math.nan),
+        ("checkpoint_minutes", math.inf),
+        ("checkpoint_minutes", "5"),
+        ("batch_size", 0),
+        ("checkpoint_every", 0),
+        ("n_negative_samples", -1),
+        ("max_steps", 0),
+        ("dropout", 1.0),
+        ("lr", 0.0),
+        ("clip_norm", -1.0),
+        ("batching", "docs"),
+        ("optimizer", "sgd"),
+        ("decode_errors", "lenient"),
+    ],
+)
 def test_bad_config_values_are_config_errors_naming_the_field(corpus, tmp_path, field, value):
     with pytest.raises(ConfigError, match=rf"TrainConfig\.{field} must be"):
         _cfg(corpus, tmp_path, **{field: value}).validate()
@@ -456,13 +497,22 @@ def test_hooks_see_every_step_and_every_point_of_each_checkpoint_write(corpus, t
             seen.append((point, step, sorted(p.name for p in out.glob("ckpt-*"))))
 
     Trainer(_cfg(corpus, out, max_steps=5, checkpoint_every=4), hooks=Record()).train()
-    assert [x for x in seen if x[0] == "step"] == [("step", 1, None), ("step", 2, None), ("step", 3, None),
-                                                 ("step", 4, None), ("step", 5, 4)]
+    assert [x for x in seen if x[0] == "step"] == [
+        ("step", 1, None),
+        ("step", 2, None),
+        ("step", 3, None),
+        ("step", 4, None),
+        ("step", 5, 4),
+    ]
     assert [(p, s) for p, s, _ in seen if p != "step"] == [(p, s) for s in (4, 5) for p in ckpt.KILL_POINTS]
     t4, s4 = ckpt.tensor_file_name(4), ckpt.state_file_name(4)
     files_at_4 = {p: files for p, s, files in seen if s == 4 and p != "step"}
-    assert files_at_4 == {"before_write": [], "between_files": [t4], "before_manifest": sorted([t4, s4]),
-                          "after_manifest": sorted([t4, s4])}
+    assert files_at_4 == {
+        "before_write": [],
+        "between_files": [t4],
+        "before_manifest": sorted([t4, s4]),
+        "after_manifest": sorted([t4, s4]),
+    }
     seen.clear()
     monkeypatch.setattr(Trainer, "default_hooks", Record())
     Trainer(_cfg(corpus, tmp_path / "again", max_steps=1)).train()

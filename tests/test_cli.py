@@ -1,5 +1,6 @@
 """The `elmokit` command as a user meets it: clear errors for mistakes, outputs that line up with inputs, nothing
 partial left behind when a run is stopped."""
+
 from __future__ import annotations
 
 import json
@@ -128,8 +129,22 @@ def test_perplexity_on_a_run_folder_points_at_its_model(tmp_path, capsys):
 
 
 def _tiny_train_args(corpus: Path, out: Path, *extra: str) -> list[str]:
-    return ["train", str(corpus), "--out-dir", str(out), "--preset", "tiny", "--batch-size", "4", "--negatives", "0",
-            "--log-every", "1", "--no-progress", *extra]
+    return [
+        "train",
+        str(corpus),
+        "--out-dir",
+        str(out),
+        "--preset",
+        "tiny",
+        "--batch-size",
+        "4",
+        "--negatives",
+        "0",
+        "--log-every",
+        "1",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def test_train_resume_rules(tmp_path, capsys):
@@ -168,8 +183,17 @@ def test_score_output_lines_up_with_input_lines(tmp_path, capsys):
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("the river bank .\nthe money bank .\n" * 4)
-    Trainer(TrainConfig(train_files=[str(corpus)], out_dir=str(tmp_path / "run"), model=elmo_tiny().to_options(),
-                        batch_size=4, n_negative_samples=0, max_steps=2, progress=False)).train()
+    Trainer(
+        TrainConfig(
+            train_files=[str(corpus)],
+            out_dir=str(tmp_path / "run"),
+            model=elmo_tiny().to_options(),
+            batch_size=4,
+            n_negative_samples=0,
+            max_steps=2,
+            progress=False,
+        )
+    ).train()
     text = tmp_path / "s.txt"
     text.write_text("the bank .\n\n" + " ".join(["river"] * 1500) + "\nbank\n")
     assert cli_main(["score", str(tmp_path / "run" / "model"), str(text)]) == 0
@@ -184,9 +208,22 @@ def test_sigterm_during_embed_leaves_no_partial_file(tmp_path):
     text = tmp_path / "big.txt"
     text.write_text("the river bank is muddy after the rain .\n" * 20000)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "elmokit", "embed", str(folder), str(text),
-                             str(tmp_path / "out.hdf5"), "--batch-size", "8"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "elmokit",
+            "embed",
+            str(folder),
+            str(text),
+            str(tmp_path / "out.hdf5"),
+            "--batch-size",
+            "8",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     parts = tmp_path / "out.hdf5.parts"  # the work is written in parts there (see elmokit.embedding.writer)
     deadline = time.time() + 120
     while time.time() < deadline and not list(parts.glob(".part-*.tmp")):
@@ -213,7 +250,12 @@ def test_resume_follows_a_moved_folder_and_refuses_changed_defaults(tmp_path, ca
     assert summary["steps"] == 5 and Path(summary["model_dir"]) == tmp_path / "runB" / "model"
     assert not (tmp_path / "runA").exists()
     assert [json.loads(x)["step"] for x in (tmp_path / "runB" / "metrics.jsonl").read_text().splitlines()] == [
-        1, 2, 3, 4, 5]
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
 
 
 def test_bad_training_settings_are_refused(tmp_path, capsys):
@@ -223,8 +265,12 @@ def test_bad_training_settings_are_refused(tmp_path, capsys):
         assert cli_main(_tiny_train_args(corpus, tmp_path / "r", flag, value)) == 2
         assert f"argument {flag}: must be" in _err(capsys)
     # a corpus too small for one window batch trains nothing: an error, not an untrained model
-    assert cli_main(_tiny_train_args(corpus, tmp_path / "w", "--batching", "windows", "--batch-size", "128",
-                                     "--epochs", "1")) == 1  # TrainingError: a run that cannot go on
+    assert (
+        cli_main(
+            _tiny_train_args(corpus, tmp_path / "w", "--batching", "windows", "--batch-size", "128", "--epochs", "1")
+        )
+        == 1
+    )  # TrainingError: a run that cannot go on
     assert "no training step could be made" in _err(capsys)
     assert not (tmp_path / "w" / "model").exists()
 
@@ -259,8 +305,17 @@ def _tiny_lm(tmp_path: Path) -> Path:
 
     corpus = tmp_path / "lm-corpus.txt"
     corpus.write_text("the river bank .\nthe money bank .\n" * 4)
-    Trainer(TrainConfig(train_files=[str(corpus)], out_dir=str(tmp_path / "lm"), model=elmo_tiny().to_options(),
-                        batch_size=4, n_negative_samples=0, max_steps=2, progress=False)).train()
+    Trainer(
+        TrainConfig(
+            train_files=[str(corpus)],
+            out_dir=str(tmp_path / "lm"),
+            model=elmo_tiny().to_options(),
+            batch_size=4,
+            n_negative_samples=0,
+            max_steps=2,
+            progress=False,
+        )
+    ).train()
     return tmp_path / "lm" / "model"
 
 
@@ -288,13 +343,33 @@ def test_checkpoint_options_may_change_on_resume(tmp_path, capsys):
     corpus = tmp_path / "c.txt"
     corpus.write_text("the river bank .\nthe money bank .\n" * 4)
     out = tmp_path / "run"
-    assert cli_main(_tiny_train_args(corpus, out, "--max-steps", "2", "--keep-checkpoints", "1",
-                                     "--checkpoint-minutes", "30")) == 0
+    assert (
+        cli_main(
+            _tiny_train_args(corpus, out, "--max-steps", "2", "--keep-checkpoints", "1", "--checkpoint-minutes", "30")
+        )
+        == 0
+    )
     saved = json.loads((out / "train_config.json").read_text())
     assert saved["keep_checkpoints"] == 1 and saved["checkpoint_minutes"] == 30
     capsys.readouterr()
-    assert cli_main(["train", "--out-dir", str(out), "--resume", "--max-steps", "4", "--keep-checkpoints", "3",
-                     "--checkpoint-minutes", "0.5", "--no-progress"]) == 0
+    assert (
+        cli_main(
+            [
+                "train",
+                "--out-dir",
+                str(out),
+                "--resume",
+                "--max-steps",
+                "4",
+                "--keep-checkpoints",
+                "3",
+                "--checkpoint-minutes",
+                "0.5",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     saved = json.loads((out / "train_config.json").read_text())
     assert saved["keep_checkpoints"] == 3 and saved["checkpoint_minutes"] == 0.5
     assert json.loads(capsys.readouterr().out)["steps"] == 4
@@ -324,14 +399,30 @@ def test_embed_accepts_the_decode_errors_it_advises(tmp_path, capsys):
     status = cli_main(["embed", str(model), str(text), str(tmp_path / "v.h5")])
     err = _err(capsys)
     assert status in (1, 2) and "--decode-errors" in err and "latin1.txt:1" in err and "internal error" not in err
-    assert cli_main(["embed", str(model), str(text), str(tmp_path / "v.h5"), "--decode-errors", "replace",
-                     "--no-progress", "--format", "allennlp"]) == 0
+    assert (
+        cli_main(
+            [
+                "embed",
+                str(model),
+                str(text),
+                str(tmp_path / "v.h5"),
+                "--decode-errors",
+                "replace",
+                "--no-progress",
+                "--format",
+                "allennlp",
+            ]
+        )
+        == 0
+    )
     with h5py.File(tmp_path / "v.h5", "r") as h5:
         assert h5["0"].shape[1] == 3 and h5["1"].shape[1] == 1
         assert "a caf\ufffd b" in json.loads(h5["sentence_to_index"][0])
     # skip: the count printed is the sentences embedded (it said 2 when 1 was), and the skipped line is named
-    assert cli_main(["embed", str(model), str(text), str(tmp_path / "s.h5"), "--decode-errors", "skip",
-                     "--no-progress"]) == 0
+    assert (
+        cli_main(["embed", str(model), str(text), str(tmp_path / "s.h5"), "--decode-errors", "skip", "--no-progress"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "embedded 1 sentences" in out and "1 undecodable line(s) skipped, each an empty dataset: line 1" in out
 
@@ -349,9 +440,11 @@ def test_embed_under_an_ascii_locale_succeeds(tmp_path):
     text = tmp_path / "s.txt"
     text.write_text("the bank .\n")
     out = tmp_path / "vé.h5"
-    res = subprocess.run([sys.executable, "-m", "elmokit", "embed", str(model), str(text), str(out), "--no-progress"],
-                         env=_subprocess_env(LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONIOENCODING=""),
-                         capture_output=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "elmokit", "embed", str(model), str(text), str(out), "--no-progress"],
+        env=_subprocess_env(LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONIOENCODING=""),
+        capture_output=True,
+    )
     assert res.returncode == 0, res.stderr.decode()
     # the arrow is escaped; the file name's bytes come back as they were given (surrogateescape)
     assert res.stdout == b"embedded 1 sentences \\u2192 " + bytes(out) + b"\n"
@@ -363,9 +456,11 @@ def test_score_output_stays_valid_json_under_an_ascii_locale(tmp_path):
     model = _tiny_lm(tmp_path)
     text = tmp_path / "s.txt"
     text.write_text("the café bank 苹果 😀\n", encoding="utf-8")
-    res = subprocess.run([sys.executable, "-m", "elmokit", "score", str(model), str(text)],
-                         env=_subprocess_env(LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONIOENCODING=""),
-                         capture_output=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "elmokit", "score", str(model), str(text)],
+        env=_subprocess_env(LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONIOENCODING=""),
+        capture_output=True,
+    )
     assert res.returncode == 0, res.stderr.decode()
     assert json.loads(res.stdout.decode("ascii"))["sentence"] == "the café bank 苹果 😀"
 
@@ -374,8 +469,12 @@ def test_broken_pipe_ends_quietly(tmp_path):
     model = _tiny_lm(tmp_path)
     text = tmp_path / "s.txt"
     text.write_text("the river bank .\n" * 4000)
-    proc = subprocess.Popen([sys.executable, "-m", "elmokit", "score", str(model), str(text)],
-                            env=_subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elmokit", "score", str(model), str(text)],
+        env=_subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert json.loads(proc.stdout.readline())["line"] == 1
     proc.stdout.close()  # as `| head -1` does
     err = proc.stderr.read().decode()
@@ -430,12 +529,17 @@ def test_sigint_during_train_keeps_a_checkpoint_and_resumes(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("the river bank is muddy .\nthe money bank is closed .\na boat on the river .\n" * 50)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "elmokit", *_tiny_train_args(corpus, out, "--max-steps", "100000",
-                                                                "--checkpoint-every", "100000")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "elmokit",
+        *_tiny_train_args(corpus, out, "--max-steps", "100000", "--checkpoint-every", "100000"),
+    ]
     proc = subprocess.Popen(cmd, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
-    while time.time() < deadline and not ((out / "metrics.jsonl").is_file()
-                                          and len((out / "metrics.jsonl").read_text().splitlines()) >= 3):
+    while time.time() < deadline and not (
+        (out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= 3
+    ):
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
@@ -448,16 +552,38 @@ def test_sigint_during_train_keeps_a_checkpoint_and_resumes(tmp_path):
     assert cli_main(["train", "--out-dir", str(out), "--resume", "--max-steps", str(step + 2), "--no-progress"]) == 0
 
 
-@pytest.mark.parametrize("argv", [
-    ["perplexity", "m", "f"], ["score", "m", "f"], ["embed", "m", "i", "o"], ["train", "c", "--out-dir", "o"],
-    ["quickstart"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["perplexity", "m", "f"],
+        ["score", "m", "f"],
+        ["embed", "m", "i", "o"],
+        ["train", "c", "--out-dir", "o"],
+        ["quickstart"],
+    ],
+)
 @pytest.mark.parametrize("value", ["0", "-1", "x", "1e999"])
 def test_count_options_are_validated_naming_the_option(argv, value, capsys):
-    flags = {"perplexity": ["--batch-size"], "score": ["--batch-size"], "embed": ["--batch-size"],
-             "train": ["--batch-size", "--epochs", "--max-steps", "--unroll-steps", "--checkpoint-every",
-                       "--keep-checkpoints", "--log-every", "--min-count", "--max-vocab", "--checkpoint-minutes",
-                       "--lr", "--clip-norm"],
-             "quickstart": ["--steps", "--minutes"]}[argv[0]]
+    flags = {
+        "perplexity": ["--batch-size"],
+        "score": ["--batch-size"],
+        "embed": ["--batch-size"],
+        "train": [
+            "--batch-size",
+            "--epochs",
+            "--max-steps",
+            "--unroll-steps",
+            "--checkpoint-every",
+            "--keep-checkpoints",
+            "--log-every",
+            "--min-count",
+            "--max-vocab",
+            "--checkpoint-minutes",
+            "--lr",
+            "--clip-norm",
+        ],
+        "quickstart": ["--steps", "--minutes"],
+    }[argv[0]]
     for flag in flags:
         assert cli_main([*argv, flag, value]) == 2, flag
         err = _err(capsys)
@@ -498,12 +624,18 @@ def test_model_is_checked_before_the_output_location(tmp_path, capsys):
     (tmp_path / "notamodel").mkdir()
     (tmp_path / "notamodel" / "readme.txt").write_text("x")
     (tmp_path / "s.txt").write_text("a\n")
-    assert cli_main(["embed", str(tmp_path / "notamodel"), str(tmp_path / "s.txt"),
-                     str(tmp_path / "notamodel" / "v.h5")]) == 2
+    assert (
+        cli_main(["embed", str(tmp_path / "notamodel"), str(tmp_path / "s.txt"), str(tmp_path / "notamodel" / "v.h5")])
+        == 2
+    )
     err = _err(capsys)
     assert "is a folder but not a model" in err and "readme.txt" in err and "inside the model folder" not in err
-    for argv in (["info", str(tmp_path / "notamodel")], ["export", str(tmp_path / "notamodel"), str(tmp_path / "o")],
-                 ["info", str(tmp_path / "nosuch")], ["info", str(tmp_path / "s.txt")]):
+    for argv in (
+        ["info", str(tmp_path / "notamodel")],
+        ["export", str(tmp_path / "notamodel"), str(tmp_path / "o")],
+        ["info", str(tmp_path / "nosuch")],
+        ["info", str(tmp_path / "s.txt")],
+    ):
         assert cli_main(argv) == 2
         err = _err(capsys)
         assert "not a model" in err or "does not exist" in err or "is a file" in err
@@ -538,8 +670,20 @@ def test_every_help_shows_defaults_and_describes_positionals():
     import argparse
 
     _, commands = _subparsers()
-    assert set(commands) == {"embed", "convert", "export", "info", "train", "perplexity", "score", "quickstart", "zoo",
-                             "tag", "classify", "similar"}
+    assert set(commands) == {
+        "embed",
+        "convert",
+        "export",
+        "info",
+        "train",
+        "perplexity",
+        "score",
+        "quickstart",
+        "zoo",
+        "tag",
+        "classify",
+        "similar",
+    }
     for name, sub in commands.items():
         for action in sub._actions:
             if isinstance(action, argparse._HelpAction):
@@ -552,9 +696,12 @@ def test_every_help_shows_defaults_and_describes_positionals():
     from elmokit.pretraining.trainer import TrainConfig
 
     defaults = TrainConfig([], "", {})
-    for flag, value in (("--batch-size", defaults.batch_size), ("--epochs", defaults.n_epochs),
-                        ("--keep-checkpoints", defaults.keep_checkpoints)):
-        block = help_text[help_text.index("\n  " + flag + " "):]
+    for flag, value in (
+        ("--batch-size", defaults.batch_size),
+        ("--epochs", defaults.n_epochs),
+        ("--keep-checkpoints", defaults.keep_checkpoints),
+    ):
+        block = help_text[help_text.index("\n  " + flag + " ") :]
         assert f"(default: {value})" in " ".join(block[:400].split()), flag
     assert "(default: 0.2 with adagrad, 0.001 with adam)" in " ".join(help_text.split())
     assert "(default: 64)" in " ".join(commands["embed"].format_help().split())
@@ -584,27 +731,41 @@ def test_version_and_global_flags_before_and_after(capsys):
 
 
 def test_python_dash_m_elmokit_works():
-    res = subprocess.run([sys.executable, "-m", "elmokit", "--version"], env=_subprocess_env(), capture_output=True,
-                         text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "elmokit", "--version"], env=_subprocess_env(), capture_output=True, text=True
+    )
     assert res.returncode == 0 and res.stdout.startswith("elmokit ")
-    res = subprocess.run([sys.executable, "-m", "elmokit", "info", "-v"], env=_subprocess_env(), capture_output=True,
-                         text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "elmokit", "info", "-v"], env=_subprocess_env(), capture_output=True, text=True
+    )
     assert res.returncode == 2 and "elmokit info: error: the following arguments are required: model" in res.stderr
 
 
-@pytest.mark.parametrize("exc, status, line", [
-    ("UsageError('bad option --x')", 2, "elmokit info: error: bad option --x"),
-    ("MissingFileError('f.txt: no such file')", 2, "elmokit info: error: f.txt: no such file"),
-    ("ConfigError('options.json: no lstm')", 2, "elmokit info: error: options.json: no lstm"),
-    ("WeightsError('w.hdf5: shape')", 1, "elmokit info: error: w.hdf5: shape"),
-    ("DataError('c.txt:3: bad')", 1, "elmokit info: error: c.txt:3: bad"),
-    ("PermissionError(13, 'Permission denied', 'out.h5')", 1,
-     "elmokit info: error: [Errno 13] Permission denied: 'out.h5'"),
-    ("RuntimeError('boom')", 1,
-     "elmokit info: internal error: RuntimeError: boom (this is a bug; rerun with -v for the traceback)"),
-    ("ValueError('two\\nlines')", 1,
-     "elmokit info: internal error: ValueError: two lines (this is a bug; rerun with -v for the traceback)"),
-])
+@pytest.mark.parametrize(
+    "exc, status, line",
+    [
+        ("UsageError('bad option --x')", 2, "elmokit info: error: bad option --x"),
+        ("MissingFileError('f.txt: no such file')", 2, "elmokit info: error: f.txt: no such file"),
+        ("ConfigError('options.json: no lstm')", 2, "elmokit info: error: options.json: no lstm"),
+        ("WeightsError('w.hdf5: shape')", 1, "elmokit info: error: w.hdf5: shape"),
+        ("DataError('c.txt:3: bad')", 1, "elmokit info: error: c.txt:3: bad"),
+        (
+            "PermissionError(13, 'Permission denied', 'out.h5')",
+            1,
+            "elmokit info: error: [Errno 13] Permission denied: 'out.h5'",
+        ),
+        (
+            "RuntimeError('boom')",
+            1,
+            "elmokit info: internal error: RuntimeError: boom (this is a bug; rerun with -v for the traceback)",
+        ),
+        (
+            "ValueError('two\\nlines')",
+            1,
+            "elmokit info: internal error: ValueError: two lines (this is a bug; rerun with -v for the traceback)",
+        ),
+    ],
+)
 def test_exit_status_and_one_line_messages(exc, status, line, monkeypatch, capsys):
     from elmokit import errors
     from elmokit.cli import models
@@ -644,14 +805,17 @@ def test_error_lines_name_the_process_under_torchrun(monkeypatch, capsys):
 def test_argparse_errors_are_one_line(capsys):
     assert cli_main(["train", "--valid-every", "0", "x.txt"]) == 2
     err = capsys.readouterr().err
-    assert err == ("elmokit train: error: argument --valid-every: must be a positive integer, got '0' "
-                   "(see `elmokit train --help`)\n")
+    assert err == (
+        "elmokit train: error: argument --valid-every: must be a positive integer, got '0' "
+        "(see `elmokit train --help`)\n"
+    )
     assert cli_main(["trian"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_a_lost_peer_process_is_a_training_error_not_a_bug(monkeypatch, tmp_path, capsys):
-    """gloo reports a killed peer as a RuntimeError; under torchrun it is an expected stop, with the checkpoint named."""
+    """gloo reports a killed peer as a RuntimeError; under torchrun it is an expected stop, with the checkpoint
+    named."""
     from elmokit.pretraining import distributed
     from elmokit.pretraining.trainer import Trainer
 
@@ -668,8 +832,21 @@ def test_a_lost_peer_process_is_a_training_error_not_a_bug(monkeypatch, tmp_path
     monkeypatch.setattr(Trainer, "train", boom)
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(f"a b c {i}\n" for i in range(20)), encoding="utf-8")
-    status = cli_main(["train", str(corpus), "--out-dir", str(tmp_path / "run"), "--preset", "tiny",
-                       "--max-steps", "2", "--device", "cpu", "--no-progress"])
+    status = cli_main(
+        [
+            "train",
+            str(corpus),
+            "--out-dir",
+            str(tmp_path / "run"),
+            "--preset",
+            "tiny",
+            "--max-steps",
+            "2",
+            "--device",
+            "cpu",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 1, err
     assert "another process of this run stopped" in err and "internal error" not in err

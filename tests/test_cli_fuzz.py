@@ -12,6 +12,7 @@ on a few sentences with the tiny architecture with ``--steps 1`` appended, so no
 The examples are derandomised (the same on every run, so CI is stable); ``ELMOKIT_FUZZ_RANDOM=1`` draws new ones and
 ``ELMOKIT_FUZZ_EXAMPLES=N`` changes how many per command.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,10 +36,13 @@ _EXAMPLES = int(os.environ.get("ELMOKIT_FUZZ_EXAMPLES", "0") or 0)
 
 
 def _settings(n: int):
-    return settings(max_examples=_EXAMPLES or n, deadline=None, database=None,
-                    derandomize=os.environ.get("ELMOKIT_FUZZ_RANDOM") != "1",
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                           HealthCheck.data_too_large])
+    return settings(
+        max_examples=_EXAMPLES or n,
+        deadline=None,
+        database=None,
+        derandomize=os.environ.get("ELMOKIT_FUZZ_RANDOM") != "1",
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +53,17 @@ def world(tmp_path_factory) -> Path:
     w = tmp_path_factory.mktemp("world")
     save_pretrained(BiLM(elmo_tiny()), w / "model")
     (w / "good.txt").write_text("the river bank .\n\nthe money bank .\n", encoding="utf-8")
-    Trainer(TrainConfig(train_files=[str(w / "good.txt")], out_dir=str(w / "lm"), model=elmo_tiny().to_options(),
-                        batch_size=4, n_negative_samples=0, max_steps=2, progress=False)).train()
+    Trainer(
+        TrainConfig(
+            train_files=[str(w / "good.txt")],
+            out_dir=str(w / "lm"),
+            model=elmo_tiny().to_options(),
+            batch_size=4,
+            n_negative_samples=0,
+            max_steps=2,
+            progress=False,
+        )
+    ).train()
     (w / "latin1.txt").write_bytes("a caf\xe9 b\n".encode("latin-1"))
     (w / "bom.txt").write_text("\ufeffa b\n", encoding="utf-8")
     (w / "empty.txt").write_text("")
@@ -79,26 +92,78 @@ def offline(monkeypatch, tmp_path):
 
 
 _ODD = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="/"), max_size=12)
-_EXISTING_INPUTS = ["good.txt", "latin1.txt", "bom.txt", "empty.txt", "blank.txt", "odd-ünï 名.txt", "weights.hdf5",
-                    "options.json", "bad.json", "list.json", "dir", "model", "lm/model", "lm", "model/config.json",
-                    "nope.txt", "", ".", "-", "*.txt", "/dev/null", "/", "a\0b"]
+_EXISTING_INPUTS = [
+    "good.txt",
+    "latin1.txt",
+    "bom.txt",
+    "empty.txt",
+    "blank.txt",
+    "odd-ünï 名.txt",
+    "weights.hdf5",
+    "options.json",
+    "bad.json",
+    "list.json",
+    "dir",
+    "model",
+    "lm/model",
+    "lm",
+    "model/config.json",
+    "nope.txt",
+    "",
+    ".",
+    "-",
+    "*.txt",
+    "/dev/null",
+    "/",
+    "a\0b",
+]
 _GOOD_INPUTS = ["good.txt", "bom.txt", "blank.txt", "odd-ünï 名.txt"]
 #: input paths: mostly the world's files and folders, also missing ones and arbitrary names (relative to the copy)
-inputs = st.one_of(st.sampled_from(_GOOD_INPUTS), st.sampled_from(_GOOD_INPUTS), st.sampled_from(_EXISTING_INPUTS),
-                   _ODD)
+inputs = st.one_of(
+    st.sampled_from(_GOOD_INPUTS), st.sampled_from(_GOOD_INPUTS), st.sampled_from(_EXISTING_INPUTS), _ODD
+)
 #: output paths: relative only (every write stays inside the world copy)
-outputs = st.one_of(st.sampled_from(["out.h5", "new-folder", "out.h5"]),
-                    st.sampled_from(["out.h5", "good.txt", "model", "model/v.h5", "dir", "lm/model", "new/dir/x",
-                                     "", ".", "weights.hdf5", "a\0b"]), _ODD.filter(lambda s: not s.startswith("/")))
-models = st.one_of(st.just("model"), st.just("lm/model"),
-                   st.sampled_from(["model", "lm/model", "dir", "lm", "good.txt", "weights.hdf5", "nope", "",
-                                    "small", "ORIGINAL", "original-5.5b", "medium"]), _ODD)
-numbers = st.one_of(st.integers(1, 6).map(str), st.integers(1, 6).map(str), st.integers(-3, 5).map(str),
-                    st.integers(-10**30, 10**30).map(str),
-                    st.sampled_from(["0", "-0", "1e3", "1e999", "nan", "inf", "-inf", "0.5", "1e-300", "", "x",
-                                     "9" * 5000]), _ODD)
-devices = st.one_of(st.sampled_from(["cpu", "auto"]), st.sampled_from(["cpu", "auto", "cuda", "cuda:7", "mps", "tpu",
-                                                                       "", "CPU", "cuda:-1", "cpu:0", "meta"]), _ODD)
+outputs = st.one_of(
+    st.sampled_from(["out.h5", "new-folder", "out.h5"]),
+    st.sampled_from(
+        ["out.h5", "good.txt", "model", "model/v.h5", "dir", "lm/model", "new/dir/x", "", ".", "weights.hdf5", "a\0b"]
+    ),
+    _ODD.filter(lambda s: not s.startswith("/")),
+)
+models = st.one_of(
+    st.just("model"),
+    st.just("lm/model"),
+    st.sampled_from(
+        [
+            "model",
+            "lm/model",
+            "dir",
+            "lm",
+            "good.txt",
+            "weights.hdf5",
+            "nope",
+            "",
+            "small",
+            "ORIGINAL",
+            "original-5.5b",
+            "medium",
+        ]
+    ),
+    _ODD,
+)
+numbers = st.one_of(
+    st.integers(1, 6).map(str),
+    st.integers(1, 6).map(str),
+    st.integers(-3, 5).map(str),
+    st.integers(-(10**30), 10**30).map(str),
+    st.sampled_from(["0", "-0", "1e3", "1e999", "nan", "inf", "-inf", "0.5", "1e-300", "", "x", "9" * 5000]),
+    _ODD,
+)
+devices = st.one_of(
+    st.sampled_from(["cpu", "auto"]),
+    st.sampled_from(["cpu", "auto", "cuda", "cuda:7", "mps", "tpu", "", "CPU", "cuda:-1", "cpu:0", "meta"]),
+    _ODD,
+)
 decode = st.one_of(st.sampled_from(["strict", "replace", "ignore", "skip"]), _ODD)
 
 
@@ -125,9 +190,16 @@ def _with_global_flags(draw, argv: list[str]) -> list[str]:
 @st.composite
 def embed_argv(draw):
     argv = ["embed", draw(models), draw(inputs), draw(outputs)]
-    argv += _options(draw, {"--layers": st.one_of(st.sampled_from(["all", "top", "average"]), _ODD),
-                            "--batch-size": numbers, "--device": devices, "--decode-errors": decode,
-                            "--no-progress": None})
+    argv += _options(
+        draw,
+        {
+            "--layers": st.one_of(st.sampled_from(["all", "top", "average"]), _ODD),
+            "--batch-size": numbers,
+            "--device": devices,
+            "--decode-errors": decode,
+            "--no-progress": None,
+        },
+    )
     return _with_global_flags(draw, argv)
 
 
@@ -160,24 +232,47 @@ def _mostly(valid) -> st.SearchStrategy:
 
 @st.composite
 def train_argv(draw):
-    files = draw(st.lists(st.one_of(st.just("good.txt"), st.just("good.txt"), inputs),
-                          min_size=draw(st.sampled_from([0, 1, 1, 1])), max_size=2))
-    argv = ["train", *files, "--out-dir", draw(st.one_of(st.sampled_from(["run", "run", "lm", "good.txt", "dir", ""]),
-                                                          outputs))]
+    files = draw(
+        st.lists(
+            st.one_of(st.just("good.txt"), st.just("good.txt"), inputs),
+            min_size=draw(st.sampled_from([0, 1, 1, 1])),
+            max_size=2,
+        )
+    )
+    argv = [
+        "train",
+        *files,
+        "--out-dir",
+        draw(st.one_of(st.sampled_from(["run", "run", "lm", "good.txt", "dir", ""]), outputs)),
+    ]
     small = st.integers(1, 6).map(str)
     options = {
-        "--preset": st.sampled_from(["tiny", "tiny", "tiny", "nonesuch", ""]), "--options": inputs,
-        "--vocab": inputs, "--min-count": _mostly(small), "--max-vocab": _mostly(st.integers(3, 20).map(str)),
-        "--char-vocab": None, "--batching": st.sampled_from(["sentences", "windows", "x"]),
-        "--batch-size": _mostly(small), "--unroll-steps": _mostly(small), "--epochs": _mostly(small),
+        "--preset": st.sampled_from(["tiny", "tiny", "tiny", "nonesuch", ""]),
+        "--options": inputs,
+        "--vocab": inputs,
+        "--min-count": _mostly(small),
+        "--max-vocab": _mostly(st.integers(3, 20).map(str)),
+        "--char-vocab": None,
+        "--batching": st.sampled_from(["sentences", "windows", "x"]),
+        "--batch-size": _mostly(small),
+        "--unroll-steps": _mostly(small),
+        "--epochs": _mostly(small),
         "--optimizer": st.sampled_from(["adagrad", "adam", "sgd"]),
         "--lr": _mostly(st.sampled_from(["0.01", "1e-3", "0.5", "1e5"])),
         "--clip-norm": _mostly(st.sampled_from(["0.1", "1", "10", "1e30"])),
-        "--dropout": _mostly(st.sampled_from(["0", "0.1", "0.5", "0.99"])), "--negatives": _mostly(small),
-        "--seed": _mostly(st.integers(0, 2**32 - 1).map(str)), "--checkpoint-every": _mostly(small),
+        "--dropout": _mostly(st.sampled_from(["0", "0.1", "0.5", "0.99"])),
+        "--negatives": _mostly(small),
+        "--seed": _mostly(st.integers(0, 2**32 - 1).map(str)),
+        "--checkpoint-every": _mostly(small),
         "--checkpoint-minutes": _mostly(st.sampled_from(["1e-9", "0.01", "30"])),
-        "--keep-checkpoints": _mostly(small), "--log-every": _mostly(small), "--device": devices,
-        "--nondeterministic": None, "--decode-errors": decode, "--resume": None, "--overwrite": None}
+        "--keep-checkpoints": _mostly(small),
+        "--log-every": _mostly(small),
+        "--device": devices,
+        "--nondeterministic": None,
+        "--decode-errors": decode,
+        "--resume": None,
+        "--overwrite": None,
+    }
     chosen = draw(st.lists(st.sampled_from(sorted(options)), unique=True, max_size=6))
     for flag in chosen:
         argv.append(flag)
@@ -245,8 +340,15 @@ def test_fuzz_train(world, capsys, argv):
 def test_fuzz_quickstart(world, monkeypatch, capsys, argv):
     from elmokit.recipes.quickstart import en as quickstart
 
-    sentences = [s.split() for s in ("The river bank was muddy .", "She took money to the bank .",
-                                     "A boat drifted down the river .", "The bank raised its rates .")]
+    sentences = [
+        s.split()
+        for s in (
+            "The river bank was muddy .",
+            "She took money to the bank .",
+            "A boat drifted down the river .",
+            "The bank raised its rates .",
+        )
+    ]
     monkeypatch.setattr(quickstart, "load_lee_corpus", lambda: (sentences * 3, sentences[:2]))
     monkeypatch.setattr(quickstart, "quickstart_config", elmo_tiny)
     _run(world, argv, capsys)

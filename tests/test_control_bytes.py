@@ -6,6 +6,7 @@ replace``); the leftover parts folder blocked a rerun and ``--resume`` crashed t
 ``similar`` accepted the same file. The rule (``elmokit.data.corpus.line_problem``): a line must be valid UTF-8 and
 hold no NUL byte; a bad line stops the command before any work, naming file:line:column, unless ``--decode-errors``
 replaces (U+FFFD), drops (ignore) or skips it; every other control character is kept."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,7 @@ LAYOUTS = ["hdf5", "allennlp", "parts"]
 def model(tmp_path_factory):
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("nul")
-    save_lm(BidirectionalLM(elmo_tiny(), Vocabulary(["<S>", "</S>", "<UNK>", "the", "bank"]), dropout=0.0),
-            root / "lm")
+    save_lm(BidirectionalLM(elmo_tiny(), Vocabulary(["<S>", "</S>", "<UNK>", "the", "bank"]), dropout=0.0), root / "lm")
     return root / "lm"
 
 
@@ -99,8 +99,9 @@ def test_a_binary_file_with_replace_and_sentence_keys(model, tmp_path, layout):
     out = tmp_path / ("o" if layout == "parts" else "o.h5")
     emb = Embedder(model, batch_size=2)
     assert emb.embed_file(inp, out, format=layout, decode_errors="replace", progress=False) == 2
-    emb.embed_file(inp, tmp_path / f"k-{layout}", format="parts", decode_errors="replace", progress=False,
-                   use_sentence_keys=True)
+    emb.embed_file(
+        inp, tmp_path / f"k-{layout}", format="parts", decode_errors="replace", progress=False, use_sentence_keys=True
+    )
     with open_embeddings(tmp_path / f"k-{layout}") as keyed:
         assert "\ufffd\ufffd" in keyed
 
@@ -122,10 +123,22 @@ def test_an_interrupted_run_of_an_older_version_resumes_into_the_clear_error(mod
 def test_every_command_reading_text_refuses_the_same_file(model, tmp_path, capsys, command):
     inp = tmp_path / "in.txt"
     inp.write_bytes(NUL_FILE)
-    argv = {"score": ["score", str(model), str(inp)], "perplexity": ["perplexity", str(model), str(inp)],
-            "train": ["train", str(inp), "--out-dir", str(tmp_path / "run"), "--preset", "tiny", "--max-steps", "1",
-                      "--no-progress"],
-            "similar": ["similar", str(model), str(inp), "--word", "bank"]}[command]
+    argv = {
+        "score": ["score", str(model), str(inp)],
+        "perplexity": ["perplexity", str(model), str(inp)],
+        "train": [
+            "train",
+            str(inp),
+            "--out-dir",
+            str(tmp_path / "run"),
+            "--preset",
+            "tiny",
+            "--max-steps",
+            "1",
+            "--no-progress",
+        ],
+        "similar": ["similar", str(model), str(inp), "--word", "bank"],
+    }[command]
     assert cli_main(argv) == 1
     err = capsys.readouterr().err
     assert "in.txt:2: a NUL byte at column 5" in err and "--decode-errors" in err and "internal error" not in err
@@ -144,21 +157,32 @@ def test_the_python_api_names_its_own_argument(model, tmp_path):
 
 
 any_bytes = st.binary(min_size=1, max_size=2).map(lambda b: b.replace(b"\n", b"").decode("latin-1"))
-control_line = st.lists(st.one_of(st.sampled_from(["a", "b", " ", "\t", "\x00", "\x01", "\x1b", "\x7f", "\x85",
-                                                   "\x1c", "\u2028", "\ufeff", "\r", "é", "苹"]), any_bytes),
-                        min_size=0, max_size=8)
+control_line = st.lists(
+    st.one_of(
+        st.sampled_from(
+            ["a", "b", " ", "\t", "\x00", "\x01", "\x1b", "\x7f", "\x85", "\x1c", "\u2028", "\ufeff", "\r", "é", "苹"]
+        ),
+        any_bytes,
+    ),
+    min_size=0,
+    max_size=8,
+)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
-@given(lines=st.lists(control_line, min_size=1, max_size=4), layout=st.sampled_from(LAYOUTS),
-       mode=st.sampled_from(["strict", "replace", "skip"]), raw_bytes=st.booleans())
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    lines=st.lists(control_line, min_size=1, max_size=4),
+    layout=st.sampled_from(LAYOUTS),
+    mode=st.sampled_from(["strict", "replace", "skip"]),
+    raw_bytes=st.booleans(),
+)
 def test_any_control_bytes_are_stored_or_refused_by_the_rule(tmp_path_factory, lines, layout, mode, raw_bytes):
     """Whatever bytes a line holds, embed either stores it (its stripped text in the sentences) or refuses it by the
     rule; never an internal error."""
     tmp = tmp_path_factory.mktemp("fuzz")
-    data = b"".join(("".join(parts)).encode("latin-1" if raw_bytes else "utf-8", "replace") + b"\n"
-                    for parts in lines)
+    data = b"".join(("".join(parts)).encode("latin-1" if raw_bytes else "utf-8", "replace") + b"\n" for parts in lines)
     inp = tmp / "in.txt"
     inp.write_bytes(data)
     out = tmp / ("o" if layout == "parts" else "o.h5")

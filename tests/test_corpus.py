@@ -1,4 +1,5 @@
 """Corpus reading, sentence batches and bilm-tf stream windows (incl. exact resume)."""
+
 from __future__ import annotations
 
 import itertools
@@ -7,15 +8,15 @@ import logging
 from collections import Counter
 
 import pytest
-from conftest import shared_path
 
-from elmokit.errors import DataError, MissingFileError, UsageError
+from conftest import shared_path
 from elmokit.data import (
     CorpusDecodeError,
     SentenceBatcher,
     StreamWindows,
     TextCorpus,
 )
+from elmokit.errors import DataError, MissingFileError, UsageError
 
 
 def _write(path, content: str | bytes):
@@ -235,6 +236,7 @@ def test_stream_windows_fixture_covers_every_token_both_directions():
     words = Counter(t for s in sents for t in s)
     assert Counter(t for b in batches for r in b.forward_targets for t in r) == words + Counter({"</S>": 5})
     assert Counter(t for b in batches for r in b.backward_targets for t in r) == words + Counter({"<S>": 5})
+
     def split(stream, marker):
         pieces = []
         for t in stream:
@@ -336,7 +338,7 @@ def test_parts_hold_every_line_exactly_once(shards, parts):
         assert ranges[0][0] == 0 and ranges[-1][1] == path.stat().st_size
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
         data = path.read_bytes()
-        assert all(start == 0 or data[start - 1:start] == b"\n" for start, _ in ranges)  # ranges start lines
+        assert all(start == 0 or data[start - 1 : start] == b"\n" for start, _ in ranges)  # ranges start lines
 
 
 def test_a_part_reads_only_its_bytes(tmp_path, monkeypatch):
@@ -410,8 +412,9 @@ def test_parts_shuffle_apart_and_resume_exactly(shards):
         next(batcher)
     state = json.loads(json.dumps(batcher.state_dict()))
     rest = list(batcher)
-    again = SentenceBatcher(TextCorpus(shards, shuffle=True, seed=3, part=0, parts=2), 2, num_epochs=3,
-                            bucket_by_length=True)
+    again = SentenceBatcher(
+        TextCorpus(shards, shuffle=True, seed=3, part=0, parts=2), 2, num_epochs=3, bucket_by_length=True
+    )
     again.load_state_dict(state)
     assert list(again) == rest
     other = SentenceBatcher(b, 2, num_epochs=3, bucket_by_length=True)
@@ -420,7 +423,9 @@ def test_parts_shuffle_apart_and_resume_exactly(shards):
 
 
 def test_one_part_is_the_whole_corpus_in_its_old_order(shards):
-    assert TextCorpus(shards, shuffle=True, seed=1, part=0, parts=1).shard_order(2) == \
-        TextCorpus(shards, shuffle=True, seed=1).shard_order(2)
-    assert _lines_of(TextCorpus(shards, shuffle=True, seed=1, parts=1)) == _lines_of(TextCorpus(shards, shuffle=True,
-                                                                                                 seed=1))
+    assert TextCorpus(shards, shuffle=True, seed=1, part=0, parts=1).shard_order(2) == TextCorpus(
+        shards, shuffle=True, seed=1
+    ).shard_order(2)
+    assert _lines_of(TextCorpus(shards, shuffle=True, seed=1, parts=1)) == _lines_of(
+        TextCorpus(shards, shuffle=True, seed=1)
+    )

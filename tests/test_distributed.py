@@ -1,6 +1,7 @@
 """Several training processes with torchrun (gloo on CPU): identical weights on every process after every step, the
 same losses as one process computing the same global batch, time-based checkpoints decided by process 0, an interrupt
 of one process stopping all with a checkpoint that resumes in one process, and clear errors instead of hangs."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,7 @@ from safetensors.torch import load_file
 
 from elmokit.embedding import writer
 from elmokit.errors import CorpusDecodeError, DataError, EmbedWorkerError, TrainingError, UsageError
-from elmokit.pretraining.distributed import (DistContext, _describe_error, _remote_error, init_from_env,
-                                             torchrun_rank)
+from elmokit.pretraining.distributed import DistContext, _describe_error, _remote_error, init_from_env, torchrun_rank
 from elmokit.pretraining.trainer import TrainConfig, Trainer, build_trainer
 from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
 
@@ -38,17 +38,50 @@ def files(tmp_path_factory) -> Path:
 def _torchrun(files: Path, out: Path, *extra: str, hooks: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """``elmokit train`` on two processes; with ``hooks`` (options of tests/run_hooks.py), through that test entry."""
     program = [str(Path(__file__).parent / "run_hooks.py"), *hooks, "--"] if hooks else ["-m", "elmokit"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           *program, "train", str(files / "train.txt"), "--out-dir", str(out), "--options",
-           str(files / "options.json"), "--batch-size", "4", "--negatives", "6", "--max-steps", str(STEPS),
-           "--log-every", "1", "--no-progress", "--device", "cpu", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        *program,
+        "train",
+        str(files / "train.txt"),
+        "--out-dir",
+        str(out),
+        "--options",
+        str(files / "options.json"),
+        "--batch-size",
+        "4",
+        "--negatives",
+        "6",
+        "--max-steps",
+        str(STEPS),
+        "--log-every",
+        "1",
+        "--no-progress",
+        "--device",
+        "cpu",
+        *extra,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=os.environ)
 
 
 def _config(files: Path, out: Path, **kw) -> TrainConfig:
     """The same run as _torchrun's, for one process computing both data parts."""
-    base = dict(train_files=[str(files / "train.txt")], out_dir=str(out), model=TINY_TRAIN_OPTIONS, batch_size=4,
-                n_negative_samples=6, max_steps=STEPS, log_every=1, progress=False, device="cpu", data_parts=2)
+    base = dict(
+        train_files=[str(files / "train.txt")],
+        out_dir=str(out),
+        model=TINY_TRAIN_OPTIONS,
+        batch_size=4,
+        n_negative_samples=6,
+        max_steps=STEPS,
+        log_every=1,
+        progress=False,
+        device="cpu",
+        data_parts=2,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -68,14 +101,22 @@ def one_process(files, tmp_path_factory) -> Path:
 
 def test_two_processes_hold_identical_weights_and_compute_what_one_does(files, one_process, tmp_path):
     out = tmp_path / "run"
-    res = _torchrun(files, out, "--valid-files", str(files / "held.txt"), "--valid-every", "4",
-                    "--checkpoint-minutes", "1e-6", hooks=("--digests", str(tmp_path / "digest")))
+    res = _torchrun(
+        files,
+        out,
+        "--valid-files",
+        str(files / "held.txt"),
+        "--valid-every",
+        "4",
+        "--checkpoint-minutes",
+        "1e-6",
+        hooks=("--digests", str(tmp_path / "digest")),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
-    summary = json.loads(res.stdout[res.stdout.index("{"):])  # only process 0 prints it
+    summary = json.loads(res.stdout[res.stdout.index("{") :])  # only process 0 prints it
     assert summary["processes"] == 2 and summary["steps"] == STEPS
     # both processes hold the same weights after every step
-    digests = [[json.loads(x) for x in (tmp_path / f"digest.rank{r}.jsonl").read_text().splitlines()]
-               for r in (0, 1)]
+    digests = [[json.loads(x) for x in (tmp_path / f"digest.rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
     assert [d["step"] for d in digests[0]] == list(range(1, STEPS + 1))
     assert digests[0] == digests[1]
     assert len({d["sha256"] for d in digests[0]}) == STEPS  # and they change at every step
@@ -117,9 +158,29 @@ def test_an_interrupt_of_one_process_stops_both_and_resumes_in_one(files, one_pr
 
 def test_a_part_without_lines_stops_every_process_with_the_error(files, tmp_path):
     (tmp_path / "one.txt").write_text("the cat sat\n", encoding="utf-8")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "elmokit",
-           "train", str(tmp_path / "one.txt"), "--out-dir", str(tmp_path / "run"), "--options",
-           str(files / "options.json"), "--batch-size", "2", "--max-steps", "2", "--no-progress", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "elmokit",
+        "train",
+        str(tmp_path / "one.txt"),
+        "--out-dir",
+        str(tmp_path / "run"),
+        "--options",
+        str(files / "options.json"),
+        "--batch-size",
+        "2",
+        "--max-steps",
+        "2",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert res.returncode != 0
     # process 1's part is empty: it says so, and process 0 stops with the same error instead of waiting for it
@@ -129,8 +190,11 @@ def test_a_part_without_lines_stops_every_process_with_the_error(files, tmp_path
 
 def test_resume_on_more_processes_than_data_parts_says_what_is_allowed(files, one_process):
     saved = TrainConfig.from_json_file(one_process / "train_config.json")
-    with pytest.raises(UsageError, match=r"3 processes but the run's data is in 2 part\(s\).*run it on 1 to 2 "
-                                         r"processes; more would change the global batch"):
+    with pytest.raises(
+        UsageError,
+        match=r"3 processes but the run's data is in 2 part\(s\).*run it on 1 to 2 "
+        r"processes; more would change the global batch",
+    ):
         build_trainer(saved, dist=DistContext(rank=0, world_size=3))
     # fewer than data parts is fine: one process computes both parts (above), two one each
     assert build_trainer(saved, dist=DistContext(rank=1, world_size=2)).data.parts == [1]
@@ -138,8 +202,9 @@ def test_resume_on_more_processes_than_data_parts_says_what_is_allowed(files, on
 
 def test_more_processes_than_lines(tmp_path):
     (tmp_path / "two.txt").write_text("the cat\nsat on\n", encoding="utf-8")
-    cfg = TrainConfig([str(tmp_path / "two.txt")], str(tmp_path / "run"), model=TINY_TRAIN_OPTIONS, batch_size=3,
-                      progress=False)
+    cfg = TrainConfig(
+        [str(tmp_path / "two.txt")], str(tmp_path / "run"), model=TINY_TRAIN_OPTIONS, batch_size=3, progress=False
+    )
     with pytest.raises(DataError, match=r"part 3 of 3 .* fewer lines than the 3 data parts \(one per process"):
         build_trainer(cfg, dist=DistContext(rank=2, world_size=3))
 
@@ -169,6 +234,7 @@ def test_device_and_environment_errors(monkeypatch):
 def test_another_processs_error_is_rebuilt_one_way_for_train_and_embed():
     """_remote_error: the same kind of elmokit error (the nearest in its MRO that takes a message alone), an
     interrupt as an interrupt, anything else as the command's own error; the message names the process."""
+
     def remote(exc, rank, command):
         return _remote_error(rank, _describe_error(exc), command)
 
@@ -193,8 +259,11 @@ def test_torchrun_rank_for_train_and_embed(monkeypatch):
     monkeypatch.setenv("RANK", "2")
     assert torchrun_rank() == (2, 3) and writer.torchrun_rank() == (2, 3)
     monkeypatch.setenv("RANK", "3")
-    with pytest.raises(UsageError, match=r"RANK=3 is outside 0\.\.2: start several embedding processes with torchrun "
-                                         r"\(torchrun --nproc-per-node N -m elmokit embed"):
+    with pytest.raises(
+        UsageError,
+        match=r"RANK=3 is outside 0\.\.2: start several embedding processes with torchrun "
+        r"\(torchrun --nproc-per-node N -m elmokit embed",
+    ):
         writer.torchrun_rank()
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(UsageError, match="RANK='x' is missing or not a number: start several training processes"):

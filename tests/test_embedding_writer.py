@@ -1,5 +1,6 @@
 """Embedding at scale: streamed file embedding in atomic parts, resume after Ctrl-C / kill -9, worker processes,
 batch/order invariance, float16, sentence keys, tokenizers, the token-vector cache, and pooling over real tokens."""
+
 from __future__ import annotations
 
 import json
@@ -16,21 +17,32 @@ import torch
 
 from conftest import REPO_ROOT
 from elmokit import Embedder, TokenVectorCache, batch_to_ids
-from elmokit.embedding import writer as embed_output
 from elmokit.cli import main as cli_main
+from elmokit.embedding import writer as embed_output
+from elmokit.embedding.pooling import masked_max, masked_mean, parse_layers
 from elmokit.embedding.reader import open_embeddings, sentence_key
 from elmokit.errors import UsageError
 from elmokit.io import LOCK_NAME
-from elmokit.embedding.pooling import masked_max, masked_mean, parse_layers
 from elmokit.weights.native import save_pretrained
 from helpers import fixture_dir, fixture_model, tiny_random_bilm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 #: duplicates, a blank line, "/" and "." inside and alone, non-ASCII and emoji, runs of spaces, a literal "%2F"
-LINES = ["the bank of the river .", "", "a/b c.d . ..", "naïve café 苹果 😀", "the bank of the river .",
-         "  padded   spaces  ", "x", "one two three four five six seven eight nine ten eleven twelve", "%2F literal",
-         ".", "the money bank", "bank"]
+LINES = [
+    "the bank of the river .",
+    "",
+    "a/b c.d . ..",
+    "naïve café 苹果 😀",
+    "the bank of the river .",
+    "  padded   spaces  ",
+    "x",
+    "one two three four five six seven eight nine ten eleven twelve",
+    "%2F literal",
+    ".",
+    "the money bank",
+    "bank",
+]
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +97,9 @@ def test_sentence_vectors_do_not_depend_on_the_padding_of_their_batch(bilm):
     emb = Embedder(bilm)
     short, long = ["the", "bank"], ["a", "very", "long", "sentence", "about", "the", "bank", "of", "a", "river"]
     alone = emb.embed_sentence(short)  # (L+1, 2, 16)
-    np.testing.assert_allclose(emb.embed_batch([long, short], pool="mean", layers="top")[1], alone[-1].mean(0),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        emb.embed_batch([long, short], pool="mean", layers="top")[1], alone[-1].mean(0), atol=1e-6
+    )
     np.testing.assert_allclose(emb.embed_batch([long, short], pool="max")[1], alone.max(axis=1), atol=1e-6)
     # the pitfall reproduced: a mean over the padded batch tensor (zeros past the end) is not the sentence's mean
     with torch.inference_mode():
@@ -105,8 +118,9 @@ def test_layer_choices_and_fixed_mix(bilm):
     np.testing.assert_allclose(emb.embed_sentence(s, layers="average"), full.mean(0), atol=1e-6)
     np.testing.assert_array_equal(emb.embed_sentence(s, layers="top"), full[-1])
     np.testing.assert_array_equal(emb.embed_sentence(s, layers=0), full[0])
-    np.testing.assert_allclose(emb.embed_sentence(s, layers=[0.2, 0.3, 0.5]),
-                               0.2 * full[0] + 0.3 * full[1] + 0.5 * full[2], atol=1e-6)
+    np.testing.assert_allclose(
+        emb.embed_sentence(s, layers=[0.2, 0.3, 0.5]), 0.2 * full[0] + 0.3 * full[1] + 0.5 * full[2], atol=1e-6
+    )
     np.testing.assert_allclose(emb.embed_sentence(s, layers="0,1,0", pool="max"), full[1].max(0), atol=1e-6)
     for bad in (3, [1.0, 2.0], "bottom", -1, True, "1,x,2"):
         with pytest.raises(UsageError, match="layer"):
@@ -128,8 +142,9 @@ def test_keep_sentence_boundaries_adds_the_boundary_vectors(bilm):
     np.testing.assert_allclose(kept[0, 0], torch.cat([bos, bos]).numpy(), atol=1e-6)  # layer 0 at <S>
     np.testing.assert_allclose(kept[0, -1], torch.cat([eos, eos]).numpy(), atol=1e-6)
     # pooled with the boundaries: the mean covers the n + 2 positions
-    np.testing.assert_allclose(emb.embed_sentence(s, keep_sentence_boundaries=True, pool="mean"), kept.mean(1),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        emb.embed_sentence(s, keep_sentence_boundaries=True, pool="mean"), kept.mean(1), atol=1e-6
+    )
     assert emb.embed_sentence([], keep_sentence_boundaries=True).shape == (3, 2, 16)  # <S> </S>
 
 
@@ -153,8 +168,7 @@ def test_token_cache_equals_the_character_path(bilm):
         np.testing.assert_allclose(a, b, atol=1e-6)
     # a ready TokenVectorCache is accepted too; one from another model is refused
     reuse = Embedder(bilm, vocab_to_cache=TokenVectorCache(bilm, words))
-    np.testing.assert_allclose(reuse.embed_sentence(["the", "bank"]), plain.embed_sentence(["the", "bank"]),
-                               atol=1e-6)
+    np.testing.assert_allclose(reuse.embed_sentence(["the", "bank"]), plain.embed_sentence(["the", "bank"]), atol=1e-6)
     with pytest.raises(UsageError, match="TokenVectorCache"):
         Embedder(bilm, vocab_to_cache=TokenVectorCache(_wider_bilm(), words))
 
@@ -162,8 +176,12 @@ def test_token_cache_equals_the_character_path(bilm):
 def _wider_bilm():
     from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig
 
-    return BiLM(ElmoConfig(char_cnn=CharCNNConfig(filters=[(1, 4)], n_highway=1, embedding_dim=4),
-                           lstm=LSTMConfig(dim=8, projection_dim=4, n_layers=1))).eval()
+    return BiLM(
+        ElmoConfig(
+            char_cnn=CharCNNConfig(filters=[(1, 4)], n_highway=1, embedding_dim=4),
+            lstm=LSTMConfig(dim=8, projection_dim=4, n_layers=1),
+        )
+    ).eval()
 
 
 def test_token_cache_reproduces_allennlp_token_embeddings():
@@ -252,12 +270,19 @@ def test_formats_agree_and_allennlp_layout_is_kept(bilm, tmp_path):
 def test_top_and_average_match_all_through_the_cli(bilm, tmp_path, capsys):
     save_pretrained(bilm, tmp_path / "m")
     src = _write(tmp_path / "in.txt", LINES)
-    runs = {"all": ["--layers", "all"], "top": ["--top"], "average": ["--average"], "mix": ["--layers", "0,0.5,0.5"],
-            "mean": ["--top", "--pool", "mean"]}
+    runs = {
+        "all": ["--layers", "all"],
+        "top": ["--top"],
+        "average": ["--average"],
+        "mix": ["--layers", "0,0.5,0.5"],
+        "mean": ["--top", "--pool", "mean"],
+    }
     got = {}
     for name, flags in runs.items():
-        assert cli_main(["embed", str(tmp_path / "m"), str(src), str(tmp_path / f"{name}.h5"), "--no-progress",
-                         *flags]) == 0
+        assert (
+            cli_main(["embed", str(tmp_path / "m"), str(src), str(tmp_path / f"{name}.h5"), "--no-progress", *flags])
+            == 0
+        )
         got[name] = _read_all(tmp_path / f"{name}.h5")
     for k, full in got["all"].items():
         np.testing.assert_allclose(got["average"][k], full.mean(0), atol=1e-6)
@@ -274,16 +299,17 @@ def test_top_and_average_match_all_through_the_cli(bilm, tmp_path, capsys):
 
 
 def test_batch_size_and_line_order_do_not_change_the_vectors(bilm, tmp_path):
-    lines = [" ".join(random.Random(i).choices("the a bank river money of on boat 苹果 😀".split(), k=1 + i % 13))
-             for i in range(60)] + ["", "x"]
+    lines = [
+        " ".join(random.Random(i).choices("the a bank river money of on boat 苹果 😀".split(), k=1 + i % 13))
+        for i in range(60)
+    ] + ["", "x"]
     order = list(range(len(lines)))
     random.Random(0).shuffle(order)
     src = _write(tmp_path / "in.txt", lines)
     shuffled = _write(tmp_path / "shuffled.txt", [lines[i] for i in order])
     emb = Embedder(bilm)
     by_line = {}
-    for name, path, bs in (("b1", src, 1), ("b7", src, 7), ("b64", src, 64), ("s7", shuffled, 7),
-                           ("s1", shuffled, 1)):
+    for name, path, bs in (("b1", src, 1), ("b7", src, 7), ("b64", src, 64), ("s7", shuffled, 7), ("s1", shuffled, 1)):
         emb.embed_file(path, tmp_path / f"{name}.h5", batch_size=bs, format="hdf5", progress=False)
         got = _read_all(tmp_path / f"{name}.h5")
         if path is shuffled:  # back to the original line numbers
@@ -371,7 +397,10 @@ def test_resume_after_ctrl_c_continues_from_the_finished_parts(bilm, tmp_path, m
         emb.embed_file(src, out, format="hdf5", part_size=5, progress=False)
     folder = tmp_path / "out.h5.parts"
     assert not out.exists() and sorted(p.name for p in folder.iterdir()) == [
-        "index.json", "part-000000.hdf5", "part-000001.hdf5"]
+        "index.json",
+        "part-000000.hdf5",
+        "part-000001.hdf5",
+    ]
     with pytest.raises(UsageError, match="interrupted run: rerun with resume=True"):  # the Python wording
         emb.embed_file(src, out, format="hdf5", part_size=5, progress=False)
     with pytest.raises(UsageError, match=r"changed pool \(was 'none', now 'mean'\)"):
@@ -393,8 +422,16 @@ def test_resume_after_ctrl_c_continues_from_the_finished_parts(bilm, tmp_path, m
 
 def _env(**extra: str) -> dict:
     # an ASCII locale: the non-ASCII and emoji lines are read as UTF-8 all the same
-    return {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1", "LC_ALL": "C", "LANG": "C",
-            "PYTHONUTF8": "0", "PYTHONIOENCODING": "", **extra}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT / "src"),
+        "OMP_NUM_THREADS": "1",
+        "LC_ALL": "C",
+        "LANG": "C",
+        "PYTHONUTF8": "0",
+        "PYTHONIOENCODING": "",
+        **extra,
+    }
 
 
 def _killed_at(point: str, cmd: list[str]) -> list[str]:
@@ -408,8 +445,20 @@ def test_resume_after_kill_9_gives_the_uninterrupted_output(bilm, tmp_path):
     save_pretrained(bilm, tmp_path / "m")
     src = _write(tmp_path / "in.txt", LINES * 2)
     out = tmp_path / "out.h5"
-    cmd = [sys.executable, "-m", "elmokit", "embed", str(tmp_path / "m"), str(src), str(out), "--part-size", "5",
-           "--no-progress", "--batch-size", "4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "elmokit",
+        "embed",
+        str(tmp_path / "m"),
+        str(src),
+        str(out),
+        "--part-size",
+        "5",
+        "--no-progress",
+        "--batch-size",
+        "4",
+    ]
     # killed with its part 1 fully written under the temporary name, then (resumed) right after finishing part 3
     first = subprocess.run(_killed_at("before_rename:1", cmd), env=_env(), capture_output=True)
     assert first.returncode == -9, first.stderr.decode()
@@ -421,7 +470,8 @@ def test_resume_after_kill_9_gives_the_uninterrupted_output(bilm, tmp_path):
     second = subprocess.run(_killed_at("after_part:3", cmd + ["--resume"]), env=_env(), capture_output=True)
     assert second.returncode == -9, second.stderr.decode()
     assert sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME) == ["index.json"] + [
-        f"part-00000{k}.hdf5" for k in range(4)]
+        f"part-00000{k}.hdf5" for k in range(4)
+    ]
     third = subprocess.run(cmd + ["--resume"], env=_env(), capture_output=True)
     assert third.returncode == 0, third.stderr.decode()
     assert not folder.exists()
@@ -435,8 +485,9 @@ def test_two_workers_give_the_one_worker_output(bilm, tmp_path):
     one = _read_all(_embedded(emb, src, tmp_path / "one.h5", format="hdf5", part_size=5))
     two = _read_all(_embedded(emb, src, tmp_path / "two.h5", format="hdf5", part_size=5, workers=2))
     _assert_same(one, two)  # each part is embedded the same way wherever it runs (one thread each)
-    keyed = _read_all(_embedded(emb, src, tmp_path / "k.h5", format="allennlp", part_size=5, workers=2,
-                                use_sentence_keys=True))
+    keyed = _read_all(
+        _embedded(emb, src, tmp_path / "k.h5", format="allennlp", part_size=5, workers=2, use_sentence_keys=True)
+    )
     assert len(keyed) == len({sentence_key(x) for x in LINES} - {None})
 
 
@@ -447,8 +498,19 @@ def test_two_torchrun_processes_give_the_one_process_output_and_resume(bilm, tmp
     src = _write(tmp_path / "in.txt", LINES * 3)
     reference = _embedded(Embedder(bilm, batch_size=4), src, tmp_path / "ref.h5", format="hdf5", part_size=5)
     out = tmp_path / "out.h5"
-    args = ["-m", "elmokit", "embed", str(tmp_path / "m"), str(src), str(out), "--part-size", "5", "--no-progress",
-            "--batch-size", "4"]
+    args = [
+        "-m",
+        "elmokit",
+        "embed",
+        str(tmp_path / "m"),
+        str(src),
+        str(out),
+        "--part-size",
+        "5",
+        "--no-progress",
+        "--batch-size",
+        "4",
+    ]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     env = {k: v for k, v in _env().items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
     res = subprocess.run(torchrun + args, env=env, capture_output=True, text=True, timeout=120)

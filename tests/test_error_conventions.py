@@ -1,6 +1,7 @@
 """Python's error conventions inside the error family (issue 20 item 6): input of the wrong type raises an error that
 is also a ``TypeError`` (``InputTypeError`` for model input, ``UsageTypeError`` for arguments), naming the argument and
 the form expected; a wrong value stays a ``ValueError`` only (never a ``TypeError``)."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,13 +43,16 @@ def _value_error(call, match, family=(InputError, UsageError)):
     assert not isinstance(info.value, TypeError), f"{type(info.value).__name__} is a wrong value, not a wrong type"
 
 
-@pytest.mark.parametrize("bad,match", [
-    ("the bank", r"sentences must be a list of sentences, each a list of token strings; got a single string"),
-    (["the", "bank"], r"sentences must be a list of sentences.*element 0 is the string 'the': a flat list"),
-    (42, r"sentences must be a list of sentences.*got a int"),
-    ([["ok"], [1]], r"sentence 1, token 0 is a int \(1\); tokens must be str"),
-    ([["ok"], b"bytes"], r"sentences must be a list of sentences.*sentence 1 is a bytes"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ("the bank", r"sentences must be a list of sentences, each a list of token strings; got a single string"),
+        (["the", "bank"], r"sentences must be a list of sentences.*element 0 is the string 'the': a flat list"),
+        (42, r"sentences must be a list of sentences.*got a int"),
+        ([["ok"], [1]], r"sentence 1, token 0 is a int \(1\); tokens must be str"),
+        ([["ok"], b"bytes"], r"sentences must be a list of sentences.*sentence 1 is a bytes"),
+    ],
+)
 def test_batch_to_ids_wrong_type_is_a_type_error(bad, match):
     _type_error(lambda: batch_to_ids(bad), match)
 
@@ -56,18 +60,26 @@ def test_batch_to_ids_wrong_type_is_a_type_error(bad, match):
 def test_batch_to_ids_wrong_values_stay_value_errors():
     _value_error(lambda: batch_to_ids([["the", ""]]), r"sentence 0, token 1 is ''")
     _value_error(lambda: batch_to_ids([["a"]], max_characters_per_token=2), r"max_characters_per_token must be >= 3")
-    _type_error(lambda: batch_to_ids([["a"]], max_characters_per_token=50.0), r"max_characters_per_token must be an "
-                r"int >= 3, got 50\.0 \(float\)", UsageTypeError)
+    _type_error(
+        lambda: batch_to_ids([["a"]], max_characters_per_token=50.0),
+        r"max_characters_per_token must be an "
+        r"int >= 3, got 50\.0 \(float\)",
+        UsageTypeError,
+    )
     _type_error(lambda: batch_to_ids([["a"]], char_vocab="abc"), "char_vocab must be a CharVocabulary", UsageTypeError)
     assert batch_to_ids([["the", "bank"]]).shape == (1, 2, 50)  # the right form still works
 
 
 def test_embedder_sentence_entry_points(bilm):
     embedder = Embedder(bilm)
-    _type_error(lambda: embedder.embed_sentence("the bank"),
-                r"embed_sentence\(tokens\) must be one sentence, a list of token strings; got a single string")
-    _type_error(lambda: embedder.embed_sentence([["the", "bank"]]),
-                r"embed_sentence\(tokens\) must be one sentence.*token 0 is a list")
+    _type_error(
+        lambda: embedder.embed_sentence("the bank"),
+        r"embed_sentence\(tokens\) must be one sentence, a list of token strings; got a single string",
+    )
+    _type_error(
+        lambda: embedder.embed_sentence([["the", "bank"]]),
+        r"embed_sentence\(tokens\) must be one sentence.*token 0 is a list",
+    )
     _type_error(lambda: embedder.embed_sentence(7), r"embed_sentence\(tokens\) must be one sentence.*got a int")
     _type_error(lambda: list(embedder.embed_sentences("the bank")), "sentences must be a list of sentences")
     _type_error(lambda: list(embedder.embed_sentences(["the", "bank"])), "flat list of tokens is one sentence")
@@ -76,8 +88,12 @@ def test_embedder_sentence_entry_points(bilm):
     # wrong values: a blank token, a batch size below 1
     _value_error(lambda: embedder.embed_sentence(["the", " "]), r"sentence 0, token 1 is ' '")
     _value_error(lambda: list(embedder.embed_sentences([["a"]], batch_size=-2)), r"batch_size must be an int >= 1")
-    _type_error(lambda: list(embedder.embed_sentences([["a"]], batch_size=2.0)), r"batch_size must be an int >= 1, "
-                r"got 2\.0 \(float\)", UsageTypeError)
+    _type_error(
+        lambda: list(embedder.embed_sentences([["a"]], batch_size=2.0)),
+        r"batch_size must be an int >= 1, "
+        r"got 2\.0 \(float\)",
+        UsageTypeError,
+    )
     assert embedder.embed_sentence(["the", "bank"]).shape == (3, 2, 32)
 
 
@@ -95,18 +111,25 @@ def test_model_entry_points_take_char_ids_tensors(bilm):
     _type_error(lambda: elmo([["the", "bank"]]), r"inputs must be a LongTensor \(B, T, C\) from batch_to_ids")
     _type_error(lambda: elmo(torch.zeros(1, 2, 50)), r"char_ids must be integer ids.*got dtype torch.float32")
     _type_error(lambda: bilm("the bank"), r"char_ids must be a LongTensor \(B, T, C\) from batch_to_ids, got str")
-    _type_error(lambda: bilm.forward_token_vectors([[0.0]], torch.ones(1, 1, dtype=torch.bool)),
-                r"token_vectors must be a float tensor \(B, T, 16\), got list")
-    _type_error(lambda: bilm.forward_token_vectors(torch.zeros(1, 1, 16, dtype=torch.long),
-                                                   torch.ones(1, 1, dtype=torch.bool)),
-                "token_vectors must be floating point")
+    _type_error(
+        lambda: bilm.forward_token_vectors([[0.0]], torch.ones(1, 1, dtype=torch.bool)),
+        r"token_vectors must be a float tensor \(B, T, 16\), got list",
+    )
+    _type_error(
+        lambda: bilm.forward_token_vectors(torch.zeros(1, 1, 16, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool)),
+        "token_vectors must be floating point",
+    )
     _value_error(lambda: elmo(torch.zeros(2, 3, dtype=torch.long)), r"char_ids must have shape \(B, T, 50\)")
     _value_error(lambda: bilm(torch.full((1, 2, 50), 999, dtype=torch.long)), "outside the character table")
-    _type_error(lambda: Elmo(bilm=bilm, num_output_representations=1.0), "num_output_representations must be an int",
-                UsageTypeError)
+    _type_error(
+        lambda: Elmo(bilm=bilm, num_output_representations=1.0),
+        "num_output_representations must be an int",
+        UsageTypeError,
+    )
     _type_error(lambda: Elmo(bilm=bilm, dropout="0.5"), r"dropout must be a number in \[0, 1\]", UsageTypeError)
-    _value_error(lambda: Elmo(bilm=bilm, num_output_representations=0), "num_output_representations must be",
-                 UsageError)
+    _value_error(
+        lambda: Elmo(bilm=bilm, num_output_representations=0), "num_output_representations must be", UsageError
+    )
     _value_error(lambda: Elmo(bilm=bilm, dropout=1.5), r"dropout must be a number in \[0, 1\], got 1.5", UsageError)
     _type_error(lambda: Elmo(module=torch.nn.Linear(2, 2)), "module must be an elmokit BiLM", UsageTypeError)
 
@@ -119,10 +142,10 @@ def test_corpus_and_batchers(corpus_file):
     _type_error(lambda: SentenceBatcher(42, 2), "corpus must be a TextCorpus or a file pattern", UsageTypeError)
     _type_error(lambda: StreamWindows(corpus_file, 2, 2.5), "unroll_steps must be an int >= 1", UsageTypeError)
     _value_error(lambda: TextCorpus(corpus_file, parts=0), "parts must be an int >= 1, got 0", UsageError)
-    _value_error(lambda: TextCorpus(corpus_file, part=2, parts=2), r"part must be an int in \[0, parts=2\)",
-                 UsageError)
-    _value_error(lambda: TextCorpus(corpus_file, max_tokens_per_sentence=0), "max_tokens_per_sentence must be",
-                 UsageError)
+    _value_error(lambda: TextCorpus(corpus_file, part=2, parts=2), r"part must be an int in \[0, parts=2\)", UsageError)
+    _value_error(
+        lambda: TextCorpus(corpus_file, max_tokens_per_sentence=0), "max_tokens_per_sentence must be", UsageError
+    )
     _value_error(lambda: SentenceBatcher(corpus_file, -1), "batch_size must be an int >= 1, got -1", UsageError)
     assert list(SentenceBatcher(corpus_file, 2)) == [[["the", "bank"], ["river", "bank"]]]
 
@@ -155,5 +178,8 @@ def test_layer_options():
     _type_error(lambda: parse_layers(["top"]), r"layers \['top'\]: expected", UsageTypeError)
     _value_error(lambda: parse_layers("bottom"), "layers 'bottom': expected", UsageError)
     _value_error(lambda: parse_layers(-1), "a layer number is >= 0", UsageError)
-    _type_error(lambda: OutputSpec.make(keep_sentence_boundaries="yes"), "keep_sentence_boundaries must be True or "
-                "False", UsageTypeError)
+    _type_error(
+        lambda: OutputSpec.make(keep_sentence_boundaries="yes"),
+        "keep_sentence_boundaries must be True or False",
+        UsageTypeError,
+    )

@@ -2,6 +2,7 @@
 names the extra that installs it, and a missing extra is one line (exit status 2) — or, for the learning curve of
 ``train``, one warning while the run succeeds. A missing library is simulated with ``sys.modules[name] = None``
 (import then fails) in this process, or in a subprocess for the commands whose start-up is checked as users see it."""
+
 from __future__ import annotations
 
 import ast
@@ -24,9 +25,17 @@ except ModuleNotFoundError:  # Python 3.10
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 SRC = REPO_ROOT / "src" / "elmokit"
 #: The libraries the core install must not pull (issue 20): pip name → import name.
-OPTIONAL = {"gensim": "gensim", "scikit-learn": "sklearn", "matplotlib": "matplotlib", "snownlp": "snownlp",
-            "jieba": "jieba", "sacremoses": "sacremoses", "pytorch-crf": "torchcrf", "seqeval": "seqeval",
-            "conllu": "conllu"}
+OPTIONAL = {
+    "gensim": "gensim",
+    "scikit-learn": "sklearn",
+    "matplotlib": "matplotlib",
+    "snownlp": "snownlp",
+    "jieba": "jieba",
+    "sacremoses": "sacremoses",
+    "pytorch-crf": "torchcrf",
+    "seqeval": "seqeval",
+    "conllu": "conllu",
+}
 
 
 def _project() -> dict:
@@ -47,7 +56,7 @@ def _extra(name: str) -> set[str]:
     for req in _project()["optional-dependencies"][name]:
         n = _name(req)
         if n.startswith("elmokit["):
-            for inner in n[len("elmokit["):-1].split(","):
+            for inner in n[len("elmokit[") : -1].split(","):
                 out |= _extra(inner.strip())
         else:
             out.add(n)
@@ -95,19 +104,24 @@ def _calls_and_imports():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
-        def enclosing(node, kinds):
-            while node in parents:
-                node = parents[node]
+        def enclosing(node, kinds):  # (called in this iteration: parents is this file's)
+            while node in parents:  # noqa: B023
+                node = parents[node]  # noqa: B023
                 if isinstance(node, kinds):
                     return node
             return None
 
         def in_try(node):
-            while node in parents:
-                parent = parents[node]
-                if isinstance(parent, ast.Try) and node in parent.body and any(
+            while node in parents:  # noqa: B023
+                parent = parents[node]  # noqa: B023
+                if (
+                    isinstance(parent, ast.Try)
+                    and node in parent.body
+                    and any(
                         isinstance(h.type, ast.Name) and h.type.id in ("Exception", "ImportError")
-                        for h in parent.handlers):
+                        for h in parent.handlers
+                    )
+                ):
                     return True
                 node = parent
             return False
@@ -123,10 +137,21 @@ def _calls_and_imports():
                 if not libs or (isinstance(node, ast.ImportFrom) and node.level):
                     continue
                 func = enclosing(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                guarded = func is not None and (in_try(node) or all(any(
-                    isinstance(c, ast.Call) and getattr(c.func, "id", None) == "import_optional" and c.args
-                    and isinstance(c.args[0], ast.Constant) and c.args[0].value.split(".")[0] == lib
-                    and c.lineno < node.lineno for c in ast.walk(func)) for lib in libs))
+                guarded = func is not None and (
+                    in_try(node)
+                    or all(
+                        any(
+                            isinstance(c, ast.Call)
+                            and getattr(c.func, "id", None) == "import_optional"
+                            and c.args
+                            and isinstance(c.args[0], ast.Constant)
+                            and c.args[0].value.split(".")[0] == lib
+                            and c.lineno < node.lineno
+                            for c in ast.walk(func)
+                        )
+                        for lib in libs
+                    )
+                )
                 found.append((rel, node.lineno, "import", (sorted(libs), func is not None, guarded)))
     return found
 
@@ -157,12 +182,19 @@ def test_missing_extra_error_is_one_line_naming_the_install(monkeypatch):
     exc = info.value
     assert str(exc) == "the CRF tagger needs pytorch-crf, which is not installed: pip install 'elmokit[tasks]'"
     assert isinstance(exc, ImportError) and isinstance(exc, ElmoError) and exc.exit_status == 2
-    assert (exc.package, exc.extra, exc.hint, exc.name) == ("pytorch-crf", "tasks", "pip install 'elmokit[tasks]'",
-                                                            "torchcrf")
+    assert (exc.package, exc.extra, exc.hint, exc.name) == (
+        "pytorch-crf",
+        "tasks",
+        "pip install 'elmokit[tasks]'",
+        "torchcrf",
+    )
     # a submodule of a hidden library, imported earlier in this process, is hidden too
     hide(monkeypatch, "sklearn")
-    with pytest.raises(MissingExtraError, match=r"^macro F1 needs scikit-learn, which is not installed: "
-                                                r"pip install 'elmokit\[senses\]'$"):
+    with pytest.raises(
+        MissingExtraError,
+        match=r"^macro F1 needs scikit-learn, which is not installed: "
+        r"pip install 'elmokit\[senses\]'$",
+    ):
         import_optional("sklearn.metrics", "senses", "macro F1")
     # an installed library is returned as the module
     assert import_optional("json", "none", "x") is json
@@ -173,20 +205,25 @@ def test_a_library_whose_own_dependency_is_missing_says_so(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(MissingExtraError) as info:
         import_optional("fakelib_h20x", "plots", "the plot")
-    assert str(info.value) == ("the plot needs fakelib_h20x, which cannot be imported (No module named "
-                               "'missing_dependency_h20x'): pip install 'elmokit[plots]'")
+    assert str(info.value) == (
+        "the plot needs fakelib_h20x, which cannot be imported (No module named "
+        "'missing_dependency_h20x'): pip install 'elmokit[plots]'"
+    )
 
 
 # ------------------------------------------------------------------------------------------------- the commands
 def _elmokit(args: list[str], hidden: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """``elmokit ARGS`` in a fresh process where importing each of ``hidden`` fails."""
-    code = ("import sys\n"
-            f"for name in {hidden!r}: sys.modules[name] = None\n"
-            "from elmokit.cli import entry\n"
-            "sys.exit(entry())\n")
+    code = (
+        "import sys\n"
+        f"for name in {hidden!r}: sys.modules[name] = None\n"
+        "from elmokit.cli import entry\n"
+        "sys.exit(entry())\n"
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT / "src")}
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_embed_with_the_jieba_tokenizer_without_jieba(tmp_path):
@@ -195,11 +232,12 @@ def test_embed_with_the_jieba_tokenizer_without_jieba(tmp_path):
 
     save_pretrained(tiny_random_bilm(0), tmp_path / "m")
     (tmp_path / "in.txt").write_text("我 喜欢 苹果\n", encoding="utf-8")
-    run = _elmokit(["embed", "m", "in.txt", "out.h5", "--tokenizer", "jieba", "--threads", "1"], ["jieba"],
-                   tmp_path)
+    run = _elmokit(["embed", "m", "in.txt", "out.h5", "--tokenizer", "jieba", "--threads", "1"], ["jieba"], tmp_path)
     assert run.returncode == 2, run.stderr
-    assert run.stderr == ("elmokit embed: error: the jieba tokenizer needs jieba, which is not installed: "
-                          "pip install 'elmokit[tokenizers]'\n")
+    assert run.stderr == (
+        "elmokit embed: error: the jieba tokenizer needs jieba, which is not installed: "
+        "pip install 'elmokit[tokenizers]'\n"
+    )
     assert not (tmp_path / "out.h5").exists()
     # the library call says the same
     from elmokit.data.tokenizers import make_tokenizer
@@ -211,14 +249,36 @@ def test_embed_with_the_jieba_tokenizer_without_jieba(tmp_path):
 
 
 def test_train_without_matplotlib_skips_the_learning_curve(tmp_path):
-    (tmp_path / "c.txt").write_text("the river bank .\nthe money bank .\na boat on the river .\n" * 4,
-                                    encoding="utf-8")
-    run = _elmokit(["train", "c.txt", "--out-dir", "run", "--preset", "tiny", "--batch-size", "4", "--negatives",
-                    "0", "--max-steps", "3", "--log-every", "1", "--no-progress", "--threads", "1"], ["matplotlib"], tmp_path)
+    (tmp_path / "c.txt").write_text("the river bank .\nthe money bank .\na boat on the river .\n" * 4, encoding="utf-8")
+    run = _elmokit(
+        [
+            "train",
+            "c.txt",
+            "--out-dir",
+            "run",
+            "--preset",
+            "tiny",
+            "--batch-size",
+            "4",
+            "--negatives",
+            "0",
+            "--max-steps",
+            "3",
+            "--log-every",
+            "1",
+            "--no-progress",
+            "--threads",
+            "1",
+        ],
+        ["matplotlib"],
+        tmp_path,
+    )
     assert run.returncode == 0, run.stderr
     lines = [line for line in run.stderr.splitlines() if "learning_curve.png" in line or "matplotlib" in line]
-    assert lines == ["WARNING elmokit.pretraining.run_folder: learning_curve.png not drawn: matplotlib is not "
-                     "installed (pip install 'elmokit[plots]' draws it)"], run.stderr
+    assert lines == [
+        "WARNING elmokit.pretraining.run_folder: learning_curve.png not drawn: matplotlib is not "
+        "installed (pip install 'elmokit[plots]' draws it)"
+    ], run.stderr
     summary = json.loads(run.stdout)
     assert summary["steps"] == 3 and summary["learning_curve"] is None
     assert summary["model_dir"] == str(Path("run") / "model") and any((tmp_path / "run" / "model").iterdir())
@@ -236,8 +296,10 @@ def tag_setup(tmp_path_factory):
     write_conll(root / "ner.train", tag_sentences(12, 1))
     write_conll(root / "ner.dev", tag_sentences(4, 2))
     (root / "vectors.bin").write_bytes(b"not read: gensim is missing before the file is opened")
-    common = ('task = "tag"\n[data]\nreader = "conll2003"\ntrain = "ner.train"\ndev = "ner.dev"\n'
-              '[bilm]\nmodel = "bilm"\ncache = false\n[model]\nhidden = 8\n[train]\nepochs = 1\nbatch_size = 8\n')
+    common = (
+        'task = "tag"\n[data]\nreader = "conll2003"\ntrain = "ner.train"\ndev = "ner.dev"\n'
+        '[bilm]\nmodel = "bilm"\ncache = false\n[model]\nhidden = 8\n[train]\nepochs = 1\nbatch_size = 8\n'
+    )
     (root / "ner.toml").write_text(common + '[static]\nvectors = "random"\ndim = 8\n', encoding="utf-8")
     (root / "w2v.toml").write_text(common + '[static]\nvectors = "vectors.bin"\n', encoding="utf-8")
     return root
@@ -252,11 +314,13 @@ def _cli(capsys, *argv) -> tuple[int, str]:
 
 def test_tag_train_without_pytorch_crf(tag_setup, tmp_path, capsys, monkeypatch):
     hide(monkeypatch, "torchcrf")
-    status, err = _cli(capsys, "tag", "train", tag_setup / "ner.toml", "--out", tmp_path / "m", "--device", "cpu",
-                       "--threads", "1")
+    status, err = _cli(
+        capsys, "tag", "train", tag_setup / "ner.toml", "--out", tmp_path / "m", "--device", "cpu", "--threads", "1"
+    )
     assert status == 2
-    assert err.strip().splitlines()[-1] == ("elmokit tag: error: the CRF tagger needs pytorch-crf, which is not "
-                                            "installed: pip install 'elmokit[tasks]'")
+    assert err.strip().splitlines()[-1] == (
+        "elmokit tag: error: the CRF tagger needs pytorch-crf, which is not installed: pip install 'elmokit[tasks]'"
+    )
     assert sum("error" in line for line in err.splitlines()) == 1
     assert not (tmp_path / "m").exists() or not any((tmp_path / "m").iterdir())
 
@@ -272,7 +336,8 @@ def test_word2vec_baseline_without_gensim(tag_setup, tmp_path, capsys, monkeypat
     with pytest.raises(MissingExtraError, match=r"elmokit\[baselines\]"):
         load_word2vec(tag_setup / "vectors.bin")
     # through the CLI: a task whose static vectors are a word2vec file
-    status, err = _cli(capsys, "tag", "train", tag_setup / "w2v.toml", "--out", tmp_path / "m", "--device", "cpu",
-                       "--threads", "1")
+    status, err = _cli(
+        capsys, "tag", "train", tag_setup / "w2v.toml", "--out", tmp_path / "m", "--device", "cpu", "--threads", "1"
+    )
     assert status == 2, err
     assert err.strip().splitlines()[-1] == f"elmokit tag: error: {message}"

@@ -1,11 +1,11 @@
 """The fast paths equal their plain references: im2col char CNN vs Conv1d, the fused/in-place LSTM step vs the cell
 equations written out one gate at a time (values and gradients)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from elmokit.config import LSTMConfig
 from elmokit.modules.char_cnn import CharCNN
 from elmokit.modules.lstm import BiLSTM
 from helpers import assert_close_to_scale
@@ -42,10 +42,14 @@ def test_im2col_char_cnn_equals_conv1d_values_and_gradients():
 
 
 def test_char_cnn_tail_starts_hand_cases():
-    ids = torch.tensor([[259, 5, 6, 260, 261, 261, 261],   # run of 261 from position 4
-                        [259, 5, 6, 7, 8, 9, 260],           # last id appears once: run starts at 6
-                        [7, 7, 7, 7, 7, 7, 7],                 # one id throughout: 0
-                        [259, 261, 261, 261, 261, 261, 261]])  # run from 1
+    ids = torch.tensor(
+        [
+            [259, 5, 6, 260, 261, 261, 261],  # run of 261 from position 4
+            [259, 5, 6, 7, 8, 9, 260],  # last id appears once: run starts at 6
+            [7, 7, 7, 7, 7, 7, 7],  # one id throughout: 0
+            [259, 261, 261, 261, 261, 261, 261],
+        ]
+    )  # run from 1
     assert CharCNN.tail_starts(ids).tolist() == [4, 6, 0, 1]
 
 
@@ -61,8 +65,10 @@ def test_char_cnn_skipping_repeated_pad_windows_is_exact_on_real_words(width):
     cnn.chunk_size = 9
     g = torch.Generator().manual_seed(3)
     letters = "abcdefghijklmnopqrstuvwxyzé"
-    words = ["".join(letters[int(i)] for i in torch.randint(0, len(letters), (n,), generator=g))
-             for n in [1, 2, 3, 5, 8, 13, 21, 34, 47, 48, 49, 60] * 3]
+    words = [
+        "".join(letters[int(i)] for i in torch.randint(0, len(letters), (n,), generator=g))
+        for n in [1, 2, 3, 5, 8, 13, 21, 34, 47, 48, 49, 60] * 3
+    ]
     ids = batch_to_ids([words], width, on_long_token="truncate")[0]  # (N, C)
     ids = ids[torch.randperm(ids.shape[0], generator=g)]
     tails = CharCNN.tail_starts(ids)
@@ -70,8 +76,9 @@ def test_char_cnn_skipping_repeated_pad_windows_is_exact_on_real_words(width):
     _assert_equals_conv1d(cnn, ids)
 
 
-def _reference_layer(lstm: BiLSTM, k: int, x: torch.Tensor, lengths: torch.Tensor,
-                     clipped: list | None = None) -> torch.Tensor:
+def _reference_layer(
+    lstm: BiLSTM, k: int, x: torch.Tensor, lengths: torch.Tensor, clipped: list | None = None
+) -> torch.Tensor:
     """The cell equations of BiLSTM's docstring, one row and one step at a time (no batching tricks); appends
     ``"cell"``/``"proj"`` to ``clipped`` whenever a clip changes a value."""
     _, b, t, _ = x.shape
@@ -150,7 +157,6 @@ def test_token_encoder_inference_chunks_equal_one_piece(monkeypatch):
     still zero; under autograd the encoder runs as one piece (gradients flow)."""
     from elmokit import batch_to_ids
     from elmokit.modules.token_encoder import TokenEncoder
-
     from helpers import tiny_random_bilm
 
     encoder = tiny_random_bilm(seed=3).token_encoder
@@ -185,10 +191,18 @@ def test_torchscript_step_loop_equals_the_eager_loop(monkeypatch, lengths):
     compiled = lstm_module.inference_steps(by_direction)
     assert isinstance(compiled, torch.jit.ScriptFunction)  # this torch has TorchScript: the compiled loop is used
     called = []
-    monkeypatch.setattr(lstm_module, "inference_steps", lambda by_direction=False: called.append(by_direction) or (
-        compiled if len(called) <= 1 else eager(by_direction)))
-    eager = lambda by_direction: (lstm_module._steps_by_direction if by_direction  # noqa: E731
-                                  else lstm_module._steps_in_place)
+    monkeypatch.setattr(
+        lstm_module,
+        "inference_steps",
+        lambda by_direction=False: (
+            called.append(by_direction) or (compiled if len(called) <= 1 else eager(by_direction))
+        ),
+    )
+    eager = lambda by_direction: (
+        lstm_module._steps_by_direction
+        if by_direction  # noqa: E731
+        else lstm_module._steps_in_place
+    )
     with torch.no_grad():
         outs, (c, h) = lstm(x, lengths, state)  # compiled
         ref_outs, (ref_c, ref_h) = lstm(x, lengths, state)  # eager
@@ -204,7 +218,6 @@ def test_skipping_the_boundary_steps_is_exact_for_every_kept_position():
     every position between the boundaries is unchanged, the state is not returned, the tops are zero at the
     skipped positions."""
     from elmokit import batch_to_ids
-
     from helpers import tiny_random_bilm
 
     bilm = tiny_random_bilm(seed=5)
@@ -229,17 +242,21 @@ def test_skipping_the_boundary_steps_is_exact_for_every_kept_position():
 def test_elmo_skips_the_boundary_steps_only_when_nothing_reads_them(monkeypatch):
     from elmokit import Elmo, batch_to_ids
     from elmokit.modules.bilm import BiLM
-
     from helpers import tiny_random_bilm
 
     seen = []
     forward = BiLM.forward
-    monkeypatch.setattr(BiLM, "forward", lambda self, *a, **k: (seen.append(k.get("boundary_steps", True)),
-                                                                forward(self, *a, **k))[1])
+    monkeypatch.setattr(
+        BiLM, "forward", lambda self, *a, **k: (seen.append(k.get("boundary_steps", True)), forward(self, *a, **k))[1]
+    )
     ids = batch_to_ids([["a", "bank"], ["x"]])
     outputs = []
-    for options in ({}, {"do_layer_norm": True}, {"do_layer_norm": True, "layer_norm_mask": "tokens"},
-                    {"keep_sentence_boundaries": True}):
+    for options in (
+        {},
+        {"do_layer_norm": True},
+        {"do_layer_norm": True, "layer_norm_mask": "tokens"},
+        {"keep_sentence_boundaries": True},
+    ):
         elmo = Elmo(num_output_representations=1, dropout=0.0, bilm=tiny_random_bilm(seed=2), **options).eval()
         with torch.no_grad():
             outputs.append(elmo(ids)["elmo_representations"][0])
@@ -247,8 +264,7 @@ def test_elmo_skips_the_boundary_steps_only_when_nothing_reads_them(monkeypatch)
     monkeypatch.setattr(BiLM, "forward", forward)
     with torch.no_grad():  # the skipped steps change nothing the caller sees
         plain = Elmo(num_output_representations=1, dropout=0.0, bilm=tiny_random_bilm(seed=2)).eval()
-        assert torch.allclose(plain(ids)["elmo_representations"][0],
-                              outputs[0], atol=1e-6)
+        assert torch.allclose(plain(ids)["elmo_representations"][0], outputs[0], atol=1e-6)
 
 
 def test_derived_weights_follow_in_place_changes_and_are_not_copied():
@@ -273,7 +289,6 @@ def test_writes_through_data_are_seen_after_eval_or_clear_derived_weights():
     """``w.data.mul_`` does not bump the version counter, so the inference copies cannot see it by themselves: a
     train/eval switch and clear_derived_weights() drop them; eval() on a model already in eval mode keeps them."""
     from elmokit import batch_to_ids
-
     from helpers import tiny_random_bilm
 
     bilm = tiny_random_bilm(seed=4)
@@ -306,7 +321,6 @@ def test_inference_copies_follow_fused_optimizer_steps_and_fresh_tensors():
     """Fused optimiser steps do not bump version counters, and torch.func.functional_call hands in fresh tensors that
     may reuse a freed tensor's address: neither may ever read a stale inference copy."""
     from elmokit import batch_to_ids
-
     from helpers import tiny_random_bilm
 
     bilm = tiny_random_bilm(seed=6)
@@ -336,8 +350,9 @@ def test_inference_copies_follow_fused_optimizer_steps_and_fresh_tensors():
         with torch.no_grad():
             fast = functional_call(bilm, params, (ids,)).layers
         with torch.enable_grad():
-            reference = functional_call(bilm, {k: v.requires_grad_(True) for k, v in params.items()},
-                                        (ids,)).layers.detach()
+            reference = functional_call(
+                bilm, {k: v.requires_grad_(True) for k, v in params.items()}, (ids,)
+            ).layers.detach()
         assert torch.allclose(fast, reference, atol=1e-5), alpha
 
 
@@ -345,7 +360,6 @@ def test_a_model_made_under_inference_mode_embeds():
     """Tensors made under torch.inference_mode have no version counter: nothing is cached for them, and the values
     equal a model made outside it."""
     from elmokit import batch_to_ids
-
     from helpers import tiny_random_bilm
 
     ids = batch_to_ids([["a", "bank"], ["the", "river", "bank"]])
@@ -361,7 +375,6 @@ def test_boundary_steps_needs_the_boundaries_this_call_adds():
 
     from elmokit import batch_to_ids
     from elmokit.errors import UsageError
-
     from helpers import tiny_random_bilm
 
     with pytest.raises(UsageError, match="add_boundaries"):

@@ -1,4 +1,5 @@
 """The original implementations' reference outputs, reproduced (see ../shared/docs/original-format.md)."""
+
 from __future__ import annotations
 
 import h5py

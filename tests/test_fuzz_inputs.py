@@ -1,6 +1,7 @@
 """Fuzzing the input side: arbitrary Unicode tokens and arbitrarily nested (wrong) structures into ``batch_to_ids`` and
 ``Embedder``. Only the documented errors (InputError / UsageError) may come out, and outputs have the documented shapes.
 Bounded example counts keep this to seconds."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,10 +34,15 @@ token = st.one_of(
 sentence = st.lists(token, max_size=8)
 # wrong types anywhere in the nesting
 leaf = st.one_of(st.none(), st.integers(), st.floats(allow_nan=True), st.binary(max_size=5), token, st.booleans())
-nested = st.recursive(leaf, lambda children: st.one_of(st.lists(children, max_size=4),
-                                                       st.tuples(children, children),
-                                                       st.dictionaries(st.text(max_size=2), children, max_size=2)),
-                      max_leaves=12)
+nested = st.recursive(
+    leaf,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.tuples(children, children),
+        st.dictionaries(st.text(max_size=2), children, max_size=2),
+    ),
+    max_leaves=12,
+)
 
 MODEL = tiny_random_bilm(seed=3)
 EMBEDDER = Embedder(MODEL, empty_tokens="keep", batch_size=3)
@@ -53,7 +59,7 @@ def _check_ids(ids: torch.Tensor, sentences) -> None:
             # every real token: begin-of-word first, end-of-word somewhere, never an all-zero row
             assert bool((ids[i, : len(s), 0] == 259).all())
             assert bool((ids[i, : len(s)] == 260).any(dim=1).all())
-        assert bool((ids[i, len(s):] == 0).all())
+        assert bool((ids[i, len(s) :] == 0).all())
 
 
 @FAST

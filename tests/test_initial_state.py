@@ -2,6 +2,7 @@
 starts and read from it when no state is given; everything else (old files, original-format and sentence-trained
 models) keeps zeros; export refuses a model whose start state the original format cannot hold. Also `--init-from`
 with a zoo model name."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,10 @@ SENTENCES = [["the", "river", "bank"], ["a", "bank", "loan", "is", "due"], ["wat
 def _random_start(model, seed=1):
     cfg = model.config.lstm
     g = torch.Generator().manual_seed(seed)
-    return (torch.rand(2, cfg.n_layers, 1, cfg.dim, generator=g) - 0.5,
-            torch.rand(2, cfg.n_layers, 1, cfg.projection_dim, generator=g) - 0.5)
+    return (
+        torch.rand(2, cfg.n_layers, 1, cfg.dim, generator=g) - 0.5,
+        torch.rand(2, cfg.n_layers, 1, cfg.projection_dim, generator=g) - 0.5,
+    )
 
 
 def _corpus(tmp_path, n=48):
@@ -43,8 +46,19 @@ def _corpus(tmp_path, n=48):
 
 def _train(tmp_path, name, batching, **kw):
     train, _ = _corpus(tmp_path)
-    cfg = TrainConfig([str(train)], str(tmp_path / name), model=TINY_TRAIN_OPTIONS, batching=batching, batch_size=4,
-                      unroll_steps=5, max_steps=3, n_negative_samples=0, progress=False, seed=0, **kw)
+    cfg = TrainConfig(
+        [str(train)],
+        str(tmp_path / name),
+        model=TINY_TRAIN_OPTIONS,
+        batching=batching,
+        batch_size=4,
+        unroll_steps=5,
+        max_steps=3,
+        n_negative_samples=0,
+        progress=False,
+        seed=0,
+        **kw,
+    )
     return Trainer(cfg).train()
 
 
@@ -154,12 +168,14 @@ def test_window_rows_from_zeros_score_like_whole_sentences(tmp_path):
     nll, _ = lm.window_nll(*window_rows(SENTENCES), None)
     ref = lm.sentence_nll(SENTENCES)
     torch.testing.assert_close(nll.forward, ref.forward, rtol=1e-5, atol=1e-5)
+
     # backward targets come right to left in a window row: the same per-sentence sums
     def per_row(values, rows):
         return torch.zeros(len(SENTENCES)).index_add_(0, rows, values)
 
-    torch.testing.assert_close(per_row(nll.backward, nll.backward_rows), per_row(ref.backward, ref.backward_rows),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        per_row(nll.backward, nll.backward_rows), per_row(ref.backward, ref.backward_rows), rtol=1e-5, atol=1e-5
+    )
     assert nll.backward.numel() == ref.backward.numel() == sum(len(s) + 1 for s in SENTENCES)
 
 
@@ -233,8 +249,28 @@ def test_init_from_accepts_a_zoo_name(tmp_path, monkeypatch, capsys):
     check_model("elmokit-en")
     check_model("ELMOKIT-EN")
     train, _ = _corpus(tmp_path)
-    assert cli_main(["train", str(train), "--out-dir", "cont", "--init-from", "elmokit-en", "--batch-size", "4",
-                     "--max-steps", "1", "--negatives", "0", "--min-count", "1", "--no-progress"]) == 0
+    assert (
+        cli_main(
+            [
+                "train",
+                str(train),
+                "--out-dir",
+                "cont",
+                "--init-from",
+                "elmokit-en",
+                "--batch-size",
+                "4",
+                "--max-steps",
+                "1",
+                "--negatives",
+                "0",
+                "--min-count",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     init = load_lm(zoo)
     cont = load_lm(tmp_path / "cont" / "model")

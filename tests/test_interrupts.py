@@ -10,6 +10,7 @@ bit for bit. A signal in the first few hundredths of a second, while Python itse
 line runs, ends the process as Python's defaults do (nothing is written by then): the delays start from the moment
 the handler is installed, read from ``/proc/PID/status`` (Linux).
 """
+
 from __future__ import annotations
 
 import collections
@@ -49,7 +50,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # in-process resumes then gi
 
 #: The start of the small programs below: elmokit's CLI with a one-command parser (``info``) instead of the real one,
 #: whose help texts import torch (~2 s a process); the signal handling under test is the same.
-LIGHT_CLI = r'''
+LIGHT_CLI = r"""
 import argparse, atexit, os, signal, sys, time
 from elmokit import cli, interrupts
 
@@ -60,12 +61,13 @@ def parser(func):
     sub.add_parser("info").add_argument("model")
     p.set_defaults(func=func)
     return p
-'''
+"""
 
 
 def _python(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", script, *args], env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], env=ENV, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # ---------------------------------------------------------------------------------------------- one race at a time
@@ -75,16 +77,20 @@ def test_the_program_handles_signals_before_torch_is_imported():
     # `embed` run did. The package's names now load on first use, so the handler comes within milliseconds.
     res = _python("import sys, elmokit.cli; print(sorted({'torch', 'numpy', 'h5py'} & set(sys.modules)))")
     assert res.stdout.strip() == "[]", res.stderr
-    res = _python("import elmokit, sys; from elmokit import Elmo, batch_to_ids, ElmoError; "
-                  "print(Elmo.__module__, batch_to_ids.__module__, ElmoError.__module__, set(elmokit.__all__) <= "
-                  "set(dir(elmokit)), 'torch' in sys.modules)")
+    res = _python(
+        "import elmokit, sys; from elmokit import Elmo, batch_to_ids, ElmoError; "
+        "print(Elmo.__module__, batch_to_ids.__module__, ElmoError.__module__, set(elmokit.__all__) <= "
+        "set(dir(elmokit)), 'torch' in sys.modules)"
+    )
     assert res.stdout.split() == ["elmokit.elmo", "elmokit.characters", "elmokit.errors", "True", "True"], res.stderr
 
 
 def test_a_signal_while_the_options_are_read_ends_in_130_and_runs_nothing():
     # the signal lands after the handler is installed and before the command's work starts (the commands' modules and
     # torch are imported then): recorded, and raised as soon as the work would begin
-    script = LIGHT_CLI + r'''
+    script = (
+        LIGHT_CLI
+        + r"""
 ran = []
 cli.build_parser = lambda: parser(lambda args: ran.append(1) or 0)
 interrupts.install_for_process()
@@ -92,7 +98,8 @@ os.kill(os.getpid(), signal.SIG%s)
 status = cli.main(["info", "anything"])
 print(ran)
 sys.exit(status)
-'''
+"""
+    )
     for name in ("TERM", "INT"):
         res = _python(script % name)
         assert res.returncode == 130, res.stderr
@@ -103,7 +110,9 @@ sys.exit(status)
 def test_a_signal_after_the_work_leaves_the_status():
     # the bug: the handlers were restored when the command returned, so a SIGTERM while the process exited killed it
     # (-15) and a SIGINT raised KeyboardInterrupt where nothing caught it (-2, "killed by signal 2")
-    script = LIGHT_CLI + r'''
+    script = (
+        LIGHT_CLI
+        + r"""
 cli.build_parser = lambda: parser(lambda args: 0)
 status = cli.entry()
 sig = getattr(signal, os.environ["SIG"])
@@ -112,11 +121,17 @@ if os.environ["WHEN"] == "shutdown":
 else:
     os.kill(os.getpid(), sig)  # after the work, before the exit
 sys.exit(status)
-'''
+"""
+    )
     for name in ("SIGTERM", "SIGINT"):
         for when in ("after", "shutdown"):
-            res = subprocess.run([sys.executable, "-c", script, "info", "anything"],
-                                 env={**ENV, "SIG": name, "WHEN": when}, capture_output=True, text=True, timeout=60)
+            res = subprocess.run(
+                [sys.executable, "-c", script, "info", "anything"],
+                env={**ENV, "SIG": name, "WHEN": when},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert res.returncode == 0, (name, when, res.returncode, res.stderr)
             assert res.stderr == ""
 
@@ -124,15 +139,19 @@ sys.exit(status)
 def test_an_interrupt_swallowed_by_a_destructor_is_reported_once():
     # found by the many-points test: a signal landing in a weakref callback printed "Exception ignored in … Traceback
     # … KeyboardInterrupt" before the command's own one-line report
-    script = LIGHT_CLI + r'''
+    script = (
+        LIGHT_CLI
+        + r"""
 class Swallows:
     def __del__(self):
         signal.raise_signal(signal.SIGTERM)  # the handler raises in here; Python can only print what __del__ raises
 cli.build_parser = lambda: parser(lambda args: (Swallows(), 0)[1])
 sys.exit(cli.entry())
-'''
-    res = subprocess.run([sys.executable, "-c", script, "info", "anything"], env=ENV, capture_output=True, text=True,
-                         timeout=60)
+"""
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script, "info", "anything"], env=ENV, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 130
     assert res.stderr == "elmokit info: interrupted (SIGTERM); nothing partial was written\n"
 
@@ -141,29 +160,41 @@ def test_an_interrupt_caught_inside_a_string_exec_still_exits_130(tmp_path):
     # the "killed by signal 2" after SIGTERM: the interrupt landed in code run by a string exec() (dataclasses,
     # namedtuple, torch generate code that way); CPython then marks it unhandled although the command caught it and
     # returned 130, and under `python -m` ends the process by SIGINT (-2). A module, since `-c` skips that check.
-    (tmp_path / "signal_in_exec.py").write_text(LIGHT_CLI + r'''
+    (tmp_path / "signal_in_exec.py").write_text(
+        LIGHT_CLI
+        + r"""
 code = "import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)"
 cli.build_parser = lambda: parser(lambda args: exec(code))
 sys.exit(cli.entry())
-''')
+"""
+    )
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(tmp_path)])}
-    res = subprocess.run([sys.executable, "-m", "signal_in_exec", "info", "anything"], env=env, capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "signal_in_exec", "info", "anything"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 130, (res.returncode, res.stderr)
     assert res.stderr == "elmokit info: interrupted (SIGTERM); nothing partial was written\n"
 
 
 def test_ctrl_c_twice_after_the_work_stops_at_once():
-    script = LIGHT_CLI + r'''
+    script = (
+        LIGHT_CLI
+        + r"""
 cli.build_parser = lambda: parser(lambda args: 0)
 status = cli.entry()
 os.kill(os.getpid(), signal.SIGINT)
 os.kill(os.getpid(), signal.SIGINT)  # e.g. a shutdown that hangs: the second Ctrl-C is the default action
 time.sleep(5)
 sys.exit(status)
-'''
-    res = subprocess.run([sys.executable, "-c", script, "info", "anything"], env=ENV, capture_output=True, text=True,
-                         timeout=60)
+"""
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script, "info", "anything"], env=ENV, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == -signal.SIGINT
 
 
@@ -250,8 +281,14 @@ class Trial:
 
 def _run(trial: Trial) -> Trial:
     """Run ``elmokit`` as a program and signal it as the trial says; fill in its status, stderr and times."""
-    proc = subprocess.Popen([sys.executable, "-m", "elmokit", *trial.argv], env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elmokit", *trial.argv],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while not _handler_installed(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -275,8 +312,14 @@ def _run(trial: Trial) -> Trial:
     return trial
 
 
-def _trials(argv_of, calibration: Trial, started: Callable[[int], Callable[[], bool]],
-            midway: Callable[[int], Callable[[], bool]], n: int, seed: int) -> list[Trial]:
+def _trials(
+    argv_of,
+    calibration: Trial,
+    started: Callable[[int], Callable[[], bool]],
+    midway: Callable[[int], Callable[[], bool]],
+    n: int,
+    seed: int,
+) -> list[Trial]:
     """``n`` >= 3 signalled runs, two at a time (most of a run is Python and torch starting: CI time): one right after
     the handler is installed (the commands' modules and torch are being imported), one as soon as ``midway(k)`` is
     true (a resumable point of the work), one at the end of the uninterrupted ``calibration`` run's time, and the
@@ -297,8 +340,11 @@ def _trials(argv_of, calibration: Trial, started: Callable[[int], Callable[[], b
             trial = Trial(argv_of(k), delay=total, sig=sig, group=group)
         else:
             d = total * (k - 2 + rng.random()) / (n - 3)
-            trial = (Trial(argv_of(k), delay=d, sig=sig, group=group) if d < work else
-                     Trial(argv_of(k), delay=d - work, sig=sig, group=group, marker=started(k), after_marker=True))
+            trial = (
+                Trial(argv_of(k), delay=d, sig=sig, group=group)
+                if d < work
+                else Trial(argv_of(k), delay=d - work, sig=sig, group=group, marker=started(k), after_marker=True)
+            )
         trials.append(trial)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         return list(pool.map(_run, trials))
@@ -328,8 +374,7 @@ def test_embed_signalled_at_many_points_ends_in_130_or_0_and_resumes(tmp_path):
     model = shared_path("fixtures", "allennlp-elmo")
     text = tmp_path / "in.txt"
     words = "the river bank is muddy after the rain and a boat on the water".split()
-    text.write_text("".join(" ".join(words[(i + j) % len(words)] for j in range(4 + i % 9)) + "\n"
-                            for i in range(600)))
+    text.write_text("".join(" ".join(words[(i + j) % len(words)] for j in range(4 + i % 9)) + "\n" for i in range(600)))
     # --threads 1 as the subprocesses' OMP_NUM_THREADS: the in-process reruns compute with the same thread count
     options = ["--part-size", "100", "--batch-size", "16", "--no-progress", "--threads", "1"]
 
@@ -379,8 +424,23 @@ def test_train_signalled_at_many_points_ends_in_130_or_0_and_resumes(tmp_path):
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("the river bank is muddy .\nthe money bank is closed .\na boat on the river .\n" * 30)
-    options = ["--preset", "tiny", "--batch-size", "4", "--negatives", "0", "--log-every", "1", "--no-progress",
-               "--max-steps", "30", "--checkpoint-every", "10", "--threads", "1"]  # the in-process resumes as the runs
+    options = [
+        "--preset",
+        "tiny",
+        "--batch-size",
+        "4",
+        "--negatives",
+        "0",
+        "--log-every",
+        "1",
+        "--no-progress",
+        "--max-steps",
+        "30",
+        "--checkpoint-every",
+        "10",
+        "--threads",
+        "1",
+    ]  # the in-process resumes as the runs
 
     def argv_of(k: int) -> list[str]:
         return ["train", str(corpus), "--out-dir", str(tmp_path / f"run{k}"), *options]

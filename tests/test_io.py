@@ -1,4 +1,5 @@
 """Atomic writes: an interrupted write leaves the old file (or none); finished files get the umask's permissions."""
+
 import os
 import stat
 

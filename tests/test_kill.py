@@ -2,6 +2,7 @@
 ``checkpoint_point`` hook, :class:`~elmokit.pretraining.hooks.TrainHooks`), and ``SIGTERM`` / ``SIGINT`` sent to a
 running run. Every time, a resume in a new process starts from a complete checkpoint and ends with the same losses
 and parameters as an uninterrupted run."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ TINY, WORDS = TINY_TRAIN_OPTIONS, TINY_WORDS
 # that step waits (inside its deferred block) until a signal has arrived, so the test can send SIGTERM/SIGINT while a
 # step is running and the run cannot finish first. With a kill point (<point>:<step>), the trainer's hook SIGKILLs the
 # process at that point of the checkpoint of that step.
-SCRIPT = r'''
+SCRIPT = r"""
 import json, logging, os, signal, sys, time
 from pathlib import Path
 import torch
@@ -60,7 +61,7 @@ if pause_step:
 with interrupts.handling_signals():
     summary = Trainer(TrainConfig(**config), hooks=KillAt()).train(resume=resume)
 print(json.dumps({"steps": summary["steps"]}))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +74,24 @@ def setup(tmp_path_factory):
 
 
 def _config(setup: Path, out: Path, **kw) -> dict:
-    base = dict(train_files=[str(setup / "train.txt")], out_dir=str(out), model=TINY, batching="windows", batch_size=2,
-                unroll_steps=5, n_epochs=100, max_steps=20, n_negative_samples=6, dropout=0.1, clip_norm=1.0, seed=0,
-                checkpoint_every=5, keep_checkpoints=2, log_every=1, progress=False)
+    base = dict(
+        train_files=[str(setup / "train.txt")],
+        out_dir=str(out),
+        model=TINY,
+        batching="windows",
+        batch_size=2,
+        unroll_steps=5,
+        n_epochs=100,
+        max_steps=20,
+        n_negative_samples=6,
+        dropout=0.1,
+        clip_norm=1.0,
+        seed=0,
+        checkpoint_every=5,
+        keep_checkpoints=2,
+        log_every=1,
+        progress=False,
+    )
     base.update(kw)
     return base
 
@@ -83,8 +99,15 @@ def _config(setup: Path, out: Path, **kw) -> dict:
 def _start(setup: Path, config: dict, *, resume: bool = False, pause_step: int = 0, kill_at: str | None = None):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"}
     ready = Path(config["out_dir"] + ".ready")
-    cmd = [sys.executable, str(setup / "run.py"), json.dumps(config), "resume" if resume else "new", str(pause_step),
-           str(ready), kill_at or ""]
+    cmd = [
+        sys.executable,
+        str(setup / "run.py"),
+        json.dumps(config),
+        "resume" if resume else "new",
+        str(pause_step),
+        str(ready),
+        kill_at or "",
+    ]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), ready
 
 

@@ -1,4 +1,5 @@
 """The package layout's rules (issue 20): one home per concept, the old module paths as one-release aliases."""
+
 import ast
 import importlib
 import subprocess
@@ -11,8 +12,12 @@ from conftest import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "src" / "elmokit"
 #: one-release alias modules at the root (not counted among the root's modules)
-ALIASES = {"pooling": "elmokit.embedding.pooling", "senses": "elmokit.analysis.senses",
-           "polysemy": "elmokit.analysis.polysemy", "embed_output": None}
+ALIASES = {
+    "pooling": "elmokit.embedding.pooling",
+    "senses": "elmokit.analysis.senses",
+    "polysemy": "elmokit.analysis.polysemy",
+    "embed_output": None,
+}
 
 
 def test_old_module_paths_warn_and_give_the_new_modules():
@@ -28,16 +33,23 @@ def test_old_module_paths_warn_and_give_the_new_modules():
         from elmokit.embed_output import open_embeddings, sentence_key
         from elmokit.zoo.build import load_tokenizer
         from elmokit.zoo.corpora import split_english
-    from elmokit.data.tokenizers import load_tokenizer as new_load, split_english as new_split
-    from elmokit.embedding.reader import open_embeddings as new_open, sentence_key as new_key
+    from elmokit.data.tokenizers import load_tokenizer as new_load
+    from elmokit.data.tokenizers import split_english as new_split
+    from elmokit.embedding.reader import open_embeddings as new_open
+    from elmokit.embedding.reader import sentence_key as new_key
 
     assert (open_embeddings, sentence_key, load_tokenizer, split_english) == (new_open, new_key, new_load, new_split)
 
 
 def test_the_alias_warning_points_at_the_importing_line():
     code = "import elmokit.pooling\n"
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(REPO_ROOT / "src"), "PATH": ""})
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(REPO_ROOT / "src"), "PATH": ""},
+    )
     assert res.stderr.startswith("<string>:1: FutureWarning: elmokit.pooling moved to elmokit.embedding.pooling")
 
 
@@ -83,7 +95,9 @@ def test_an_import_inside_a_function_says_why():
                 continue
             for node in ast.walk(fn):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
-                    window = lines[max(0, node.lineno - 4):node.end_lineno]
+                    window = lines[max(0, node.lineno - 4) : node.end_lineno]
                     if not any("# lazy" in line or "# optional" in line for line in window):
-                        unexplained.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+                        unexplained.append(
+                            f"{path.relative_to(PACKAGE)}:{node.lineno}: {lines[node.lineno - 1].strip()}"
+                        )
     assert not unexplained, "\n".join(unexplained)

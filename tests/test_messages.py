@@ -8,6 +8,7 @@
 * ``similar`` printed cosines to 3 digits (1.000 everywhere for a weak model); each PCA panel was autoscaled; the
   CJK plot title was drawn as code points.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +26,7 @@ import pytest
 import torch
 
 from elmokit import Elmo, Embedder, InputError, UsageError, batch_to_ids, save_pretrained
+from elmokit.analysis import polysemy
 from elmokit.characters import CharVocabulary
 from elmokit.cli import main as cli_main
 from elmokit.config import elmo_tiny
@@ -33,7 +35,6 @@ from elmokit.modules.bilm import BiLM
 from elmokit.pretraining.objective import BidirectionalLM
 from elmokit.pretraining.trainer import save_lm
 from elmokit.vocabulary import Vocabulary
-from elmokit.analysis import polysemy
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,11 +51,14 @@ def lm_folder(tmp_path_factory):
 def test_embed_file_with_workers_in_an_unguarded_script_names_the_guard(lm_folder, tmp_path):
     (tmp_path / "in.txt").write_text("a bank\nthe bank\na\n", encoding="utf-8")
     script = tmp_path / "unguarded.py"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(
+        textwrap.dedent(f"""\
         from elmokit import Embedder
-        Embedder({str(lm_folder)!r}).embed_file({str(tmp_path / 'in.txt')!r}, {str(tmp_path / 'out.h5')!r},
+        Embedder({str(lm_folder)!r}).embed_file({str(tmp_path / "in.txt")!r}, {str(tmp_path / "out.h5")!r},
                                                  workers=2, part_size=1, progress=False)
-        """), encoding="utf-8")
+        """),
+        encoding="utf-8",
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 1
@@ -72,13 +76,17 @@ def test_embed_file_with_workers_in_an_unguarded_script_names_the_guard(lm_folde
 def test_byte_ids_for_a_character_vocabulary_model_say_how_to_make_its_ids():
     cfg = elmo_tiny()
     chars = CharVocabulary(list("苹果公司"), max_characters_per_token=10)
-    config = dataclasses.replace(cfg, char_cnn=dataclasses.replace(cfg.char_cnn, max_characters_per_token=10,
-                                                                   char_vocab_size=chars.vocab_size))
+    config = dataclasses.replace(
+        cfg, char_cnn=dataclasses.replace(cfg.char_cnn, max_characters_per_token=10, char_vocab_size=chars.vocab_size)
+    )
     bilm = BiLM(config)
     bilm.char_vocab = chars
     elmo = Elmo(None, None, 1, module=bilm, dropout=0.0)
-    with pytest.raises(InputError, match=r"shape \(B, T, 10\), got \(1, 2, 50\); this model's ids come from "
-                                         r"batch_to_ids\(sentences, 10, char_vocab=elmo\.bilm\.char_vocab\)"):
+    with pytest.raises(
+        InputError,
+        match=r"shape \(B, T, 10\), got \(1, 2, 50\); this model's ids come from "
+        r"batch_to_ids\(sentences, 10, char_vocab=elmo\.bilm\.char_vocab\)",
+    ):
         elmo(batch_to_ids([["苹果", "公司"]]))
     assert elmo(batch_to_ids([["苹果", "公司"]], 10, char_vocab=elmo.bilm.char_vocab))["mask"].all()
     # the other way round: a byte model given character-vocabulary ids
@@ -95,8 +103,15 @@ def test_an_input_without_sentences_is_exit_1_in_every_command(lm_folder, tmp_pa
         "perplexity": ["perplexity", str(lm_folder), str(blank)],
         "train": ["train", str(blank), "--out-dir", str(tmp_path / "run"), "--preset", "tiny", "--no-progress"],
         "similar": ["similar", str(lm_folder), str(blank), "--word", "bank"],
-        "similar --corpus": ["similar", str(lm_folder), str(tmp_path / "s.txt"), "--word", "bank", "--corpus",
-                             str(blank)],
+        "similar --corpus": [
+            "similar",
+            str(lm_folder),
+            str(tmp_path / "s.txt"),
+            "--word",
+            "bank",
+            "--corpus",
+            str(blank),
+        ],
     }
     (tmp_path / "s.txt").write_text("a bank\n", encoding="utf-8")
     for name, argv in runs.items():
@@ -128,8 +143,9 @@ def test_cli_messages_name_flags_and_python_messages_name_arguments(lm_folder, t
 def test_similar_prints_four_digits(tmp_path, capsys):
     torch.manual_seed(0)
     model = save_pretrained(BiLM(elmo_tiny()), tmp_path / "m")
-    (tmp_path / "s.txt").write_text("money\tthe bank lends\nriver\tthe river bank\nmoney\ta bank loan\n"
-                                    "river\ta grassy bank\n", encoding="utf-8")
+    (tmp_path / "s.txt").write_text(
+        "money\tthe bank lends\nriver\tthe river bank\nmoney\ta bank loan\nriver\ta grassy bank\n", encoding="utf-8"
+    )
     assert cli_main(["similar", str(model), str(tmp_path / "s.txt"), "--word", "bank", "--labels"]) == 0
     out = capsys.readouterr().out
     matrix = re.findall(r"^  #1 +(-?\d\.\d+) +(-?\d\.\d+) +(-?\d\.\d+) +(-?\d\.\d+)$", out, flags=re.M)
@@ -158,8 +174,9 @@ def test_cjk_plot_text_without_a_cjk_font_is_romanised_and_said(tmp_path, monkey
     monkeypatch.setattr(polysemy, "cjk_font", lambda chars: None)
     rng = np.random.default_rng(0)
     with caplog.at_level(logging.WARNING, logger="elmokit.analysis.polysemy"):
-        polysemy.plot_occurrences(rng.normal(size=(4, 2, 8)), tmp_path / "p.png", ["水果", "公司"] * 2,
-                                  title="苹果: 4 occurrences")
+        polysemy.plot_occurrences(
+            rng.normal(size=(4, 2, 8)), tmp_path / "p.png", ["水果", "公司"] * 2, title="苹果: 4 occurrences"
+        )
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     assert "romanises it (pingguo: 4 occurrences)" in caplog.text and "fonts-noto-cjk" in caplog.text
     assert polysemy.romanised("苹果 bank, 모델", {"苹", "果", "모", "델"}) == "pingguo bank, U+BAA8U+B378"
@@ -172,7 +189,8 @@ def test_cjk_plot_text_with_a_cjk_font_is_drawn(tmp_path, caplog):
     rng = np.random.default_rng(0)
     with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        polysemy.plot_occurrences(rng.normal(size=(4, 2, 8)), tmp_path / "p.png", ["水果", "公司"] * 2,
-                                  title="苹果: 4 occurrences")
+        polysemy.plot_occurrences(
+            rng.normal(size=(4, 2, 8)), tmp_path / "p.png", ["水果", "公司"] * 2, title="苹果: 4 occurrences"
+        )
     assert "romanis" not in caplog.text
     assert not [w for w in caught if "missing from font" in str(w.message)]  # matplotlib's missing-glyph warning

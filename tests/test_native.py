@@ -3,6 +3,7 @@ and their absence falls back with one warning.
 
 They run where the extension builds (a C++ compiler and ninja); elsewhere these tests skip, except under
 ``ELMOKIT_REQUIRE_NATIVE=1`` (set by ``.ci/run``), where a missing extension fails."""
+
 from __future__ import annotations
 
 import logging
@@ -73,10 +74,12 @@ def test_lstm_layer_small_configuration_shapes(kernels):
     with torch.no_grad():
         w_in, w_hh = lstm._inference_weights(0)
         w_ih, bias = w_in[:, :128], w_in[:, 128]
-        want = lstm_module.inference_steps(by_direction=True)(x, [1] * 11, c, h, w_ih, bias, w_hh,
-                                                              lstm.weight_proj[0], 1024, 3.0, 3.0)
-        got = native.lstm_layer(kernels, x, [1] * 11, c, h, w_ih, bias, native.pack_lstm(w_hh),
-                                lstm.weight_proj[0], 3.0, 3.0)
+        want = lstm_module.inference_steps(by_direction=True)(
+            x, [1] * 11, c, h, w_ih, bias, w_hh, lstm.weight_proj[0], 1024, 3.0, 3.0
+        )
+        got = native.lstm_layer(
+            kernels, x, [1] * 11, c, h, w_ih, bias, native.pack_lstm(w_hh), lstm.weight_proj[0], 3.0, 3.0
+        )
     for g, w in zip(got, want):
         assert_close_to_scale(g, w, 2e-6)
 
@@ -87,7 +90,7 @@ def test_pack_lstm_layout_and_errors():
     packed = native.pack_lstm(w)
     assert packed.shape == (2, hd // 16, p, 64)
     # direction 1, block 1, input 3: gates i, f, o, j of units 16 … 31
-    want = torch.cat([w[1, 3, g * hd + 16: g * hd + 32] for g in range(4)])
+    want = torch.cat([w[1, 3, g * hd + 16 : g * hd + 32] for g in range(4)])
     assert torch.equal(packed[1, 1, 3], want)
     with pytest.raises(ValueError, match="multiples of 16"):
         native.pack_lstm(torch.zeros(2, 5, 48))
@@ -140,8 +143,8 @@ def test_pack_highway_layout_and_errors():
     packed, packed_bias = native.pack_highway(weight, bias)
     assert packed.shape == (2, f, 32) and packed_bias.shape == (2, 32)
     # block 1, input 5: transform columns of units 16 … 31, then their gate columns (F + 16 … F + 31)
-    assert torch.equal(packed[1, 5], torch.cat([weight[5, 16:32], weight[5, f + 16: f + 32]]))
-    assert torch.equal(packed_bias[0], torch.cat([bias[:16], bias[f: f + 16]]))
+    assert torch.equal(packed[1, 5], torch.cat([weight[5, 16:32], weight[5, f + 16 : f + 32]]))
+    assert torch.equal(packed_bias[0], torch.cat([bias[:16], bias[f : f + 16]]))
     with pytest.raises(ValueError, match="multiple of 16"):
         native.pack_highway(torch.zeros(40, 80), torch.zeros(80))
 
@@ -151,14 +154,15 @@ def test_bilm_single_sentence_equals_the_fallback(kernels, monkeypatch, lstm_dim
     """Whole biLM calls at batch 1 and 3 (the highway kernel; the LSTM kernel where H and P are multiples of 16, the
     TorchScript loop for P = 8) equal the same calls with the kernels off."""
     from elmokit import batch_to_ids
-
     from helpers import tiny_random_bilm
 
     bilm = tiny_random_bilm(seed=4, lstm_dims=lstm_dims)
     used = []
     monkeypatch.setattr(native, "lstm_layer", lambda *a: used.append(a[7].dim()) or native_lstm(*a))
-    batches = [batch_to_ids([["the", "bank", "of", "the", "river", "flooded"]]),
-               batch_to_ids([["a", "bank"], [], ["money", "in", "the", "bank", "today"]])]
+    batches = [
+        batch_to_ids([["the", "bank", "of", "the", "river", "flooded"]]),
+        batch_to_ids([["a", "bank"], [], ["money", "in", "the", "bank", "today"]]),
+    ]
     with torch.no_grad():
         got = [bilm(ids).layers for ids in batches]
         assert len(used) == (4 if lstm_dims[1] % 16 == 0 else 0)  # 2 layers × 2 batches, or none for P = 8
@@ -206,8 +210,9 @@ def test_huge_and_non_finite_inputs_give_the_fallback_values(kernels, monkeypatc
     pass: 1e6 into the LSTM or 1e30 into the highway gave NaN)."""
     torch.manual_seed(0)
     highway = Highway(64, 2)
-    lstm = BiLSTM(LSTMConfig(dim=32, projection_dim=16, n_layers=2, cell_clip=3.0, proj_clip=3.0,
-                             use_skip_connections=False))
+    lstm = BiLSTM(
+        LSTMConfig(dim=32, projection_dim=16, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=False)
+    )
     cases = []
     for value in (1e6, 1e30, float("inf"), float("nan")):
         x = torch.randn(2, 64)

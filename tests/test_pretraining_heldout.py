@@ -1,5 +1,6 @@
 """The held-out curve: full-softmax perplexity of --valid-files at the asked interval (steps or minutes), logged as its
 own records in metrics.jsonl, drawn beside the training curve, the best model kept in best/, and resume still exact."""
+
 from __future__ import annotations
 
 import json
@@ -32,10 +33,26 @@ def texts(tmp_path_factory) -> tuple[Path, Path]:
 
 def _cfg(texts, out: Path, **kw) -> TrainConfig:
     train, held = texts
-    base = dict(train_files=[str(train)], out_dir=str(out), model=TINY_TRAIN_OPTIONS, batch_size=4, n_epochs=50,
-                max_steps=8, n_negative_samples=6, dropout=0.1, clip_norm=1.0, seed=0, checkpoint_every=3,
-                keep_checkpoints=10, log_every=1, progress=False, valid_files=[str(held)], valid_every=3,
-                optimizer="adam", lr=0.01)
+    base = dict(
+        train_files=[str(train)],
+        out_dir=str(out),
+        model=TINY_TRAIN_OPTIONS,
+        batch_size=4,
+        n_epochs=50,
+        max_steps=8,
+        n_negative_samples=6,
+        dropout=0.1,
+        clip_norm=1.0,
+        seed=0,
+        checkpoint_every=3,
+        keep_checkpoints=10,
+        log_every=1,
+        progress=False,
+        valid_files=[str(held)],
+        valid_every=3,
+        optimizer="adam",
+        lr=0.01,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -78,15 +95,20 @@ def test_the_kept_best_is_the_lowest_not_the_last(texts, tmp_path, monkeypatch):
     Trainer(_cfg(texts, tmp_path)).train()
     valid = _records(tmp_path, "valid")
     assert [(r["step"], r["valid_ppl"], r["best"]) for r in valid] == [
-        (0, 90.0, True), (3, 40.0, True), (6, 55.0, False), (8, 60.0, False)]
+        (0, 90.0, True),
+        (3, 40.0, True),
+        (6, 55.0, False),
+        (8, 60.0, False),
+    ]
     record = json.loads((tmp_path / "best" / "best.json").read_text())
     assert record["step"] == 3 and record["valid_ppl"] == 40.0
     # best/ holds the model of step 3 (its checkpoint's tensors), a complete model folder
     best = load_file(str(tmp_path / "best" / "model.safetensors"))
     ckpt3 = {k.removeprefix("bilm."): v for k, v in load_file(str(tmp_path / "ckpt-3.safetensors")).items()}
     assert best.keys() == ckpt3.keys() and all(torch.equal(best[k], ckpt3[k]) for k in best)
-    assert not torch.equal(best["softmax.weight"], load_file(str(tmp_path / "model" / "model.safetensors"))[
-        "softmax.weight"])
+    assert not torch.equal(
+        best["softmax.weight"], load_file(str(tmp_path / "model" / "model.safetensors"))["softmax.weight"]
+    )
     assert load_lm(tmp_path / "best").vocab == load_lm(tmp_path / "model").vocab
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".best")]  # no temporary folder left
 
@@ -119,8 +141,10 @@ def test_resume_with_heldout_text_is_still_exact(texts, tmp_path):
     assert [r["step"] for r in got] == [0, 3, 4, 6, 8] and [r for r in got if r["step"] != 4] == want
     a, b = (load_file(str(tmp_path / x / "model" / "model.safetensors")) for x in ("full", "cut"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert (json.loads((tmp_path / "full" / "best" / "best.json").read_text())["step"]
-            == json.loads((tmp_path / "cut" / "best" / "best.json").read_text())["step"])
+    assert (
+        json.loads((tmp_path / "full" / "best" / "best.json").read_text())["step"]
+        == json.loads((tmp_path / "cut" / "best" / "best.json").read_text())["step"]
+    )
 
 
 def test_learning_curve_draws_both_curves(texts, tmp_path, monkeypatch):
@@ -145,19 +169,41 @@ def test_learning_curve_draws_both_curves(texts, tmp_path, monkeypatch):
 def test_cli_valid_flags_and_resume(texts, tmp_path, capsys):
     train, held = texts
     out = tmp_path / "run"
-    args = ["train", str(train), "--out-dir", str(out), "--preset", "tiny", "--batch-size", "4", "--negatives", "0",
-            "--no-progress", "--valid-files", str(held), "--valid-every", "2", "--max-steps", "4"]
+    args = [
+        "train",
+        str(train),
+        "--out-dir",
+        str(out),
+        "--preset",
+        "tiny",
+        "--batch-size",
+        "4",
+        "--negatives",
+        "0",
+        "--no-progress",
+        "--valid-files",
+        str(held),
+        "--valid-every",
+        "2",
+        "--max-steps",
+        "4",
+    ]
     assert cli_main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["valid"]["step"] == 4 and summary["best"]["model_dir"] == str(out / "best")
     assert [r["step"] for r in _records(out, "valid")] == [0, 2, 4]
     # how often to evaluate may change on resume, the held-out text too
-    assert cli_main(["train", "--out-dir", str(out), "--resume", "--max-steps", "6", "--valid-every", "1",
-                     "--no-progress"]) == 0
+    assert (
+        cli_main(
+            ["train", "--out-dir", str(out), "--resume", "--max-steps", "6", "--valid-every", "1", "--no-progress"]
+        )
+        == 0
+    )
     assert [r["step"] for r in _records(out, "valid")] == [0, 2, 4, 5, 6]
     capsys.readouterr()
-    assert cli_main(["train", str(train), "--out-dir", str(tmp_path / "x"), "--preset", "tiny", "--valid-every",
-                     "2"]) == 2
+    assert (
+        cli_main(["train", str(train), "--out-dir", str(tmp_path / "x"), "--preset", "tiny", "--valid-every", "2"]) == 2
+    )
     assert "--valid-every" in capsys.readouterr().err
 
 
@@ -173,8 +219,10 @@ def test_resuming_a_finished_run_adds_no_heldout_record(texts, tmp_path):
     other = tmp_path.parent / "other_held.txt"
     other.write_text(texts[1].read_text(encoding="utf-8").splitlines()[0] + "\n", encoding="utf-8")
     Trainer(_cfg(texts, tmp_path, valid_files=[str(other)])).train(resume=True)
-    assert len(_records(tmp_path, "valid")) == len([json.loads(x) for x in before.splitlines()
-                                                    if json.loads(x)["kind"] == "valid"]) + 1
+    assert (
+        len(_records(tmp_path, "valid"))
+        == len([json.loads(x) for x in before.splitlines() if json.loads(x)["kind"] == "valid"]) + 1
+    )
 
 
 def test_freeze_without_init_from_and_a_folder_as_valid_files_are_refused(texts, tmp_path):

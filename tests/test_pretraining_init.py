@@ -1,6 +1,7 @@
 """Continued pretraining (--init-from): the released biLM weights start the run, a softmax over the user's vocabulary is
 created (or kept), --freeze-bilm-steps leaves the biLM alone, the held-out perplexity falls, and models that cannot fit
 are refused clearly."""
+
 from __future__ import annotations
 
 import json
@@ -40,10 +41,25 @@ def ptb(tmp_path_factory) -> tuple[Path, Path]:
 
 def _cfg(ptb, out: Path, init_from, **kw) -> TrainConfig:
     train, held = ptb
-    base = dict(train_files=[str(train)], out_dir=str(out), init_from=str(init_from), batch_size=16, n_epochs=50,
-                max_steps=24, n_negative_samples=0, dropout=0.1, seed=0, optimizer="adam", lr=3e-3,
-                checkpoint_every=100, log_every=4, progress=False, valid_files=[str(held)], valid_every=8,
-                min_count=2)
+    base = dict(
+        train_files=[str(train)],
+        out_dir=str(out),
+        init_from=str(init_from),
+        batch_size=16,
+        n_epochs=50,
+        max_steps=24,
+        n_negative_samples=0,
+        dropout=0.1,
+        seed=0,
+        optimizer="adam",
+        lr=3e-3,
+        checkpoint_every=100,
+        log_every=4,
+        progress=False,
+        valid_files=[str(held)],
+        valid_every=8,
+        min_count=2,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -58,8 +74,10 @@ def test_continued_pretraining_from_the_released_fixture(ptb, fixture_dir, tmp_p
     trainer = build_trainer(_cfg(ptb, tmp_path, fixture_dir, freeze_bilm_steps=6, max_steps=6))
     # the biLM starts as the released weights, exactly; the architecture is the init model's
     assert all(torch.equal(trainer.lm.bilm.state_dict()[k], v) for k, v in released.items())
-    assert trainer.config.model.to_options()["lstm"] == ElmoConfig.from_json_file(
-        fixture_dir / "options.json").to_options()["lstm"]
+    assert (
+        trainer.config.model.to_options()["lstm"]
+        == ElmoConfig.from_json_file(fixture_dir / "options.json").to_options()["lstm"]
+    )
     assert trainer.init_softmax_kept is False and len(trainer.vocab) < 1000  # a new softmax over the PTB words
     softmax_before = trainer.lm.softmax.weight.detach().clone()
     trainer.train()
@@ -82,14 +100,14 @@ def test_continued_pretraining_from_the_released_fixture(ptb, fixture_dir, tmp_p
 def test_native_model_with_the_same_vocabulary_keeps_its_softmax(ptb, fixture_dir, tmp_path):
     Trainer(_cfg(ptb, tmp_path / "first", fixture_dir, max_steps=2, valid_files=None, valid_every=None)).train()
     first = load_lm(tmp_path / "first" / "model")
-    same = build_trainer(_cfg(ptb, tmp_path / "same", tmp_path / "first" / "model", valid_files=None,
-                              valid_every=None))
+    same = build_trainer(_cfg(ptb, tmp_path / "same", tmp_path / "first" / "model", valid_files=None, valid_every=None))
     assert same.init_softmax_kept and same.vocab == first.vocab
     assert torch.equal(same.lm.softmax.weight.detach(), first.softmax.weight)
     assert all(torch.equal(same.lm.bilm.state_dict()[k], v) for k, v in first.bilm.state_dict().items())
     # another vocabulary (min count 1: more words) gets a new softmax; the biLM is still the init model's
-    other = build_trainer(_cfg(ptb, tmp_path / "other", tmp_path / "first" / "model", valid_files=None,
-                               valid_every=None, min_count=1))
+    other = build_trainer(
+        _cfg(ptb, tmp_path / "other", tmp_path / "first" / "model", valid_files=None, valid_every=None, min_count=1)
+    )
     assert not other.init_softmax_kept and len(other.vocab) > len(first.vocab)
     assert all(torch.equal(other.lm.bilm.state_dict()[k], v) for k, v in first.bilm.state_dict().items())
 
@@ -114,12 +132,26 @@ def test_models_that_cannot_fit_are_refused(ptb, fixture_dir, tmp_path, capsys):
         load_init_model(str(tmp_path / "run" / "model"))
     # on the command line: conflicting model options are named, a folder that is no model too
     train, held = ptb
-    assert cli_main(["train", str(train), "--out-dir", str(tmp_path / "c"), "--init-from", str(fixture_dir),
-                     "--preset", "small"]) == 2
+    assert (
+        cli_main(
+            [
+                "train",
+                str(train),
+                "--out-dir",
+                str(tmp_path / "c"),
+                "--init-from",
+                str(fixture_dir),
+                "--preset",
+                "small",
+            ]
+        )
+        == 2
+    )
     assert "--preset/--options" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    assert cli_main(["train", str(train), "--out-dir", str(tmp_path / "c"), "--init-from",
-                     str(tmp_path / "empty")]) == 2
+    assert (
+        cli_main(["train", str(train), "--out-dir", str(tmp_path / "c"), "--init-from", str(tmp_path / "empty")]) == 2
+    )
     assert "is a folder but not a model" in capsys.readouterr().err
 
 
@@ -130,8 +162,9 @@ def test_a_character_vocabulary_model_keeps_its_characters(tmp_path):
     Trainer(TrainConfig([str(tmp_path / "a.txt")], str(tmp_path / "a"), char_vocab=True, **base)).train()
     init = load_lm(tmp_path / "a" / "model")
     base.pop("model")
-    cont = build_trainer(TrainConfig([str(tmp_path / "b.txt")], str(tmp_path / "b"),
-                                     init_from=str(tmp_path / "a" / "model"), **base))
+    cont = build_trainer(
+        TrainConfig([str(tmp_path / "b.txt")], str(tmp_path / "b"), init_from=str(tmp_path / "a" / "model"), **base)
+    )
     assert cont.config.char_vocab is True  # taken from the init model
     assert cont.char_vocab.characters == init.char_vocab.characters  # "买" has no id of its own: unknown character
     assert all(torch.equal(cont.lm.bilm.state_dict()[k], v) for k, v in init.bilm.state_dict().items())
@@ -141,9 +174,30 @@ def test_a_character_vocabulary_model_keeps_its_characters(tmp_path):
 def test_cli_init_from(ptb, fixture_dir, tmp_path, capsys):
     train, held = ptb
     out = tmp_path / "run"
-    assert cli_main(["train", str(train), "--out-dir", str(out), "--init-from", str(fixture_dir), "--batch-size",
-                     "16", "--negatives", "0", "--max-steps", "3", "--freeze-bilm-steps", "2", "--valid-files",
-                     str(held), "--no-progress"]) == 0
+    assert (
+        cli_main(
+            [
+                "train",
+                str(train),
+                "--out-dir",
+                str(out),
+                "--init-from",
+                str(fixture_dir),
+                "--batch-size",
+                "16",
+                "--negatives",
+                "0",
+                "--max-steps",
+                "3",
+                "--freeze-bilm-steps",
+                "2",
+                "--valid-files",
+                str(held),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 3 and summary["valid"]["step"] == 3
     # resume repeats the run's own --init-from; another one is refused

@@ -1,6 +1,7 @@
 """The shape of the pretraining code: the package name (and the old one as an alias), the typed config that owns the
 resume rules, a Trainer given its model/optimiser/data, one train_step for the loop and the bench, the main process
 as the only writer, and vocabularies counted part by part."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,21 @@ from safetensors.torch import load_file
 from elmokit.characters import CharVocabulary
 from elmokit.config import ElmoConfig, elmo_tiny
 from elmokit.errors import ConfigError, UsageError
-from elmokit.pretraining.config import (RESUME_MAY_CHANGE, Batching, DecodeErrors, OptimizerName, TrainConfig,
-                                        literal_choices)
-from elmokit.pretraining.data import (PartCounts, char_vocabulary_from_counts, part_batch_size, parts_of_process,
-                                      vocabulary_from_counts)
+from elmokit.pretraining.config import (
+    RESUME_MAY_CHANGE,
+    Batching,
+    DecodeErrors,
+    OptimizerName,
+    TrainConfig,
+    literal_choices,
+)
+from elmokit.pretraining.data import (
+    PartCounts,
+    char_vocabulary_from_counts,
+    part_batch_size,
+    parts_of_process,
+    vocabulary_from_counts,
+)
 from elmokit.pretraining.distributed import DistContext
 from elmokit.pretraining.trainer import Trainer, build_trainer
 from elmokit.vocabulary import Vocabulary
@@ -37,9 +49,21 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def _cfg(corpus: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(train_files=[str(corpus)], out_dir=str(out), model=TINY_TRAIN_OPTIONS, batch_size=4,
-                n_epochs=50, max_steps=6, n_negative_samples=6, dropout=0.1, clip_norm=1.0, seed=0,
-                checkpoint_every=3, log_every=1, progress=False)
+    base = dict(
+        train_files=[str(corpus)],
+        out_dir=str(out),
+        model=TINY_TRAIN_OPTIONS,
+        batch_size=4,
+        n_epochs=50,
+        max_steps=6,
+        n_negative_samples=6,
+        dropout=0.1,
+        clip_norm=1.0,
+        seed=0,
+        checkpoint_every=3,
+        log_every=1,
+        progress=False,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -51,8 +75,9 @@ def _losses(out: Path) -> dict[int, float]:
 
 # ---------------------------------------------------------------------------------------------- package names
 # ---------------------------------------------------------------------------------------------- the config
-@pytest.mark.parametrize("name,tp", [("batching", Batching), ("optimizer", OptimizerName),
-                                     ("decode_errors", DecodeErrors)])
+@pytest.mark.parametrize(
+    "name,tp", [("batching", Batching), ("optimizer", OptimizerName), ("decode_errors", DecodeErrors)]
+)
 def test_choices_come_from_the_literal_types(corpus, tmp_path, name, tp):
     choices = literal_choices(tp)
     assert len(choices) >= 2
@@ -78,8 +103,11 @@ def test_model_is_an_elmoconfig_and_the_config_round_trips(corpus, tmp_path):
     back = TrainConfig.from_dict(json.loads(json.dumps(data)))
     assert back.to_dict() == data and isinstance(back.model, ElmoConfig)
     # a train_config.json of the previous version (no newer fields) still reads, with their defaults
-    old = {k: v for k, v in data.items() if k not in ("valid_files", "valid_every", "valid_minutes", "init_from",
-                                                      "freeze_bilm_steps", "data_parts")}
+    old = {
+        k: v
+        for k, v in data.items()
+        if k not in ("valid_files", "valid_every", "valid_minutes", "init_from", "freeze_bilm_steps", "data_parts")
+    }
     old_cfg = TrainConfig.from_dict(old)
     assert old_cfg.valid_files is None and old_cfg.data_parts is None and old_cfg.freeze_bilm_steps == 0
     with pytest.raises(ConfigError, match="TrainConfig.model: missing required key lstm.dim"):
@@ -94,14 +122,24 @@ def test_model_is_an_elmoconfig_and_the_config_round_trips(corpus, tmp_path):
 
 def test_resume_rules_live_in_the_config(corpus, tmp_path):
     saved = _cfg(corpus, tmp_path, vocab_file="v.txt")
-    changed = saved.resumed({"max_steps": 99, "valid_files": ["h.txt"], "valid_every": 4, "device": "cpu",
-                             "batch_size": 4, "train_files": [str(corpus.parent / "." / corpus.name)],
-                             "vocab_file": "./v.txt", "model": dict(TINY_TRAIN_OPTIONS)})
+    changed = saved.resumed(
+        {
+            "max_steps": 99,
+            "valid_files": ["h.txt"],
+            "valid_every": 4,
+            "device": "cpu",
+            "batch_size": 4,
+            "train_files": [str(corpus.parent / "." / corpus.name)],
+            "vocab_file": "./v.txt",
+            "model": dict(TINY_TRAIN_OPTIONS),
+        }
+    )
     assert changed.max_steps == 99 and changed.valid_files == ["h.txt"] and changed.device == "cpu"
     assert saved.max_steps == 6  # the saved one is not changed
     with pytest.raises(UsageError) as e:
-        saved.resumed({"batch_size": 8, "seed": 1, "max_steps": 7, "model": elmo_tiny().to_options()},
-                      describe=lambda n: f"<{n}>")
+        saved.resumed(
+            {"batch_size": 8, "seed": 1, "max_steps": 7, "model": elmo_tiny().to_options()}, describe=lambda n: f"<{n}>"
+        )
     msg = str(e.value)
     assert msg.startswith("<batch_size>, <seed>, <model>: differ from the run being resumed")
     assert all(f"<{n}>" in msg.split("only ")[1] for n in RESUME_MAY_CHANGE)
@@ -149,8 +187,14 @@ def test_only_the_main_process_writes(corpus, tmp_path):
     assert not (tmp_path / "run").exists()  # no folder, no config, metrics, checkpoint, best/ or model/
     main = build_trainer(_cfg(corpus, tmp_path / "run", valid_files=[str(corpus)]), dist=DistContext(0, 2))
     main.train()
-    assert {p.name for p in (tmp_path / "run").iterdir()} >= {"train_config.json", "metrics.jsonl", "model", "best",
-                                                              "checkpoint.json", "learning_curve.png"}
+    assert {p.name for p in (tmp_path / "run").iterdir()} >= {
+        "train_config.json",
+        "metrics.jsonl",
+        "model",
+        "best",
+        "checkpoint.json",
+        "learning_curve.png",
+    }
 
 
 def test_global_batch_split_into_parts():
@@ -166,8 +210,12 @@ words = st.sampled_from(["a", "b", "c", "dd", "e", "<UNK>", "<S>", "ü", "苹果
 
 
 @settings(max_examples=60, deadline=None)
-@given(sentences=st.lists(st.lists(words, min_size=1, max_size=6), min_size=1, max_size=20),
-       n_parts=st.integers(1, 4), min_count=st.integers(1, 3), max_size=st.one_of(st.none(), st.integers(3, 6)))
+@given(
+    sentences=st.lists(st.lists(words, min_size=1, max_size=6), min_size=1, max_size=20),
+    n_parts=st.integers(1, 4),
+    min_count=st.integers(1, 3),
+    max_size=st.one_of(st.none(), st.integers(3, 6)),
+)
 def test_vocabulary_from_part_counts_is_the_whole_corpus_vocabulary(sentences, n_parts, min_count, max_size):
     parts = []
     for d in range(n_parts):
@@ -181,5 +229,7 @@ def test_vocabulary_from_part_counts_is_the_whole_corpus_vocabulary(sentences, n
     got = vocabulary_from_counts(parts[::-1], min_count, max_size)  # the order the counts arrive in does not matter
     assert got.tokens == built.tokens and got.counts == built.counts
     in_part_order = [s for d in range(n_parts) for s in sentences[d::n_parts]]
-    assert char_vocabulary_from_counts(parts[::-1], 10).characters == \
-        CharVocabulary.build(in_part_order, max_characters_per_token=10).characters
+    assert (
+        char_vocabulary_from_counts(parts[::-1], 10).characters
+        == CharVocabulary.build(in_part_order, max_characters_per_token=10).characters
+    )

@@ -1,4 +1,5 @@
 """Pretraining: the original's tiny-LM smoke test, exact resume after kill -9, export, scoring, bad corpora."""
+
 from __future__ import annotations
 
 import json
@@ -27,10 +28,22 @@ from elmokit.weights.original import export_original
 
 # The original tests' character variant (see original-format.md): LSTM 16, projection 8, 2 layers, tanh, max 10 chars.
 TINY_CHAR = {
-    "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 2, "cell_clip": None, "proj_clip": None,
-             "use_skip_connections": True},
-    "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]], "n_highway": 1,
-                 "n_characters": 261, "max_characters_per_token": 10, "activation": "tanh"},
+    "lstm": {
+        "dim": 16,
+        "projection_dim": 8,
+        "n_layers": 2,
+        "cell_clip": None,
+        "proj_clip": None,
+        "use_skip_connections": True,
+    },
+    "char_cnn": {
+        "embedding": {"dim": 4},
+        "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]],
+        "n_highway": 1,
+        "n_characters": 261,
+        "max_characters_per_token": 10,
+        "activation": "tanh",
+    },
 }
 
 
@@ -44,10 +57,23 @@ def _train_fixture():
 
 def _tiny_config(out_dir, **kw) -> TrainConfig:
     data, vocab = _train_fixture()
-    base = dict(train_files=[str(data)], out_dir=str(out_dir), model=TINY_CHAR, vocab_file=str(vocab), batch_size=2,
-                batching="windows",
-                unroll_steps=10, n_epochs=50, n_negative_samples=16, dropout=0.1, clip_norm=1.0, seed=0,
-                checkpoint_every=1000, log_every=10, progress=False)
+    base = dict(
+        train_files=[str(data)],
+        out_dir=str(out_dir),
+        model=TINY_CHAR,
+        vocab_file=str(vocab),
+        batch_size=2,
+        batching="windows",
+        unroll_steps=10,
+        n_epochs=50,
+        n_negative_samples=16,
+        dropout=0.1,
+        clip_norm=1.0,
+        seed=0,
+        checkpoint_every=1000,
+        log_every=10,
+        progress=False,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -79,7 +105,7 @@ def test_score_equals_hand_computed_logprobs(trained):
     out, _ = trained
     lm = load_lm(out / "model")
     sentence = "neural networks make use of neural words .".split()
-    (f, b), = lm.score([sentence])
+    ((f, b),) = lm.score([sentence])
     # by hand: run the biLM, take logits of each position, log-softmax, pick the next / previous word
     with torch.no_grad():
         o = lm.bilm(batch_to_ids([sentence], 10), keep_sentence_boundaries=True)
@@ -96,12 +122,22 @@ def test_cli_score_and_perplexity(trained, tmp_path):
     out, _ = trained
     data, _ = _train_fixture()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
-    res = subprocess.run([sys.executable, "-m", "elmokit.cli", "score", str(out / "model"), str(data)],
-                         capture_output=True, text=True, env=env, check=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "elmokit.cli", "score", str(out / "model"), str(data)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     lines = [json.loads(x) for x in res.stdout.splitlines()]
     assert len(lines) == 5 and all(x["logprob_forward"] < 0 for x in lines)
-    res = subprocess.run([sys.executable, "-m", "elmokit.cli", "perplexity", str(out / "model"), str(data)],
-                         capture_output=True, text=True, env=env, check=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "elmokit.cli", "perplexity", str(out / "model"), str(data)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     assert json.loads(res.stdout)["average"] < 20
 
 
@@ -122,10 +158,39 @@ def _run_cli_train(out_dir: Path, extra: list[str]) -> subprocess.Popen:
     data, vocab = _train_fixture()
     (out_dir / "opts.json").parent.mkdir(parents=True, exist_ok=True)
     (out_dir.parent / f"{out_dir.name}-opts.json").write_text(json.dumps(TINY_CHAR))
-    cmd = [sys.executable, "-m", "elmokit.cli", "train", str(data), "--out-dir", str(out_dir),
-           "--options", str(out_dir.parent / f"{out_dir.name}-opts.json"), "--vocab", str(vocab),
-           "--batch-size", "2", "--unroll-steps", "10", "--epochs", "50", "--max-steps", "60", "--negatives", "16",
-           "--clip-norm", "1.0", "--batching", "windows", "--checkpoint-every", "5", "--log-every", "1", "--no-progress", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "elmokit.cli",
+        "train",
+        str(data),
+        "--out-dir",
+        str(out_dir),
+        "--options",
+        str(out_dir.parent / f"{out_dir.name}-opts.json"),
+        "--vocab",
+        str(vocab),
+        "--batch-size",
+        "2",
+        "--unroll-steps",
+        "10",
+        "--epochs",
+        "50",
+        "--max-steps",
+        "60",
+        "--negatives",
+        "16",
+        "--clip-norm",
+        "1.0",
+        "--batching",
+        "windows",
+        "--checkpoint-every",
+        "5",
+        "--log-every",
+        "1",
+        "--no-progress",
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -221,11 +286,14 @@ def _write(path: Path, data: bytes | str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("content,match", [
-    (b"", r"no sentences in '.*bad\.txt'"),
-    (b"\n\n   \n\n", r"no sentences in '.*bad\.txt'"),
-    (b"good line\nbad \xff\xfe bytes\n", r"bad\.txt:2: invalid UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        (b"", r"no sentences in '.*bad\.txt'"),
+        (b"\n\n   \n\n", r"no sentences in '.*bad\.txt'"),
+        (b"good line\nbad \xff\xfe bytes\n", r"bad\.txt:2: invalid UTF-8"),
+    ],
+)
 def test_bad_corpora_clear_errors(tmp_path, content, match):
     data = _write(tmp_path / "bad.txt", content)
     _, vocab = _train_fixture()
@@ -238,8 +306,9 @@ def test_huge_line_and_vocab_smaller_than_negatives(tmp_path, caplog):
     words = ["neural", "networks", "language", "models"]
     long_line = " ".join(words[i % 4] for i in range(100_000))
     data = _write(tmp_path / "long.txt", "neural networks .\n" + long_line + "\n")
-    cfg = _tiny_config(tmp_path / "out", train_files=[str(data)], vocab_file=None, n_negative_samples=8192,
-                       max_steps=4, unroll_steps=5)
+    cfg = _tiny_config(
+        tmp_path / "out", train_files=[str(data)], vocab_file=None, n_negative_samples=8192, max_steps=4, unroll_steps=5
+    )
     trainer = Trainer(cfg)
     assert len(trainer.vocab) == 8  # 3 specials + 5 words: far fewer than 8192 negatives → full softmax
     with caplog.at_level(logging.WARNING):
@@ -296,14 +365,21 @@ def test_unigram_baseline_hand_computed():
 
 def test_sentence_batching_and_char_vocab_mode(tmp_path):
     data = _write(tmp_path / "zh.txt", "苹果 公司 发布 新 手机 。\n我 吃 了 一个 苹果 。\n" * 4)
-    cfg = _tiny_config(tmp_path / "out", train_files=[str(data)], vocab_file=None, batching="sentences",
-                       char_vocab=True, max_steps=6, n_negative_samples=0)
+    cfg = _tiny_config(
+        tmp_path / "out",
+        train_files=[str(data)],
+        vocab_file=None,
+        batching="sentences",
+        char_vocab=True,
+        max_steps=6,
+        n_negative_samples=0,
+    )
     trainer = Trainer(cfg)
     summary = trainer.train()
     lm = load_lm(tmp_path / "out" / "model")
     assert lm.char_vocab is not None and lm.config.char_cnn.char_vocab_size == lm.char_vocab.vocab_size
     assert summary["steps"] == 6
-    (f, b), = lm.score([["苹果", "公司"]])
+    ((f, b),) = lm.score([["苹果", "公司"]])
     assert f < 0 and b < 0
     # the saved folder carries chars.txt: the generic loaders and `elmokit embed` use the model's own character ids
     from elmokit import Embedder, load_native

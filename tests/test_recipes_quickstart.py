@@ -1,5 +1,6 @@
 """The main job end to end on its real corpus, kept short (a few steps): every stage runs and reports what it says,
 its verdict on "bank" follows from the printed figures, and running it twice into one folder works."""
+
 import json
 import math
 from collections import Counter
@@ -9,15 +10,26 @@ import pytest
 
 from elmokit.cli import main as cli_main
 from elmokit.errors import UsageError
-from elmokit.recipes.quickstart import (BANK_SENTENCES, PERPLEXITY_MARGIN, SEPARATION_MARGIN, bank_similarities,
-                                        load_lee_corpus, perplexity_verdict, prepare_out_dir, tokenize)
-from elmokit.recipes.quickstart.protocol import _print_bank, _print_perplexity_verdict
 from elmokit.pretraining.trainer import load_lm
+from elmokit.recipes.quickstart import (
+    BANK_SENTENCES,
+    PERPLEXITY_MARGIN,
+    SEPARATION_MARGIN,
+    bank_similarities,
+    load_lee_corpus,
+    perplexity_verdict,
+    prepare_out_dir,
+    tokenize,
+)
+from elmokit.recipes.quickstart.protocol import _print_bank, _print_perplexity_verdict
 
 
 def test_tokenize_sentences_and_punctuation():
     assert tokenize('He said "hi." Then 3,000 people left! Don\'t go.') == [
-        ["He", "said", '"', "hi", ".", '"'], ["Then", "3,000", "people", "left", "!"], ["Don't", "go", "."]]
+        ["He", "said", '"', "hi", ".", '"'],
+        ["Then", "3,000", "people", "left", "!"],
+        ["Don't", "go", "."],
+    ]
 
 
 def test_lee_corpus_split_is_disjoint_articles():
@@ -74,8 +86,10 @@ def test_separated_senses_by_hand():
     assert top["across"] == pytest.approx(0.5, abs=1e-6)
     assert top["gap"] == pytest.approx(0.5, abs=1e-6) and bank["separated"] is True
     # the verdict is the printed rule: gap >= margin
-    assert bank_similarities(_FakeEmbedder({"river": np.array([1.0, 0.0]), "money": money}), margin=0.6)[
-        "separated"] is False
+    assert (
+        bank_similarities(_FakeEmbedder({"river": np.array([1.0, 0.0]), "money": money}), margin=0.6)["separated"]
+        is False
+    )
     cos = np.array(bank["top_layer_cosines"])
     assert cos.shape == (6, 6) and np.allclose(np.diag(cos), 1.0, atol=1e-6)
 
@@ -83,13 +97,18 @@ def test_separated_senses_by_hand():
 def test_perplexity_verdict_needs_the_margin(capsys):
     """Issue 19: 102.3 against Kneser-Ney's 103.2 was printed as "beats", inside the run-to-run spread."""
     level = perplexity_verdict(102.3, 103.2)
-    assert level == {"verdict": "level with", "margin": PERPLEXITY_MARGIN,
-                     "relative_difference": pytest.approx(102.3 / 103.2 - 1, rel=1e-12)}
+    assert level == {
+        "verdict": "level with",
+        "margin": PERPLEXITY_MARGIN,
+        "relative_difference": pytest.approx(102.3 / 103.2 - 1, rel=1e-12),
+    }
     _print_perplexity_verdict(102.3, 103.2, level)
     printed = capsys.readouterr().out
     margin = f"{100 * PERPLEXITY_MARGIN:g}"
-    assert (f"the biLM is level with the Kneser-Ney 3-gram (102.3 vs 103.2: 0.9 % lower, within the ±{margin} % "
-            "margin of run-to-run spread)") in printed
+    assert (
+        f"the biLM is level with the Kneser-Ney 3-gram (102.3 vs 103.2: 0.9 % lower, within the ±{margin} % "
+        "margin of run-to-run spread)"
+    ) in printed
     # beyond the margin either way; exactly at the margin is still level (the rule is "more than the margin")
     assert perplexity_verdict(87.7, 103.2)["verdict"] == "beats"
     assert perplexity_verdict(103.2 * (1 + 2 * PERPLEXITY_MARGIN), 103.2)["verdict"] == "does NOT beat"
@@ -134,8 +153,15 @@ def test_files_of_yours_inside_an_earlier_run_are_kept(tmp_path):
     run = tmp_path / "qs"
     (run / "train" / "model").mkdir(parents=True)
     (run / "train" / "sub").mkdir()
-    for name in ("train.txt", "train/metrics.jsonl", "train/ckpt-5.safetensors", "train/model/config.json",
-                 "train/model/vocab.txt", "train/model/mine.txt", "train/sub/keep.txt"):
+    for name in (
+        "train.txt",
+        "train/metrics.jsonl",
+        "train/ckpt-5.safetensors",
+        "train/model/config.json",
+        "train/model/vocab.txt",
+        "train/model/mine.txt",
+        "train/sub/keep.txt",
+    ):
         (run / name).write_text("x")
     with pytest.raises(UsageError, match=r"train/model/mine.txt, train/sub/keep.txt"):
         prepare_out_dir(run)
@@ -161,7 +187,8 @@ def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
     assert result["steps"] == 8
     # the held-out split is the run's held-out text: its curve is drawn beside the training curve
     assert json.loads((tmp_path / "train" / "train_config.json").read_text())["valid_files"] == [
-        str(tmp_path / "heldout.txt")]
+        str(tmp_path / "heldout.txt")
+    ]
     assert (tmp_path / "train" / "best" / "best.json").is_file()
     assert "add-one unigram" in printed and "(top)" in printed
     # the Kneser-Ney baseline is measured on the same split and vocabulary, and the split is written for others
@@ -176,8 +203,9 @@ def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
     assert versus == perplexity_verdict(result["perplexity"]["average"], kn["average"])
     assert versus["margin"] == PERPLEXITY_MARGIN and result["beats_kneser_ney"] == (versus["verdict"] == "beats")
     assert f"the biLM {versus['verdict'].replace('level', 'is level')} the Kneser-Ney 3-gram" in printed
-    assert result["perplexity"]["unk_share"] == pytest.approx(result["perplexity"]["unk_targets"]
-                                                             / result["perplexity"]["tokens"])
+    assert result["perplexity"]["unk_share"] == pytest.approx(
+        result["perplexity"]["unk_targets"] / result["perplexity"]["tokens"]
+    )
     assert Vocabulary.from_file(tmp_path / "vocab.txt").tokens == load_lm(result["model_dir"]).vocab.tokens
     assert (tmp_path / "heldout.txt").read_text().splitlines() == [" ".join(s) for s in load_lee_corpus()[1]]
     # the unigram figure is the add-one model over the saved vocabulary, recomputed here independently
@@ -222,16 +250,29 @@ def test_english_job_keeps_its_settings_and_unknown_languages_are_refused(tmp_pa
     from elmokit.recipes.quickstart import DEFAULT_MINUTES, quickstart_job, run_quickstart
 
     job = quickstart_job("en")
-    assert job.train == dict(min_count=2, batching="sentences", batch_size=32, unroll_steps=20, n_epochs=1000,
-                             optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0,
-                             checkpoint_every=10_000, log_every=10, valid_every=10_000)
+    assert job.train == dict(
+        min_count=2,
+        batching="sentences",
+        batch_size=32,
+        unroll_steps=20,
+        n_epochs=1000,
+        optimizer="adam",
+        lr=2e-3,
+        clip_norm=5.0,
+        dropout=0.5,
+        n_negative_samples=0,
+        checkpoint_every=10_000,
+        log_every=10,
+        valid_every=10_000,
+    )
     assert job.probes is BANK_SENTENCES and job.probe_key == "bank" and job.margin == SEPARATION_MARGIN
     assert job.perplexity_margin == PERPLEXITY_MARGIN == 0.05
     assert job.model().char_cnn.max_characters_per_token == 50 and DEFAULT_MINUTES["en"] == 5.0
     train, held, info = job.load_corpus()
     assert (train, held) == load_lee_corpus() and info == {}
-    assert job.describe_corpus(train, held, info).startswith(f"corpus: gensim lee_background.cor — {len(train)} "
-                                                             "training sentences")
+    assert job.describe_corpus(train, held, info).startswith(
+        f"corpus: gensim lee_background.cor — {len(train)} training sentences"
+    )
     with pytest.raises(UsageError, match="--lang must be one of en, zh, got 'fr'"):
         run_quickstart(tmp_path / "qs", steps=1, lang="fr")
     assert not (tmp_path / "qs").exists()

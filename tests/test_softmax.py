@@ -1,4 +1,5 @@
 """LM head: full softmax NLL, TF-style log-uniform sampler and sampled softmax."""
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """Stateless inference: a sentence's vectors do not depend on its batch, its padding, or earlier calls."""
+
 from __future__ import annotations
 
 import pytest
@@ -135,8 +136,9 @@ def test_one_model_is_safe_from_many_threads():
 
     model = fixture_model("allennlp-elmo")
     embedder = Embedder(model)
-    sentences = [[w for w in f"sentence {i} has a river bank number {i % 7} and words".split()][: 3 + i % 8]
-                 for i in range(48)]
+    sentences = [
+        [w for w in f"sentence {i} has a river bank number {i % 7} and words".split()][: 3 + i % 8] for i in range(48)
+    ]
     expected = [embedder.embed_sentence(s) for s in sentences]
     with torch.no_grad():
         expected_bilm = [model(batch_to_ids([s])).layers[0] for s in sentences]

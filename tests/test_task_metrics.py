@@ -1,5 +1,6 @@
 """Task metrics (seqeval entity F1 per type, accuracy, macro F1) on hand-counted cases, and the result report
 (mean ± sample std over seeds, Markdown/JSON tables, the layer-weight PNG)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,15 @@ import pytest
 
 from elmokit.errors import InputError, UsageError
 from elmokit.tasks.metrics import accuracy, entity_scores, macro_f1
-from elmokit.tasks.report import (format_layer_weights, format_mean_std, mean_std, plot_layer_weights,
-                                  results_table, softmax, write_results)
+from elmokit.tasks.report import (
+    format_layer_weights,
+    format_mean_std,
+    mean_std,
+    plot_layer_weights,
+    results_table,
+    softmax,
+    write_results,
+)
 
 # gold: PER(0-1) LOC(3) | ORG(0-2) PER(4)
 # pred: PER(0-1) ✓, ORG(3) ✗ (LOC in gold) | ORG(0-1) ✗ (boundary), PER(4) ✓
@@ -83,13 +91,11 @@ def test_mean_std_is_sample_std():
 
 
 def test_results_table_markdown():
-    rows = [{"row": "static", "f1": [90.0, 91.0, 92.0], "epochs": 5},
-            {"row": "+ELMo | mix", "f1": [93.25]}]
+    rows = [{"row": "static", "f1": [90.0, 91.0, 92.0], "epochs": 5}, {"row": "+ELMo | mix", "f1": [93.25]}]
     table = results_table(rows, ["row", ("f1", "test F1"), "epochs"])
-    assert table == ("| row | test F1 | epochs |\n"
-                     "|---|---:|---:|\n"
-                     "| static | 91.0 ± 1.0 | 5 |\n"
-                     "| +ELMo \\| mix | 93.2 | — |\n")
+    assert table == (
+        "| row | test F1 | epochs |\n|---|---:|---:|\n| static | 91.0 ± 1.0 | 5 |\n| +ELMo \\| mix | 93.2 | — |\n"
+    )
     with pytest.raises(UsageError, match="a column is a key"):
         results_table(rows, [3])
 
@@ -112,8 +118,9 @@ def test_layer_weights_softmax_text_and_plot(tmp_path):
     assert softmax([0.0, 0.0]) == [0.5, 0.5]
     assert softmax([math.log(1), math.log(3)]) == pytest.approx([0.25, 0.75])
     assert format_layer_weights([0.0, math.log(3)], 1.5) == "softmax(s) = [0.250, 0.750], γ = 1.500"
-    path = plot_layer_weights({"NER": [0.1, 0.5, -0.2], "POS": [0.0, 0.0, 0.0]}, {"NER": 1.3}, tmp_path / "w.png",
-                              "layer weights")
+    path = plot_layer_weights(
+        {"NER": [0.1, 0.5, -0.2], "POS": [0.0, 0.0, 0.0]}, {"NER": 1.3}, tmp_path / "w.png", "layer weights"
+    )
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert [p.name for p in tmp_path.iterdir()] == ["w.png"]

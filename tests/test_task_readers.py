@@ -1,6 +1,7 @@
 """Task data readers (CoNLL-2003, CoNLL-U, Chinese character NER, sentence classification) and tag schemes: hand
 files for every format and every bad-data case (each error names FILE:LINE), hand tag conversions, a round-trip
 property, and the real files in ../shared (sizes as their SOURCE.md give them)."""
+
 from __future__ import annotations
 
 import logging
@@ -12,9 +13,21 @@ from hypothesis import strategies as st
 
 from conftest import shared_path
 from elmokit.errors import DataError, MissingFileError, UsageError
-from elmokit.tasks.readers import (LabelledSentence, TaggedSentence, TagSequenceError, check_tags, convert_tags,
-                                   detect_scheme, label_set, read_char_ner, read_conll2003, read_conllu,
-                                   read_labelled, spans_to_tags, tag_spans)
+from elmokit.tasks.readers import (
+    LabelledSentence,
+    TaggedSentence,
+    TagSequenceError,
+    check_tags,
+    convert_tags,
+    detect_scheme,
+    label_set,
+    read_char_ner,
+    read_conll2003,
+    read_conllu,
+    read_labelled,
+    spans_to_tags,
+    tag_spans,
+)
 
 
 def _write(tmp_path: Path, name: str, text: str | bytes) -> Path:
@@ -24,16 +37,19 @@ def _write(tmp_path: Path, name: str, text: str | bytes) -> Path:
 
 
 # ============================================================================================ tag schemes
-@pytest.mark.parametrize("tags, source, target, expected", [
-    # IOB1: I- starts an entity after O or another type; B- only between two adjacent same-type entities
-    ("I-PER I-PER B-PER O I-LOC I-ORG", "IOB1", "BIO", "B-PER I-PER B-PER O B-LOC B-ORG"),
-    ("I-PER I-PER B-PER O I-LOC I-ORG", "IOB1", "BIOES", "B-PER E-PER S-PER O S-LOC S-ORG"),
-    ("I-MISC I-MISC I-MISC O", "IOB1", "BIOES", "B-MISC I-MISC E-MISC O"),
-    ("B-PER I-PER B-PER O B-LOC", "BIO", "IOB1", "I-PER I-PER B-PER O I-LOC"),
-    ("B-NAME M-NAME E-NAME O S-ORG", "BMES", "BIO", "B-NAME I-NAME I-NAME O B-ORG"),
-    ("B-NAME M-NAME E-NAME O S-ORG", "BMES", "BIOES", "B-NAME I-NAME E-NAME O S-ORG"),
-    ("O O", "BIO", "BIOES", "O O"),
-])
+@pytest.mark.parametrize(
+    "tags, source, target, expected",
+    [
+        # IOB1: I- starts an entity after O or another type; B- only between two adjacent same-type entities
+        ("I-PER I-PER B-PER O I-LOC I-ORG", "IOB1", "BIO", "B-PER I-PER B-PER O B-LOC B-ORG"),
+        ("I-PER I-PER B-PER O I-LOC I-ORG", "IOB1", "BIOES", "B-PER E-PER S-PER O S-LOC S-ORG"),
+        ("I-MISC I-MISC I-MISC O", "IOB1", "BIOES", "B-MISC I-MISC E-MISC O"),
+        ("B-PER I-PER B-PER O B-LOC", "BIO", "IOB1", "I-PER I-PER B-PER O I-LOC"),
+        ("B-NAME M-NAME E-NAME O S-ORG", "BMES", "BIO", "B-NAME I-NAME I-NAME O B-ORG"),
+        ("B-NAME M-NAME E-NAME O S-ORG", "BMES", "BIOES", "B-NAME I-NAME E-NAME O S-ORG"),
+        ("O O", "BIO", "BIOES", "O O"),
+    ],
+)
 def test_convert_tags_hand_cases(tags, source, target, expected):
     assert convert_tags(tags.split(), source, target) == expected.split()
 
@@ -65,8 +81,7 @@ def test_detect_scheme():
         detect_scheme(["I-A", "M-A"])
 
 
-_spans = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.sampled_from(["PER", "LOC", "B-X"])),
-                  max_size=6)
+_spans = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.sampled_from(["PER", "LOC", "B-X"])), max_size=6)
 
 
 @settings(max_examples=150, deadline=None)
@@ -117,13 +132,16 @@ def test_conll2003_hand_file(tmp_path):
     assert label_set(reversed(bio)) == label_set(bio)
 
 
-@pytest.mark.parametrize("text, line, message", [
-    ("EU NNP I-NP I-ORG\nrejects\n", 2, "token 'rejects' has no tag"),
-    ("EU NNP I-ORG\n", 1, "3 columns; a CoNLL-2003 line is 4"),
-    ("# sent_id = 1\n1\tEU\tEU\tPROPN\tNNP\t_\t0\troot\t_\t_\n", 1, "looks like a CoNLL-U file"),
-    ("EU NNP I-NP I-ORG\n\nx NN I-NP X-PER\n", 3, "tag 'X-PER' is not a IOB1 tag"),
-    (b"EU NNP I-NP I-ORG\ncaf\xe9 NN I-NP O\n", 2, "not valid utf-8 \\(byte 0xe9 at column 4\\)"),
-])
+@pytest.mark.parametrize(
+    "text, line, message",
+    [
+        ("EU NNP I-NP I-ORG\nrejects\n", 2, "token 'rejects' has no tag"),
+        ("EU NNP I-ORG\n", 1, "3 columns; a CoNLL-2003 line is 4"),
+        ("# sent_id = 1\n1\tEU\tEU\tPROPN\tNNP\t_\t0\troot\t_\t_\n", 1, "looks like a CoNLL-U file"),
+        ("EU NNP I-NP I-ORG\n\nx NN I-NP X-PER\n", 3, "tag 'X-PER' is not a IOB1 tag"),
+        (b"EU NNP I-NP I-ORG\ncaf\xe9 NN I-NP O\n", 2, "not valid utf-8 \\(byte 0xe9 at column 4\\)"),
+    ],
+)
 def test_conll2003_bad_data_names_file_and_line(tmp_path, text, line, message):
     p = _write(tmp_path, "bad.conll", text)
     with pytest.raises(DataError, match=f"^{p}:{line}: .*{message}"):
@@ -159,19 +177,24 @@ CONLLU = """# sent_id = a
 def test_conllu_hand_file_skips_ranges_and_empty_nodes(tmp_path):
     p = _write(tmp_path, "x.conllu", CONLLU)
     upos = read_conllu(p)
-    assert upos == [TaggedSentence(("Do", "n't", "go", "."), ("AUX", "PART", "VERB", "PUNCT"), str(p), 4),
-                    TaggedSentence(("Hi",), ("INTJ",), str(p), 11)]
+    assert upos == [
+        TaggedSentence(("Do", "n't", "go", "."), ("AUX", "PART", "VERB", "PUNCT"), str(p), 4),
+        TaggedSentence(("Hi",), ("INTJ",), str(p), 11),
+    ]
     assert read_conllu(p, "xpos")[0].tags == ("VBP", "RB", "VB", ".")
     with pytest.raises(UsageError, match="field must be a CoNLL-U column"):
         read_conllu(p, "pos")
 
 
-@pytest.mark.parametrize("text, line, message", [
-    ("1\tHi\thi\t_\tUH\t_\t0\troot\t_\t_\n", 1, "word 'Hi' has no upos"),
-    ("1\tHi\thi\tINTJ\n", 1, "4 tab-separated columns; a CoNLL-U word line has 10"),
-    ("EU NNP I-NP I-ORG\n", 1, "this looks like a CoNLL-2003 file"),
-    ("1\tHi\thi\tINTJ\tUH\t_\t0\troot\t_\t_\n\n# only a comment\n", 3, "comment lines only"),
-])
+@pytest.mark.parametrize(
+    "text, line, message",
+    [
+        ("1\tHi\thi\t_\tUH\t_\t0\troot\t_\t_\n", 1, "word 'Hi' has no upos"),
+        ("1\tHi\thi\tINTJ\n", 1, "4 tab-separated columns; a CoNLL-U word line has 10"),
+        ("EU NNP I-NP I-ORG\n", 1, "this looks like a CoNLL-2003 file"),
+        ("1\tHi\thi\tINTJ\tUH\t_\t0\troot\t_\t_\n\n# only a comment\n", 3, "comment lines only"),
+    ],
+)
 def test_conllu_bad_data_names_file_and_line(tmp_path, text, line, message):
     p = _write(tmp_path, "bad.conllu", text)
     with pytest.raises(DataError, match=f"^{p}:{line}: .*{message}"):
@@ -201,13 +224,16 @@ def test_char_ner_invalid_bio_repaired_with_a_warning_or_refused(tmp_path, caplo
         read_char_ner(p, strict=True)
 
 
-@pytest.mark.parametrize("text, line, message", [
-    ("a\tO\nb\n", 2, "token 'b' has no tag"),
-    ("ab\tO\n", 1, "token 'ab' is 2 characters"),
-    ("科0\tO\n技\tO\n", 2, "not CHARACTER\\+position digits"),
-    ("a\tO\nb\tQ-PER\n", 2, "tag 'Q-PER' is not a BIO, BIOES or BMES tag"),
-    ("a\tB-X\nb\tM-X\nc\tE-X\nd\tO\ne\tB-Y\n", 5, "not closed with E-Y"),
-])
+@pytest.mark.parametrize(
+    "text, line, message",
+    [
+        ("a\tO\nb\n", 2, "token 'b' has no tag"),
+        ("ab\tO\n", 1, "token 'ab' is 2 characters"),
+        ("科0\tO\n技\tO\n", 2, "not CHARACTER\\+position digits"),
+        ("a\tO\nb\tQ-PER\n", 2, "tag 'Q-PER' is not a BIO, BIOES or BMES tag"),
+        ("a\tB-X\nb\tM-X\nc\tE-X\nd\tO\ne\tB-Y\n", 5, "not closed with E-Y"),
+    ],
+)
 def test_char_ner_bad_data_names_file_and_line(tmp_path, text, line, message):
     p = _write(tmp_path, "bad", text)
     with pytest.raises(DataError, match=f"^{p}:{line}: .*{message}"):
@@ -217,8 +243,10 @@ def test_char_ner_bad_data_names_file_and_line(tmp_path, text, line, message):
 # ============================================================================================ classification
 def test_labelled_formats(tmp_path):
     tsv = _write(tmp_path, "a.tsv", "pos\tgood  film .\n\nneg\tbad\n")
-    assert read_labelled(tsv) == [LabelledSentence(("good", "film", "."), "pos", str(tsv), 1),
-                                  LabelledSentence(("bad",), "neg", str(tsv), 3)]
+    assert read_labelled(tsv) == [
+        LabelledSentence(("good", "film", "."), "pos", str(tsv), 1),
+        LabelledSentence(("bad",), "neg", str(tsv), 3),
+    ]
     sst = _write(tmp_path, "stsa", "4 a stirring film\n0 dull .\n")
     assert [(s.label, s.tokens) for s in read_labelled(sst)] == [("4", ("a", "stirring", "film")), ("0", ("dull", "."))]
     trec = _write(tmp_path, "trec", "NUM:dist How far is it ?\nHUM:ind Who was Galileo ?\n")
@@ -230,12 +258,15 @@ def test_labelled_formats(tmp_path):
     assert read_labelled(latin, encoding="latin-1")[0].tokens == ("café", "noir")
 
 
-@pytest.mark.parametrize("text, fmt, line, message", [
-    ("1 good\n0\n", "auto", 2, "label '0' with an empty sentence"),
-    ("pos\tgood\nneg bad\n", "auto", 2, "no tab"),
-    ("NUM:dist How far ?\n5 How ?\n", "auto", 2, "'5' is not a TREC COARSE:fine label"),
-    (b"0 fine\n1 caf\xe9\n", "auto", 2, "not valid utf-8 .*encoding='latin-1'"),
-])
+@pytest.mark.parametrize(
+    "text, fmt, line, message",
+    [
+        ("1 good\n0\n", "auto", 2, "label '0' with an empty sentence"),
+        ("pos\tgood\nneg bad\n", "auto", 2, "no tab"),
+        ("NUM:dist How far ?\n5 How ?\n", "auto", 2, "'5' is not a TREC COARSE:fine label"),
+        (b"0 fine\n1 caf\xe9\n", "auto", 2, "not valid utf-8 .*encoding='latin-1'"),
+    ],
+)
 def test_labelled_bad_data_names_file_and_line(tmp_path, text, fmt, line, message):
     p = _write(tmp_path, "bad", text)
     with pytest.raises(DataError, match=f"^{p}:{line}: .*{message}"):

@@ -3,6 +3,7 @@
 Observed before: raw Chinese without ``--tokenizer jieba`` became one token per line, cut at the model's character
 limit, and was embedded and scored without a word; a line of 5,000 random words scored a low perplexity; ``perplexity``
 and ``score`` never said how many targets were ``<UNK>``."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,23 +17,53 @@ import torch
 from elmokit.characters import CharVocabulary
 from elmokit.cli import main as cli_main
 from elmokit.config import elmo_tiny
-from elmokit.data.text_checks import (CJK_RUN, SUSPECT_TOKEN_SHARE, UNK_WARN_SHARE, check_tokenisation, token_limit,
-                                      unk_targets, unk_warning)
+from elmokit.data.text_checks import (
+    CJK_RUN,
+    SUSPECT_TOKEN_SHARE,
+    UNK_WARN_SHARE,
+    check_tokenisation,
+    token_limit,
+    unk_targets,
+    unk_warning,
+)
 from elmokit.pretraining.objective import BidirectionalLM
 from elmokit.pretraining.perplexity import evaluate_perplexity
 from elmokit.pretraining.trainer import save_lm
 from elmokit.vocabulary import Vocabulary
 
-WORDS = ["<S>", "</S>", "<UNK>", "我", "喜欢", "吃", "苹果", "香蕉", "，", "也", "和", "。", "很", "好", "我们", "去", "他",
-         "说", "the", "river", "bank", "."]
+WORDS = [
+    "<S>",
+    "</S>",
+    "<UNK>",
+    "我",
+    "喜欢",
+    "吃",
+    "苹果",
+    "香蕉",
+    "，",
+    "也",
+    "和",
+    "。",
+    "很",
+    "好",
+    "我们",
+    "去",
+    "他",
+    "说",
+    "the",
+    "river",
+    "bank",
+    ".",
+]
 RAW_ZH = "我喜欢吃苹果，也喜欢吃香蕉和橘子。\n今天天气很好，我们去公园散步吧。\n他说苹果很甜\n"
 
 
 def _char_config(c: int = 10):
     cfg = elmo_tiny()
     chars = CharVocabulary(sorted({ch for w in WORDS[3:] for ch in w}), max_characters_per_token=c)
-    return dataclasses.replace(cfg, char_cnn=dataclasses.replace(cfg.char_cnn, max_characters_per_token=c,
-                                                                 char_vocab_size=chars.vocab_size)), chars
+    return dataclasses.replace(
+        cfg, char_cnn=dataclasses.replace(cfg.char_cnn, max_characters_per_token=c, char_vocab_size=chars.vocab_size)
+    ), chars
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +157,12 @@ def test_raw_chinese_is_reported_by_perplexity_score_and_embed(models, tmp_path,
     assert "look untokenised" in caplog.text and "--tokenizer jieba" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="elmokit"):
-        assert cli_main(["embed", str(models / "zh"), str(raw), str(tmp_path / "w.h5"), "--no-progress",
-                         "--tokenizer", "jieba"]) == 0
+        assert (
+            cli_main(
+                ["embed", str(models / "zh"), str(raw), str(tmp_path / "w.h5"), "--no-progress", "--tokenizer", "jieba"]
+            )
+            == 0
+        )
     assert "untokenised" not in caplog.text
     # a byte model (48 bytes = 16 CJK characters) reading the same raw lines: cut as well
     assert cli_main(["perplexity", str(models / "en"), str(raw)]) == 0

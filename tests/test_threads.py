@@ -1,5 +1,6 @@
 """elmokit.threads: the OpenMP wait setting made before torch loads, the default thread count, --threads on the
 computing commands, and the quickstart's busy-machine warning."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,18 @@ from elmokit.cli import build_parser, main
 from elmokit.errors import UsageError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-COMPUTING = [["train", "c.txt", "--out-dir", "r"], ["perplexity", "m", "t.txt"], ["score", "m", "t.txt"],
-             ["embed", "m", "i.txt", "o.hdf5"], ["similar", "m", "s.txt", "--word", "bank"], ["quickstart"],
-             ["zoo", "build", "en"], ["tag", "train", "c.toml", "--out", "o"], ["classify", "predict", "m", "i.txt"],
-             ["tag", "evaluate", "m", "f.txt"]]
+COMPUTING = [
+    ["train", "c.txt", "--out-dir", "r"],
+    ["perplexity", "m", "t.txt"],
+    ["score", "m", "t.txt"],
+    ["embed", "m", "i.txt", "o.hdf5"],
+    ["similar", "m", "s.txt", "--word", "bank"],
+    ["quickstart"],
+    ["zoo", "build", "en"],
+    ["tag", "train", "c.toml", "--out", "o"],
+    ["classify", "predict", "m", "i.txt"],
+    ["tag", "evaluate", "m", "f.txt"],
+]
 
 
 def _child(code: str, **env: str) -> dict:
@@ -53,9 +62,11 @@ def test_torch_imported_first_is_left_alone_and_reported():
 
 
 def test_spawned_children_inherit_the_setting():
-    code = ("import elmokit, subprocess, sys, json; print(subprocess.run([sys.executable, '-c', "
-            "'import os, json; print(json.dumps({\"GOMP_SPINCOUNT\": os.environ.get(\"GOMP_SPINCOUNT\")}))'], "
-            "capture_output=True, text=True).stdout)")
+    code = (
+        "import elmokit, subprocess, sys, json; print(subprocess.run([sys.executable, '-c', "
+        '\'import os, json; print(json.dumps({"GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT")}))\'], '
+        "capture_output=True, text=True).stdout)"
+    )
     assert _child(code) == {"GOMP_SPINCOUNT": str(threads.SPIN_COUNT)}
 
 
@@ -163,8 +174,9 @@ def test_cpu_share_of_a_busy_loop_and_a_sleep():
 
 
 class _FakeTrainer:
-    """What :func:`elmokit.recipes.quickstart.protocol._steps_for_budget` uses of a Trainer: ``config.max_steps``/``valid_every``,
-    ``step``, ``step_seconds`` and ``train(resume)``, with step times given by ``seconds_of(step)``."""
+    """What :func:`elmokit.recipes.quickstart.protocol._steps_for_budget` uses of a Trainer:
+    ``config.max_steps``/``valid_every``, ``step``, ``step_seconds`` and ``train(resume)``, with step times given by
+    ``seconds_of(step)``."""
 
     def __init__(self, seconds_of):
         self.config = type("C", (), {"max_steps": None, "valid_every": 10_000})()

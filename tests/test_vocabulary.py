@@ -1,12 +1,13 @@
 """Vocabulary: bilm-tf text format, building from counts, lookups."""
+
 from __future__ import annotations
 
 import os
 from collections import Counter
 
 import pytest
-from conftest import shared_path
 
+from conftest import shared_path
 from elmokit.errors import DataError, InputError, MissingFileError, UsageError
 from elmokit.vocabulary import Vocabulary
 

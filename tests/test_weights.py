@@ -1,4 +1,5 @@
 """Original HDF5 ⇄ model ⇄ native format: exact round trips, checked mismatches, the download cache."""
+
 from __future__ import annotations
 
 import io
@@ -11,8 +12,22 @@ import pytest
 import torch
 
 from conftest import shared_path
-from elmokit import BiLM, Elmo, ElmoConfig, WeightsError, batch_to_ids, export_original, load_native, load_original
-from elmokit import PRESETS, ConfigError, MissingFileError, UsageError, load_pretrained_bilm, save_pretrained
+from elmokit import (
+    PRESETS,
+    BiLM,
+    ConfigError,
+    Elmo,
+    ElmoConfig,
+    MissingFileError,
+    UsageError,
+    WeightsError,
+    batch_to_ids,
+    export_original,
+    load_native,
+    load_original,
+    load_pretrained_bilm,
+    save_pretrained,
+)
 from elmokit.weights import native
 from helpers import fixture_model
 
@@ -131,35 +146,48 @@ def _set(section, key, value):
             target[key[1]] = value
         else:
             target[key] = value
+
     return fn
 
 
-@pytest.mark.parametrize("section,key,value,match", [
-    # reproduction: "false" (a string) was read as true
-    ("lstm", "use_skip_connections", "false", r'lstm.use_skip_connections="false"; expected a JSON boolean'),
-    ("lstm", "use_skip_connections", 0, r"lstm.use_skip_connections=0; expected a JSON boolean"),
-    # reproduction: malformed filters gave "not enough values to unpack"
-    ("char_cnn", "filters", [[1, 4], [2]],
-     r"char_cnn.filters entry 1 is \[2\]; expected \[width, n_filters\].*\[\[width, n_filters\], \.\.\.\]"),
-    ("char_cnn", "filters", [1, 4], r"char_cnn.filters entry 0 is 1; expected \[width, n_filters\]"),
-    ("char_cnn", "filters", "[[1, 4]]", r"char_cnn.filters=.*expected a non-empty list \[\[width, n_filters\]"),
-    ("char_cnn", "filters", [], r"char_cnn.filters=\[\]"),
-    ("char_cnn", "filters", [[1, 4.5]], r"char_cnn.filters entry 0 is \[1, 4.5\]"),
-    ("char_cnn", "filters", [[0, 4]], r"char_cnn.filters entry 0 is \[0, 4\]"),
-    ("lstm", "dim", "64", r'lstm.dim="64"; expected a JSON integer >= 1'),
-    ("lstm", "n_layers", 2.5, r"lstm.n_layers=2.5; expected a JSON integer"),
-    ("lstm", "n_layers", True, r"lstm.n_layers=true; expected a JSON integer"),
-    ("lstm", "projection_dim", 0, r"lstm.projection_dim=0; expected an integer >= 1"),
-    ("lstm", "cell_clip", "3", r'lstm.cell_clip="3"; expected null \(no clipping\) or a finite number >= 0'),
-    ("lstm", "proj_clip", -1, r"lstm.proj_clip=-1; expected null"),
-    ("char_cnn", "n_highway", -1, r"char_cnn.n_highway=-1; expected an integer >= 0"),
-    ("char_cnn", ("embedding", "dim"), "4", r'char_cnn.embedding.dim="4"'),
-    ("char_cnn", "embedding", 4, r"char_cnn.embedding is 4; expected an object"),
-    ("char_cnn", "activation", "gelu", r"char_cnn.activation='gelu'"),
-    ("char_cnn", "max_characters_per_token", 4, r"max_characters_per_token=4 is smaller than the widest filter \(5\)"),
-    ("char_cnn", "n_characters", 300, r"char_cnn.n_characters=300"),
-    (None, "lstm", [], r"'lstm' is \[\]; expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "section,key,value,match",
+    [
+        # reproduction: "false" (a string) was read as true
+        ("lstm", "use_skip_connections", "false", r'lstm.use_skip_connections="false"; expected a JSON boolean'),
+        ("lstm", "use_skip_connections", 0, r"lstm.use_skip_connections=0; expected a JSON boolean"),
+        # reproduction: malformed filters gave "not enough values to unpack"
+        (
+            "char_cnn",
+            "filters",
+            [[1, 4], [2]],
+            r"char_cnn.filters entry 1 is \[2\]; expected \[width, n_filters\].*\[\[width, n_filters\], \.\.\.\]",
+        ),
+        ("char_cnn", "filters", [1, 4], r"char_cnn.filters entry 0 is 1; expected \[width, n_filters\]"),
+        ("char_cnn", "filters", "[[1, 4]]", r"char_cnn.filters=.*expected a non-empty list \[\[width, n_filters\]"),
+        ("char_cnn", "filters", [], r"char_cnn.filters=\[\]"),
+        ("char_cnn", "filters", [[1, 4.5]], r"char_cnn.filters entry 0 is \[1, 4.5\]"),
+        ("char_cnn", "filters", [[0, 4]], r"char_cnn.filters entry 0 is \[0, 4\]"),
+        ("lstm", "dim", "64", r'lstm.dim="64"; expected a JSON integer >= 1'),
+        ("lstm", "n_layers", 2.5, r"lstm.n_layers=2.5; expected a JSON integer"),
+        ("lstm", "n_layers", True, r"lstm.n_layers=true; expected a JSON integer"),
+        ("lstm", "projection_dim", 0, r"lstm.projection_dim=0; expected an integer >= 1"),
+        ("lstm", "cell_clip", "3", r'lstm.cell_clip="3"; expected null \(no clipping\) or a finite number >= 0'),
+        ("lstm", "proj_clip", -1, r"lstm.proj_clip=-1; expected null"),
+        ("char_cnn", "n_highway", -1, r"char_cnn.n_highway=-1; expected an integer >= 0"),
+        ("char_cnn", ("embedding", "dim"), "4", r'char_cnn.embedding.dim="4"'),
+        ("char_cnn", "embedding", 4, r"char_cnn.embedding is 4; expected an object"),
+        ("char_cnn", "activation", "gelu", r"char_cnn.activation='gelu'"),
+        (
+            "char_cnn",
+            "max_characters_per_token",
+            4,
+            r"max_characters_per_token=4 is smaller than the widest filter \(5\)",
+        ),
+        ("char_cnn", "n_characters", 300, r"char_cnn.n_characters=300"),
+        (None, "lstm", [], r"'lstm' is \[\]; expected a JSON object"),
+    ],
+)
 def test_invalid_options_name_file_key_and_value(tmp_path, section, key, value, match):
     path = _options_with(tmp_path, _set(section, key, value))
     with pytest.raises(ConfigError, match=match) as err:
@@ -168,8 +196,12 @@ def test_invalid_options_name_file_key_and_value(tmp_path, section, key, value, 
 
 
 def test_options_boolean_skip_connections_read_exactly(tmp_path):
-    assert ElmoConfig.from_json_file(_options_with(tmp_path, _set("lstm", "use_skip_connections", False))) \
-        .lstm.use_skip_connections is False
+    assert (
+        ElmoConfig.from_json_file(
+            _options_with(tmp_path, _set("lstm", "use_skip_connections", False))
+        ).lstm.use_skip_connections
+        is False
+    )
     config = ElmoConfig.from_json_file(_options_with(tmp_path, _set("lstm", "use_skip_connections", True)))
     assert config.lstm.use_skip_connections is True
     assert config.char_cnn.filters == [(1, 4), (2, 8), (3, 16), (4, 32), (5, 64)]

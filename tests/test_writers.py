@@ -2,6 +2,7 @@
 replaces an existing file without --overwrite, run folders outside their own corpus glob, corpus fingerprints checked
 on --resume, and the messages around them. The concurrent runs are real processes (`python -m elmokit`); the first one
 is held at a step by a wrapper so that the others surely start while it runs."""
+
 from __future__ import annotations
 
 import contextlib
@@ -31,17 +32,17 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1
 LINES = "the river bank is muddy .\nthe money bank is closed .\na boat on the river .\n"
 
 # Holds the writer lock of every folder named on the command line, says so, and waits (until killed or stdin closes).
-HOLDER = r'''
+HOLDER = r"""
 import sys
 from elmokit.io import lock_folder
 locks = [lock_folder(f, "folder") for f in sys.argv[1:]]
 print("held", flush=True)
 sys.stdin.read()
-'''
+"""
 
 # `elmokit ARGS` whose training pauses after step PAUSE (writing READY) until GO exists: the run is surely live while
 # the test starts the other writers, whatever the machine's speed.
-PAUSED_TRAIN = r'''
+PAUSED_TRAIN = r"""
 import os, sys, time
 from pathlib import Path
 from elmokit.cli import main
@@ -58,14 +59,20 @@ def step(self, batch):
     return out
 Trainer.train_step = step
 sys.exit(main(sys.argv[4:]))
-'''
+"""
 
 
 @contextlib.contextmanager
 def holding(*folders: Path):
     """A separate process holding the writer locks of ``folders``; yields its Popen (killed at the end)."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, *map(str, folders)], env=ENV, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, *map(str, folders)],
+        env=ENV,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.strip() == "held", proc.stderr.read()
@@ -80,16 +87,35 @@ def _err(capsys) -> str:
 
 
 def _train_args(corpus, out: Path, *extra: str) -> list[str]:
-    return ["train", str(corpus), "--out-dir", str(out), "--preset", "tiny", "--batch-size", "4", "--negatives", "0",
-            "--log-every", "1", "--no-progress", *extra]
+    return [
+        "train",
+        str(corpus),
+        "--out-dir",
+        str(out),
+        "--preset",
+        "tiny",
+        "--batch-size",
+        "4",
+        "--negatives",
+        "0",
+        "--log-every",
+        "1",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def _start_paused(tmp_path: Path, argv: list[str], pause: int):
     script = tmp_path / "paused_train.py"
     script.write_text(PAUSED_TRAIN, encoding="utf-8")
     ready, go = tmp_path / "ready", tmp_path / "go"
-    proc = subprocess.Popen([sys.executable, str(script), str(ready), str(go), str(pause), *argv], env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(ready), str(go), str(pause), *argv],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not ready.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -134,15 +160,21 @@ def test_three_concurrent_writers_only_the_first_proceeds(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text(LINES * 20)
     out = tmp_path / "R"
-    first, go = _start_paused(tmp_path, _train_args(corpus, out, "--max-steps", "8", "--checkpoint-every", "2"),
-                              pause=4)
+    first, go = _start_paused(
+        tmp_path, _train_args(corpus, out, "--max-steps", "8", "--checkpoint-every", "2"), pause=4
+    )
     before = sorted(p.name for p in out.glob("ckpt-*"))
     assert before == ["ckpt-2.safetensors", "ckpt-2.state.pt"]  # paused inside step 4, before its checkpoint
     # a --resume and an --overwrite run with another seed, started together while the first one runs
-    others = [subprocess.Popen([sys.executable, "-m", "elmokit", *argv], env=ENV, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-              for argv in (["train", "--out-dir", str(out), "--resume", "--no-progress"],
-                           _train_args(corpus, out, "--seed", "7", "--overwrite", "--max-steps", "3"))]
+    others = [
+        subprocess.Popen(
+            [sys.executable, "-m", "elmokit", *argv], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for argv in (
+            ["train", "--out-dir", str(out), "--resume", "--no-progress"],
+            _train_args(corpus, out, "--seed", "7", "--overwrite", "--max-steps", "3"),
+        )
+    ]
     for proc in others:
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 1, stderr
@@ -172,15 +204,13 @@ def test_a_killed_run_does_not_block_its_resume_which_says_where_it_resumes(tmp_
     corpus = tmp_path / "c.txt"
     corpus.write_text(LINES * 20)
     out = tmp_path / "R"
-    first, _ = _start_paused(tmp_path, _train_args(corpus, out, "--max-steps", "8", "--checkpoint-every", "3"),
-                             pause=4)
+    first, _ = _start_paused(tmp_path, _train_args(corpus, out, "--max-steps", "8", "--checkpoint-every", "3"), pause=4)
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=60)
     assert (out / LOCK_NAME).is_file()  # stale: its process is gone
     assert cli_main(["train", "--out-dir", str(out), "--resume", "--max-steps", "5", "--no-progress"]) == 0
     err = _err(capsys)
-    assert (f"elmokit train: resumed from step 3 (checkpoint {out / 'ckpt-3.safetensors'}), training to step 5"
-            in err)
+    assert f"elmokit train: resumed from step 3 (checkpoint {out / 'ckpt-3.safetensors'}), training to step 5" in err
     assert [r["step"] for r in _metrics(out)] == [1, 2, 3, 4, 5]
 
 
@@ -294,8 +324,12 @@ def test_embed_and_similar_never_replace_a_text_file_without_overwrite(tmp_path,
     assert cli_main(["embed", str(tiny_model), str(three), str(parts), "--format", "parts", "--no-progress"]) == 0
     assert cli_main(["embed", str(tiny_model), str(three), str(parts), "--format", "parts", "--no-progress"]) == 2
     assert "already holds finished embeddings: pass --overwrite" in _err(capsys)
-    assert cli_main(["embed", str(tiny_model), str(three), str(parts), "--format", "parts", "--no-progress",
-                     "--overwrite"]) == 0
+    assert (
+        cli_main(
+            ["embed", str(tiny_model), str(three), str(parts), "--format", "parts", "--no-progress", "--overwrite"]
+        )
+        == 0
+    )
     capsys.readouterr()
     # similar --png
     png = tmp_path / "plot.txt"
@@ -313,8 +347,10 @@ def test_embed_refuses_a_parts_folder_another_process_writes(tmp_path, tiny_mode
     three.write_text("the bank .\n", encoding="utf-8")
     parts, single = tmp_path / "parts", tmp_path / "out.hdf5"
     with holding(parts, tmp_path / "out.hdf5.parts") as holder:
-        for argv in (["embed", str(tiny_model), str(three), str(parts), "--format", "parts"],
-                     ["embed", str(tiny_model), str(three), str(single), "--overwrite"]):
+        for argv in (
+            ["embed", str(tiny_model), str(three), str(parts), "--format", "parts"],
+            ["embed", str(tiny_model), str(three), str(single), "--overwrite"],
+        ):
             assert cli_main(argv + ["--no-progress"]) == 1
             err = _err(capsys)
             assert "is in use" in err and f"pid {holder.pid}" in err and len(err.splitlines()) == 1
@@ -386,6 +422,7 @@ def test_an_edit_keeping_size_and_time_says_the_contents_differ():
     before = {"a.txt": {"size": 10, "mtime_ns": 10**18, "sha256": "00"}}
     same_time = {"a.txt": {"size": 10, "mtime_ns": 10**18, "sha256": "11"}}
     assert corpus_changes(before, same_time) == [
-        "a.txt was edited (the same size, 10 bytes, and modification time, but other contents: its sha256 differs)"]
+        "a.txt was edited (the same size, 10 bytes, and modification time, but other contents: its sha256 differs)"
+    ]
     later = {"a.txt": {"size": 12, "mtime_ns": 10**18 + 60 * 10**9, "sha256": "11"}}
     assert corpus_changes(before, later)[0].startswith("a.txt was edited (10 bytes, modified ")

@@ -8,6 +8,7 @@ The names below are imported on first use (PEP 562 ``__getattr__``; ``from elmok
 ``import elmokit`` itself loads no torch, so the ``elmokit`` command installs its Ctrl-C/SIGTERM handler within
 milliseconds of starting instead of after the ~2 s torch import (see :func:`elmokit.cli.entry`).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,27 +23,68 @@ __version__ = "0.1.0"
 
 #: public name → the submodule that defines it
 _EXPORTS = {
-    "CharVocabulary": "characters", "batch_to_ids": "characters",
-    "PRESETS": "config", "CharCNNConfig": "config", "ElmoConfig": "config", "LSTMConfig": "config",
-    "elmo_medium": "config", "elmo_original": "config", "elmo_original_5b": "config", "elmo_small": "config",
+    "CharVocabulary": "characters",
+    "batch_to_ids": "characters",
+    "PRESETS": "config",
+    "CharCNNConfig": "config",
+    "ElmoConfig": "config",
+    "LSTMConfig": "config",
+    "elmo_medium": "config",
+    "elmo_original": "config",
+    "elmo_original_5b": "config",
+    "elmo_small": "config",
     "elmo_tiny": "config",
-    "Elmo": "elmo", "TokenVectorCache": "elmo",
+    "Elmo": "elmo",
+    "TokenVectorCache": "elmo",
     "Embedder": "embedding",
-    "CheckpointError": "errors", "ConfigError": "errors", "DataError": "errors", "ElmoError": "errors",
-    "InputError": "errors", "MissingFileError": "errors", "UsageError": "errors", "WeightsError": "errors",
-    "BiLM": "modules.bilm", "BiLMOutput": "modules.bilm",
+    "CheckpointError": "errors",
+    "ConfigError": "errors",
+    "DataError": "errors",
+    "ElmoError": "errors",
+    "InputError": "errors",
+    "MissingFileError": "errors",
+    "UsageError": "errors",
+    "WeightsError": "errors",
+    "BiLM": "modules.bilm",
+    "BiLMOutput": "modules.bilm",
     "ScalarMix": "modules.scalar_mix",
-    "load_native": "weights.native", "load_pretrained_bilm": "weights.native", "save_pretrained": "weights.native",
-    "export_original": "weights.original", "load_original": "weights.original",
+    "load_native": "weights.native",
+    "load_pretrained_bilm": "weights.native",
+    "save_pretrained": "weights.native",
+    "export_original": "weights.original",
+    "load_original": "weights.original",
 }
 
 __all__ = [
-    "BiLM", "BiLMOutput", "Elmo", "Embedder", "ScalarMix", "batch_to_ids", "CharVocabulary",
-    "ElmoConfig", "CharCNNConfig", "LSTMConfig", "PRESETS",
-    "elmo_small", "elmo_medium", "elmo_original", "elmo_original_5b", "elmo_tiny",
-    "load_original", "export_original", "save_pretrained", "load_native", "load_pretrained_bilm",
+    "BiLM",
+    "BiLMOutput",
+    "Elmo",
+    "Embedder",
+    "ScalarMix",
+    "batch_to_ids",
+    "CharVocabulary",
+    "ElmoConfig",
+    "CharCNNConfig",
+    "LSTMConfig",
+    "PRESETS",
+    "elmo_small",
+    "elmo_medium",
+    "elmo_original",
+    "elmo_original_5b",
+    "elmo_tiny",
+    "load_original",
+    "export_original",
+    "save_pretrained",
+    "load_native",
+    "load_pretrained_bilm",
     "TokenVectorCache",
-    "ElmoError", "UsageError", "ConfigError", "InputError", "MissingFileError", "WeightsError", "CheckpointError",
+    "ElmoError",
+    "UsageError",
+    "ConfigError",
+    "InputError",
+    "MissingFileError",
+    "WeightsError",
+    "CheckpointError",
     "DataError",
 ]
 
@@ -64,8 +106,9 @@ def _moved(old: str, new: str) -> object:
     import sys  # lazy: only alias modules call this
     import warnings
 
-    warnings.warn(f"{old} moved to {new}: import it from there ({old} is an alias for one release)", FutureWarning,
-                  stacklevel=3)
+    warnings.warn(
+        f"{old} moved to {new}: import it from there ({old} is an alias for one release)", FutureWarning, stacklevel=3
+    )
     module = importlib.import_module(new)
     sys.modules[old] = module
     return module
@@ -77,12 +120,29 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
     from elmokit.characters import CharVocabulary, batch_to_ids
-    from elmokit.config import (PRESETS, CharCNNConfig, ElmoConfig, LSTMConfig, elmo_medium, elmo_original,
-                         elmo_original_5b, elmo_small, elmo_tiny)
+    from elmokit.config import (
+        PRESETS,
+        CharCNNConfig,
+        ElmoConfig,
+        LSTMConfig,
+        elmo_medium,
+        elmo_original,
+        elmo_original_5b,
+        elmo_small,
+        elmo_tiny,
+    )
     from elmokit.elmo import Elmo, TokenVectorCache
     from elmokit.embedding import Embedder
-    from elmokit.errors import (CheckpointError, ConfigError, DataError, ElmoError, InputError, MissingFileError,
-                         UsageError, WeightsError)
+    from elmokit.errors import (
+        CheckpointError,
+        ConfigError,
+        DataError,
+        ElmoError,
+        InputError,
+        MissingFileError,
+        UsageError,
+        WeightsError,
+    )
     from elmokit.modules.bilm import BiLM, BiLMOutput
     from elmokit.modules.scalar_mix import ScalarMix
     from elmokit.weights.native import load_native, load_pretrained_bilm, save_pretrained

@@ -1,4 +1,5 @@
 """``python -m elmokit …`` (and ``torchrun -m elmokit …``): the ``elmokit`` command."""
+
 import sys
 
 from elmokit.cli import entry

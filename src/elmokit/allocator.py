@@ -14,6 +14,7 @@ at its first batches anyway). ``elmokit``'s command line calls it at start-up; P
 Set ``ELMOKIT_MALLOC=system`` to keep the C library's defaults. Other C libraries (macOS, musl) are left alone.
 This is the same lever as the jemalloc/tcmalloc advice of PyTorch's CPU performance guide, without a preload.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,7 +30,7 @@ __all__ = ["keep_freed_memory"]
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD = 1 << 30  # 1 GiB: larger blocks still get their own mapping (returned at once)
-_TRIM_THRESHOLD = 2 ** 31 - 1  # keep up to 2 GiB of free memory at the top of the heap
+_TRIM_THRESHOLD = 2**31 - 1  # keep up to 2 GiB of free memory at the top of the heap
 
 _applied: bool | None = None
 

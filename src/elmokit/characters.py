@@ -22,6 +22,7 @@ a double space split on ``" "``). The original embeds it anyway (begin-of-word, 
 neighbours' vectors. Here :func:`batch_to_ids` refuses it by default (:class:`~elmokit.errors.InputError` naming the
 sentence and position); ``empty_tokens="keep"`` keeps the original's encoding.
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,11 +72,15 @@ def _check_mode(name: str, value: object, allowed: tuple[str, ...]) -> None:
 
 def _check_width(max_characters_per_token: object) -> int:
     if not is_int(max_characters_per_token):
-        raise UsageTypeError(f"max_characters_per_token must be an int >= 3, got {max_characters_per_token!r} "
-                             f"({type(max_characters_per_token).__name__})")
+        raise UsageTypeError(
+            f"max_characters_per_token must be an int >= 3, got {max_characters_per_token!r} "
+            f"({type(max_characters_per_token).__name__})"
+        )
     if max_characters_per_token < 3:
-        raise UsageError(f"max_characters_per_token must be >= 3 (begin-of-word, one character, end-of-word), "
-                         f"got {max_characters_per_token}")
+        raise UsageError(
+            f"max_characters_per_token must be >= 3 (begin-of-word, one character, end-of-word), "
+            f"got {max_characters_per_token}"
+        )
     return int(max_characters_per_token)
 
 
@@ -124,8 +129,12 @@ class ByteCharacterMapper:
     eow_char = _RAW_EOW + 1
     pad_char = _RAW_PAD + 1
 
-    def __init__(self, max_characters_per_token: int = 50, on_long_token: str = "truncate",
-                 tokens_to_add: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        max_characters_per_token: int = 50,
+        on_long_token: str = "truncate",
+        tokens_to_add: dict[str, int] | None = None,
+    ) -> None:
         _check_width(max_characters_per_token)
         _check_mode("on_long_token", on_long_token, _LONG_TOKEN_MODES)
         self.max_characters_per_token = max_characters_per_token
@@ -136,15 +145,18 @@ class ByteCharacterMapper:
         self.tokens_to_add: dict[str, int] = {}
         if tokens_to_add is not None:
             if not isinstance(tokens_to_add, dict):
-                raise UsageTypeError(f"tokens_to_add must be a dict {{token: raw id}}, got "
-                                     f"{type(tokens_to_add).__name__}")
+                raise UsageTypeError(
+                    f"tokens_to_add must be a dict {{token: raw id}}, got {type(tokens_to_add).__name__}"
+                )
             for token, raw in tokens_to_add.items():
                 if not isinstance(token, str):
                     raise UsageTypeError(f"tokens_to_add key {token!r} is a {type(token).__name__}; tokens are str")
                 if not is_int(raw) or not 0 <= raw <= _RAW_PAD:
                     error = UsageError if is_int(raw) else UsageTypeError
-                    raise error(f"tokens_to_add[{token!r}] = {raw!r}: expected a raw character id, an int in "
-                                f"0…{_RAW_PAD} (shifted by +1 like every id)")
+                    raise error(
+                        f"tokens_to_add[{token!r}] = {raw!r}: expected a raw character id, an int in "
+                        f"0…{_RAW_PAD} (shifted by +1 like every id)"
+                    )
                 self.tokens_to_add[token] = raw
         self._added_rows = {tok: self._boundary_row(raw + 1) for tok, raw in self.tokens_to_add.items()}
 
@@ -215,8 +227,14 @@ class CharVocabulary:
     unk_char = 6
     n_specials = 7
 
-    def __init__(self, characters: Sequence[str], max_characters_per_token: int = 50,
-                 on_long_token: str = "truncate", *, _source: str | None = None) -> None:
+    def __init__(
+        self,
+        characters: Sequence[str],
+        max_characters_per_token: int = 50,
+        on_long_token: str = "truncate",
+        *,
+        _source: str | None = None,
+    ) -> None:
         if isinstance(characters, str):
             characters = list(characters)
         where = (lambda i: f"{_source}:{i + 1}") if _source else (lambda i: f"character vocabulary entry {i}")
@@ -243,8 +261,13 @@ class CharVocabulary:
         return self.n_specials + len(self.characters)
 
     @classmethod
-    def build(cls, sentences: Iterable[Sequence[str]], min_count: int = 1, max_size: int | None = None,
-              max_characters_per_token: int = 50) -> "CharVocabulary":
+    def build(
+        cls,
+        sentences: Iterable[Sequence[str]],
+        min_count: int = 1,
+        max_size: int | None = None,
+        max_characters_per_token: int = 50,
+    ) -> CharVocabulary:
         """Count characters over tokenised sentences; keep those seen ``min_count`` times, most frequent first
         (ties by first occurrence), at most ``max_size``."""
         counts: Counter[str] = Counter()
@@ -257,7 +280,7 @@ class CharVocabulary:
         return cls(chars, max_characters_per_token=max_characters_per_token)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, max_characters_per_token: int = 50) -> "CharVocabulary":
+    def from_file(cls, path: str | os.PathLike, max_characters_per_token: int = 50) -> CharVocabulary:
         """Read one character per line (UTF-8).
 
         Raises:
@@ -266,13 +289,17 @@ class CharVocabulary:
         """
         path = Path(path)
         if not path.is_file():
-            raise MissingFileError(f"character vocabulary {path}: " + ("is a folder, expected a file of one character "
-                                   "per line" if path.is_dir() else "no such file"))
+            raise MissingFileError(
+                f"character vocabulary {path}: "
+                + ("is a folder, expected a file of one character per line" if path.is_dir() else "no such file")
+            )
         try:
             lines = path.read_text(encoding="utf-8").split("\n")
         except UnicodeDecodeError as exc:
-            raise DataError(f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); a character vocabulary is "
-                            "one character per line, UTF-8") from None
+            raise DataError(
+                f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); a character vocabulary is "
+                "one character per line, UTF-8"
+            ) from None
         if lines and lines[-1] == "":
             lines.pop()
         return cls(lines, max_characters_per_token=max_characters_per_token, _source=str(path))
@@ -300,8 +327,9 @@ class CharVocabulary:
         return ids + [self.pad_char] * (c - len(ids))
 
 
-def validate_sentences(sentences: object, *, empty_tokens: str = "error", start: int = 0,
-                       name: str = "sentences") -> list[Sequence[str]]:
+def validate_sentences(
+    sentences: object, *, empty_tokens: str = "error", start: int = 0, name: str = "sentences"
+) -> list[Sequence[str]]:
     """Check that ``sentences`` is a list of sentences, each a list of ``str`` tokens.
 
     Returns the sentences as a list (an iterable of sentences is read into one). Empty sentences and an empty batch are
@@ -365,14 +393,18 @@ def _shown(value: object) -> str:
 def _check_sentence(sentence: object, i: int, expected: str) -> None:
     """Raise :class:`InputTypeError` unless sentence ``i`` is a sequence of ``str`` (not itself a string)."""
     if isinstance(sentence, str):
-        raise InputTypeError(f"{expected}; but element {i} is the string {sentence[:30]!r}: a flat list of tokens is "
-                             "one sentence — wrap it: [tokens]")
+        raise InputTypeError(
+            f"{expected}; but element {i} is the string {sentence[:30]!r}: a flat list of tokens is "
+            "one sentence — wrap it: [tokens]"
+        )
     if isinstance(sentence, bytes) or not isinstance(sentence, Sequence):
         raise InputTypeError(f"{expected}; sentence {i} is a {type(sentence).__name__}")
     for j, token in enumerate(sentence):
         if not isinstance(token, str):
-            raise InputTypeError(f"sentence {i}, token {j} is a {type(token).__name__} ({_shown(token)}); tokens "
-                                 f"must be str ({expected})")
+            raise InputTypeError(
+                f"sentence {i}, token {j} is a {type(token).__name__} ({_shown(token)}); tokens "
+                f"must be str ({expected})"
+            )
 
 
 def _check_not_blank(sentence: Sequence[str], i: int) -> None:
@@ -475,5 +507,7 @@ def boundary_char_ids(max_characters_per_token: int, char_vocab_size: int | None
         return _byte_mapper(max_characters_per_token, "truncate").boundary_ids()
     c = max_characters_per_token
     v = CharVocabulary
-    return ([v.bow_char, v.bos_char, v.eow_char] + [v.pad_char] * (c - 3),
-            [v.bow_char, v.eos_char, v.eow_char] + [v.pad_char] * (c - 3))
+    return (
+        [v.bow_char, v.bos_char, v.eow_char] + [v.pad_char] * (c - 3),
+        [v.bow_char, v.eos_char, v.eow_char] + [v.pad_char] * (c - 3),
+    )

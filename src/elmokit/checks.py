@@ -6,6 +6,7 @@ raises :class:`~elmokit.errors.UsageTypeError` (also a ``TypeError``), a value o
 given. (Command-line options are parsed by the argparse types of :mod:`elmokit.cli.common`; configuration files by
 :mod:`elmokit.config` and :mod:`elmokit.pretraining.config`, whose messages name the file and key.)
 """
+
 from __future__ import annotations
 
 import numbers

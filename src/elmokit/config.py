@@ -3,6 +3,7 @@
 The configuration mirrors the original ``options.json`` of bilm-tf / AllenNLP (``lstm`` and ``char_cnn`` sections),
 so that a file written by :meth:`ElmoConfig.to_options` is read by the original code and vice versa.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,12 +77,15 @@ class CharCNNConfig:
         expected."""
         filters = self.filters
         if not isinstance(filters, (list, tuple)) or not filters:
-            raise ConfigError(f"{source}: char_cnn.filters={filters!r}; expected a non-empty list "
-                              "[[width, n_filters], ...]")
+            raise ConfigError(
+                f"{source}: char_cnn.filters={filters!r}; expected a non-empty list [[width, n_filters], ...]"
+            )
         for i, f in enumerate(filters):
-            if (not isinstance(f, (list, tuple)) or len(f) != 2 or not all(is_int(v) and v >= 1 for v in f)):
-                raise ConfigError(f"{source}: char_cnn.filters entry {i} is {_show(f)}; expected [width, n_filters] "
-                                  "with two integers >= 1, the whole list being [[width, n_filters], ...]")
+            if not isinstance(f, (list, tuple)) or len(f) != 2 or not all(is_int(v) and v >= 1 for v in f):
+                raise ConfigError(
+                    f"{source}: char_cnn.filters entry {i} is {_show(f)}; expected [width, n_filters] "
+                    "with two integers >= 1, the whole list being [[width, n_filters], ...]"
+                )
         _check_int(source, "char_cnn.n_highway", self.n_highway, 0)
         _check_int(source, "char_cnn.embedding.dim", self.embedding_dim, 1)
         _check_int(source, "char_cnn.n_characters", self.n_characters, 1)
@@ -133,11 +137,14 @@ class LSTMConfig:
         for name in ("cell_clip", "proj_clip"):
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or not value >= 0 or value == float("inf")):
-                raise ConfigError(f"{source}: lstm.{name}={_show(value)}; expected null (no clipping) or a finite "
-                                  "number >= 0")
+                raise ConfigError(
+                    f"{source}: lstm.{name}={_show(value)}; expected null (no clipping) or a finite number >= 0"
+                )
         if not isinstance(self.use_skip_connections, bool):
-            raise ConfigError(f"{source}: lstm.use_skip_connections={_show(self.use_skip_connections)}; expected a "
-                              "JSON boolean, true or false (a string such as \"false\" would read as true)")
+            raise ConfigError(
+                f"{source}: lstm.use_skip_connections={_show(self.use_skip_connections)}; expected a "
+                'JSON boolean, true or false (a string such as "false" would read as true)'
+            )
 
 
 @dataclass
@@ -162,7 +169,7 @@ class ElmoConfig:
         """Number of layer representations: L + 1 (layer 0 = token vector duplicated)."""
         return self.lstm.n_layers + 1
 
-    def validate(self, source: str = "config") -> "ElmoConfig":
+    def validate(self, source: str = "config") -> ElmoConfig:
         """Check every field; return ``self``. Raises :class:`ConfigError` naming ``source`` (a file name, or
         ``"config"``), the field and the value."""
         self.char_cnn.validate(source)
@@ -171,7 +178,7 @@ class ElmoConfig:
 
     # ------------------------------------------------------------------ options.json
     @classmethod
-    def from_options(cls, options: dict[str, Any], source: str = "options") -> "ElmoConfig":
+    def from_options(cls, options: dict[str, Any], source: str = "options") -> ElmoConfig:
         """Build from a parsed original ``options.json`` dict.
 
         Types are checked as JSON gives them, before anything is converted: counts must be JSON integers, clips
@@ -183,12 +190,15 @@ class ElmoConfig:
                 ``source`` — the file —, the key, the value and the expected form).
         """
         if not isinstance(options, dict):
-            raise ConfigError(f"{source}: options must be a JSON object with 'char_cnn' and 'lstm' sections, got "
-                              f"{type(options).__name__}")
+            raise ConfigError(
+                f"{source}: options must be a JSON object with 'char_cnn' and 'lstm' sections, got "
+                f"{type(options).__name__}"
+            )
         for section in ("char_cnn", "lstm"):
             if section not in options:
-                raise ConfigError(f"{source}: no {section!r} section: only character-input models (char_cnn + lstm) "
-                                  "are supported")
+                raise ConfigError(
+                    f"{source}: no {section!r} section: only character-input models (char_cnn + lstm) are supported"
+                )
             if not isinstance(options[section], dict):
                 raise ConfigError(f"{source}: {section!r} is {_show(options[section])}; expected a JSON object")
         cc, ls = options["char_cnn"], options["lstm"]
@@ -200,7 +210,7 @@ class ElmoConfig:
 
         embedding = req(cc, "char_cnn", "embedding")
         if not isinstance(embedding, dict) or "dim" not in embedding:
-            raise ConfigError(f"{source}: char_cnn.embedding is {_show(embedding)}; expected an object {{\"dim\": N}}")
+            raise ConfigError(f'{source}: char_cnn.embedding is {_show(embedding)}; expected an object {{"dim": N}}')
         filters = req(cc, "char_cnn", "filters")
         char_cnn = CharCNNConfig(
             filters=filters,
@@ -219,8 +229,9 @@ class ElmoConfig:
             proj_clip=ls.get("proj_clip"),
             use_skip_connections=ls.get("use_skip_connections", False),
         )
-        config = cls(char_cnn=char_cnn, lstm=lstm,
-                     extra={k: v for k, v in options.items() if k not in ("char_cnn", "lstm")})
+        config = cls(
+            char_cnn=char_cnn, lstm=lstm, extra={k: v for k, v in options.items() if k not in ("char_cnn", "lstm")}
+        )
         config.validate(source)
         # normalise the checked JSON values to the dataclasses' types
         char_cnn.filters = [(int(w), int(n)) for w, n in filters]
@@ -254,7 +265,7 @@ class ElmoConfig:
         return {"lstm": lstm, "char_cnn": char_cnn, **self.extra}
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> "ElmoConfig":
+    def from_json_file(cls, path: str | os.PathLike) -> ElmoConfig:
         """Read an ``options.json`` (or elmokit ``config.json``, same schema).
 
         Raises:
@@ -264,8 +275,10 @@ class ElmoConfig:
         """
         path = Path(path)
         if path.is_dir():
-            raise MissingFileError(f"options file {path} is a folder; expected an options.json file (a model folder "
-                                   "is read by load_pretrained_bilm / Elmo.from_pretrained)")
+            raise MissingFileError(
+                f"options file {path} is a folder; expected an options.json file (a model folder "
+                "is read by load_pretrained_bilm / Elmo.from_pretrained)"
+            )
         if not path.is_file():
             raise MissingFileError(f"options file not found: {path}")
         options = read_options_json(path)
@@ -299,11 +312,16 @@ def _check_int(source: str, key: str, value: Any, minimum: int) -> None:
 def _released(dim: int, projection_dim: int, n_highway: int) -> ElmoConfig:
     return ElmoConfig(
         char_cnn=CharCNNConfig(
-            filters=[tuple(f) for f in RELEASED_FILTERS], n_highway=n_highway, embedding_dim=16, n_characters=262,
-            max_characters_per_token=50, activation="relu",
+            filters=[tuple(f) for f in RELEASED_FILTERS],
+            n_highway=n_highway,
+            embedding_dim=16,
+            n_characters=262,
+            max_characters_per_token=50,
+            activation="relu",
         ),
-        lstm=LSTMConfig(dim=dim, projection_dim=projection_dim, n_layers=2, cell_clip=3.0, proj_clip=3.0,
-                        use_skip_connections=True),
+        lstm=LSTMConfig(
+            dim=dim, projection_dim=projection_dim, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True
+        ),
     )
 
 
@@ -332,11 +350,21 @@ def elmo_tiny(use_skip_connections: bool = True) -> ElmoConfig:
     proj 16."""
     return ElmoConfig(
         char_cnn=CharCNNConfig(
-            filters=[(1, 4), (2, 8), (3, 16), (4, 32), (5, 64)], n_highway=2, embedding_dim=4, n_characters=262,
-            max_characters_per_token=50, activation="relu",
+            filters=[(1, 4), (2, 8), (3, 16), (4, 32), (5, 64)],
+            n_highway=2,
+            embedding_dim=4,
+            n_characters=262,
+            max_characters_per_token=50,
+            activation="relu",
         ),
-        lstm=LSTMConfig(dim=64, projection_dim=16, n_layers=2, cell_clip=3.0, proj_clip=3.0,
-                        use_skip_connections=use_skip_connections),
+        lstm=LSTMConfig(
+            dim=64,
+            projection_dim=16,
+            n_layers=2,
+            cell_clip=3.0,
+            proj_clip=3.0,
+            use_skip_connections=use_skip_connections,
+        ),
     )
 
 
@@ -350,8 +378,9 @@ PRESETS = {
 }
 
 
-def read_options_json(path: str | os.PathLike, what: str = "an options.json (the architecture, as the original ELMo "
-                      "releases ship it)") -> dict[str, Any]:
+def read_options_json(
+    path: str | os.PathLike, what: str = "an options.json (the architecture, as the original ELMo releases ship it)"
+) -> dict[str, Any]:
     """Parse a JSON options file into a dict, naming ``path`` in every error (``what`` says what was expected).
 
     Raises:
@@ -361,13 +390,16 @@ def read_options_json(path: str | os.PathLike, what: str = "an options.json (the
     path = Path(path)
     data = path.read_bytes()
     if data.startswith(b"\x89HDF"):
-        raise ConfigError(f"{path} is an HDF5 file, not a JSON options file (weights?): expected {what}; pass the "
-                          "HDF5 as the weight file")
+        raise ConfigError(
+            f"{path} is an HDF5 file, not a JSON options file (weights?): expected {what}; pass the "
+            "HDF5 as the weight file"
+        )
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path} is not a UTF-8 JSON options file (byte {exc.start}: {exc.reason}); expected "
-                          f"{what}") from None
+        raise ConfigError(
+            f"{path} is not a UTF-8 JSON options file (byte {exc.start}: {exc.reason}); expected {what}"
+        ) from None
     try:
         options = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -1,4 +1,5 @@
 """Device names → ``torch.device``, with one clear error for a device this machine lacks."""
+
 from __future__ import annotations
 
 import torch
@@ -23,16 +24,21 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         raise UsageError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise UsageError(f"device {str(device)!r} asked for, but CUDA is not available on this machine "
-                             "(use --device cpu or auto)")
+            raise UsageError(
+                f"device {str(device)!r} asked for, but CUDA is not available on this machine "
+                "(use --device cpu or auto)"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UsageError(f"device {str(device)!r} asked for, but only {torch.cuda.device_count()} CUDA "
-                             "device(s) are visible")
+            raise UsageError(
+                f"device {str(device)!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
     elif dev.type == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
-            raise UsageError(f"device {str(device)!r} asked for, but Apple MPS is not available on this machine "
-                             "(use --device cpu or auto)")
+            raise UsageError(
+                f"device {str(device)!r} asked for, but Apple MPS is not available on this machine "
+                "(use --device cpu or auto)"
+            )
     elif dev.type != "cpu":
         raise UsageError(f"unsupported device {device!r}: use auto, cpu, cuda or cuda:N")
     return dev

@@ -1,5 +1,6 @@
 """``Elmo``: a frozen biLM + K ScalarMixes, with AllenNLP's ``Elmo`` signature; :class:`TokenVectorCache` for
 AllenNLP's ``vocab_to_cache`` (word-id input)."""
+
 from __future__ import annotations
 
 import logging
@@ -86,20 +87,32 @@ class TokenVectorCache(nn.Module):
             InputTypeError: (also a ``TypeError``) not an integer tensor.
             InputError: an id outside ``[0, V)`` (the message gives it and V).
         """
-        if not isinstance(word_ids, torch.Tensor) or word_ids.is_floating_point() or word_ids.is_complex() \
-                or word_ids.dtype == torch.bool:
+        if (
+            not isinstance(word_ids, torch.Tensor)
+            or word_ids.is_floating_point()
+            or word_ids.is_complex()
+            or word_ids.dtype == torch.bool
+        ):
             what = word_ids.dtype if isinstance(word_ids, torch.Tensor) else type(word_ids).__name__
-            raise InputTypeError(f"word_inputs must be an integer tensor (B, T) of ids into vocab_to_cache, got "
-                                 f"{what}")
+            raise InputTypeError(f"word_inputs must be an integer tensor (B, T) of ids into vocab_to_cache, got {what}")
         if word_ids.numel():
             lo, hi = int(word_ids.min()), int(word_ids.max())
             if lo < 0 or hi >= len(self.words):
-                raise _OutsideCache(f"word_inputs contain {lo if lo < 0 else hi}, outside the cached vocabulary of "
-                                    f"{len(self.words)} words (ids 0…{len(self.words) - 1}, 0 = padding)")
+                raise _OutsideCache(
+                    f"word_inputs contain {lo if lo < 0 else hi}, outside the cached vocabulary of "
+                    f"{len(self.words)} words (ids 0…{len(self.words) - 1}, 0 = padding)"
+                )
         return F.embedding(word_ids.long(), self.vectors), word_ids > 0
 
-    def run(self, bilm: BiLM | StatefulBiLM, char_ids: torch.Tensor | None, word_ids: torch.Tensor, *,
-            keep_sentence_boundaries: bool = False, **options) -> BiLMOutput:
+    def run(
+        self,
+        bilm: BiLM | StatefulBiLM,
+        char_ids: torch.Tensor | None,
+        word_ids: torch.Tensor,
+        *,
+        keep_sentence_boundaries: bool = False,
+        **options,
+    ) -> BiLMOutput:
         """Run ``bilm`` (a :class:`BiLM`, or a :class:`StatefulBiLM` carrying its state) on the cached vectors of
         (B, T) ``word_ids``. When an id is outside the cache and ``char_ids`` (B, T, C) are given, they are used
         instead (AllenNLP's fallback); without them the :class:`InputError` stands."""
@@ -192,15 +205,19 @@ class Elmo(nn.Module):
             raise UsageError(f"layer_norm_mask must be 'with_boundaries' or 'tokens', got {layer_norm_mask!r}")
         if given is None:
             if options_file is None or weight_file is None:
-                raise UsageError("Elmo needs options_file and weight_file (the original options.json and HDF5), or "
-                                 "a prebuilt biLM as module=..., or Elmo.from_pretrained(name_or_folder)")
+                raise UsageError(
+                    "Elmo needs options_file and weight_file (the original options.json and HDF5), or "
+                    "a prebuilt biLM as module=..., or Elmo.from_pretrained(name_or_folder)"
+                )
             from elmokit.weights.original import load_original  # lazy: CLI start-up (it imports h5py)
 
             given = load_original(options_file, weight_file, stateful=stateful)
         else:
             if options_file is not None or weight_file is not None:
-                raise UsageError("give options_file=None and weight_file=None with a prebuilt module= / bilm= "
-                                 "(its weights are already loaded)")
+                raise UsageError(
+                    "give options_file=None and weight_file=None with a prebuilt module= / bilm= "
+                    "(its weights are already loaded)"
+                )
             if isinstance(given, BiLM):
                 if stateful:
                     given = StatefulBiLM(given)
@@ -210,11 +227,15 @@ class Elmo(nn.Module):
                 if stateful:
                     raise UsageError("stateful=True applies to an elmokit BiLM; a custom module keeps its own state")
                 if vocab_to_cache is not None:
-                    raise UsageError("vocab_to_cache needs an elmokit BiLM (it calls its token encoder); "
-                                     f"got a {type(given).__name__}")
+                    raise UsageError(
+                        "vocab_to_cache needs an elmokit BiLM (it calls its token encoder); "
+                        f"got a {type(given).__name__}"
+                    )
             else:
-                raise UsageTypeError(f"module must be an elmokit BiLM or an nn.Module with AllenNLP's biLM contract "
-                                 f"(num_layers, forward -> {{'activations', 'mask'}}), got {type(given).__name__}")
+                raise UsageTypeError(
+                    f"module must be an elmokit BiLM or an nn.Module with AllenNLP's biLM contract "
+                    f"(num_layers, forward -> {{'activations', 'mask'}}), got {type(given).__name__}"
+                )
         self._elmo_lstm = given
         for p in given.parameters():
             p.requires_grad_(requires_grad)
@@ -226,21 +247,27 @@ class Elmo(nn.Module):
         self._word_cache: TokenVectorCache | None = None
         if vocab_to_cache is not None:
             if requires_grad:
-                logger.warning("fine-tuning ELMo (requires_grad=True) with vocab_to_cache: the cached word vectors "
-                               "are trained as their own table, apart from the character CNN (as in AllenNLP)")
+                logger.warning(
+                    "fine-tuning ELMo (requires_grad=True) with vocab_to_cache: the cached word vectors "
+                    "are trained as their own table, apart from the character CNN (as in AllenNLP)"
+                )
             self._word_cache = TokenVectorCache(given, vocab_to_cache, trainable=requires_grad)
         k = int(given.num_layers)
         self.scalar_mixes = nn.ModuleList(
-            ScalarMix(k, do_layer_norm=do_layer_norm, initial_scalar_parameters=scalar_mix_parameters,
-                      trainable=scalar_mix_parameters is None)
+            ScalarMix(
+                k,
+                do_layer_norm=do_layer_norm,
+                initial_scalar_parameters=scalar_mix_parameters,
+                trainable=scalar_mix_parameters is None,
+            )
             for _ in range(num_output_representations)
         )
 
     def __getattr__(self, name: str):
         # AllenNLP names its mixes scalar_mix_0, scalar_mix_1, ...
-        if name.startswith("scalar_mix_") and name[len("scalar_mix_"):].isdigit():
+        if name.startswith("scalar_mix_") and name[len("scalar_mix_") :].isdigit():
             mixes = self._modules.get("scalar_mixes")
-            i = int(name[len("scalar_mix_"):])
+            i = int(name[len("scalar_mix_") :])
             if mixes is not None and i < len(mixes):
                 return mixes[i]
         return super().__getattr__(name)
@@ -276,16 +303,18 @@ class Elmo(nn.Module):
             self._elmo_lstm.reset_states()
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike, num_output_representations: int = 1,
-                        **kwargs) -> "Elmo":
+    def from_pretrained(cls, name_or_path: str | os.PathLike, num_output_representations: int = 1, **kwargs) -> Elmo:
         """Load a released model by name (``small``, ``medium``, ``original``, ``original-5.5b``: downloaded once
         into the cache) or a local directory (elmokit native format, or ``options.json`` + one ``*.hdf5``)."""
         stateful = kwargs.pop("stateful", False)
         bilm = load_pretrained_bilm(name_or_path, stateful=stateful)
         return cls(num_output_representations=num_output_representations, bilm=bilm, stateful=stateful, **kwargs)
 
-    def _run_bilm(self, inputs: torch.Tensor | None, word_inputs: torch.Tensor | None,
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run_bilm(
+        self,
+        inputs: torch.Tensor | None,
+        word_inputs: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """→ layers (B, L+1, T+2, D) and mask (B, T+2), boundaries included."""
         module = self._elmo_lstm
         if not isinstance(module, (BiLM, StatefulBiLM)):
@@ -293,14 +322,19 @@ class Elmo(nn.Module):
             try:
                 layers, mask = torch.stack(list(out["activations"]), dim=1), out["mask"].bool()
             except (KeyError, TypeError, RuntimeError) as exc:
-                raise UsageError(f"module {type(module).__name__} did not return AllenNLP's "
-                                 f"{{'activations': [tensors], 'mask': tensor}} ({exc})") from None
+                raise UsageError(
+                    f"module {type(module).__name__} did not return AllenNLP's "
+                    f"{{'activations': [tensors], 'mask': tensor}} ({exc})"
+                ) from None
             return layers, mask
         # A stateless BiLM whose boundary positions are dropped after mixing (and not in any layer norm's statistics)
         # skips each direction's last step (exact for every kept position; BiLM.forward's boundary_steps).
         options = {}
-        if isinstance(module, BiLM) and not self._keep_sentence_boundaries and (
-                self._layer_norm_mask == "tokens" or not any(mix.do_layer_norm for mix in self.scalar_mixes)):
+        if (
+            isinstance(module, BiLM)
+            and not self._keep_sentence_boundaries
+            and (self._layer_norm_mask == "tokens" or not any(mix.do_layer_norm for mix in self.scalar_mixes))
+        ):
             options["boundary_steps"] = False
         if word_inputs is not None:
             out = self._word_cache.run(module, inputs, word_inputs, keep_sentence_boundaries=True, **options)
@@ -313,8 +347,10 @@ class Elmo(nn.Module):
         ``inputs`` / ``word_inputs`` that are not integer tensors, :class:`InputError` for malformed ids or shapes."""
         lead: tuple[int, ...] | None = None  # leading dims to restore
         if inputs is not None and not isinstance(inputs, torch.Tensor):
-            raise InputTypeError(f"inputs must be a LongTensor (B, T, C) from batch_to_ids (token lists go through "
-                                 f"batch_to_ids first), got {type(inputs).__name__}")
+            raise InputTypeError(
+                f"inputs must be a LongTensor (B, T, C) from batch_to_ids (token lists go through "
+                f"batch_to_ids first), got {type(inputs).__name__}"
+            )
         if word_inputs is not None:
             if self._word_cache is None and isinstance(self._elmo_lstm, (BiLM, StatefulBiLM)):
                 if not self._warned_word_inputs:
@@ -323,8 +359,10 @@ class Elmo(nn.Module):
                 word_inputs = None
             elif isinstance(word_inputs, torch.Tensor):
                 if inputs is not None and tuple(inputs.shape[:-1]) != tuple(word_inputs.shape):
-                    raise InputError(f"word_inputs {tuple(word_inputs.shape)} and inputs {tuple(inputs.shape)} do not "
-                                     "match: word_inputs must be inputs' shape without the last (character) dim")
+                    raise InputError(
+                        f"word_inputs {tuple(word_inputs.shape)} and inputs {tuple(inputs.shape)} do not "
+                        "match: word_inputs must be inputs' shape without the last (character) dim"
+                    )
                 if word_inputs.dim() > 2:
                     lead = tuple(word_inputs.shape[:-1])
                     word_inputs = word_inputs.reshape(-1, word_inputs.shape[-1])

@@ -9,11 +9,12 @@ Every error that elmokit raises on purpose is an :class:`ElmoError`; the CLI tur
   ``pip install 'elmokit[EXTRA]'`` that fixes it).
 * **1 — failure**: the call was right but could not be completed: a damaged or mismatched file
   (:class:`WeightsError`, :class:`CheckpointError`, :class:`DataError`), a training run that cannot go on
-  (:class:`TrainingError`), a folder another process is writing (:class:`FolderInUseError`), or an operating-system error
-  (disk full, permission denied).
+  (:class:`TrainingError`), a folder another process is writing (:class:`FolderInUseError`), or an operating-system
+  error (disk full, permission denied).
 
 Anything else reaching the CLI is a bug: it exits 1 with ``internal error … rerun with -v`` (traceback under ``-v``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -115,8 +116,9 @@ class CorpusDecodeError(DataError):
     A :class:`DataError` (so also a ``ValueError``)."""
 
     def __init__(self, path: os.PathLike | str, lineno: int, detail: str) -> None:
-        how = option_wording("--decode-errors replace, ignore or skip",
-                             "errors= (decode_errors=) 'replace', 'ignore' or 'skip'")
+        how = option_wording(
+            "--decode-errors replace, ignore or skip", "errors= (decode_errors=) 'replace', 'ignore' or 'skip'"
+        )
         super().__init__(f"{path}:{lineno}: {detail}; fix the file, or read it anyway with {how}")
         self.path = path
         self.lineno = lineno
@@ -138,8 +140,9 @@ class MissingExtraError(ElmoError, ImportError):
 
     exit_status = 2
 
-    def __init__(self, purpose: str, package: str, extra: str, *, name: str | None = None,
-                 reason: str | None = None) -> None:
+    def __init__(
+        self, purpose: str, package: str, extra: str, *, name: str | None = None, reason: str | None = None
+    ) -> None:
         self.purpose, self.package, self.extra = purpose, package, extra
         self.hint = f"pip install 'elmokit[{extra}]'"
         state = "is not installed" if reason is None else f"cannot be imported ({reason})"
@@ -168,8 +171,7 @@ def import_optional(module: str, extra: str, purpose: str) -> ModuleType:
         top = module.split(".")[0]
         absent = isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == top
         reason = None if absent else " ".join(str(exc).split())  # a broken install, or a library it needs is missing
-        raise MissingExtraError(purpose, _PIP_NAMES.get(top, top), extra, name=exc.name or top,
-                                reason=reason) from exc
+        raise MissingExtraError(purpose, _PIP_NAMES.get(top, top), extra, name=exc.name or top, reason=reason) from exc
 
 
 def exit_status(exc: BaseException) -> int:

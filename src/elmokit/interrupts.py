@@ -17,6 +17,7 @@ once the last exit handler has run (Python resets its own handlers to the defaul
 signal would kill the process). ``elmokit.cli.entry`` also clears CPython's mark of an interrupt that ended a string
 ``exec``, which otherwise turns a clean exit 130 under ``python -m`` into death by SIGINT.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -27,8 +28,19 @@ import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["handling_signals", "install_for_process", "blocked", "unblock", "deferred", "shielded", "check",
-           "requested", "clear", "signal_name", "SIGNALS"]
+__all__ = [
+    "handling_signals",
+    "install_for_process",
+    "blocked",
+    "unblock",
+    "deferred",
+    "shielded",
+    "check",
+    "requested",
+    "clear",
+    "signal_name",
+    "SIGNALS",
+]
 
 #: The signals handled: Ctrl-C and ``kill``'s default.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)

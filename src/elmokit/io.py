@@ -9,6 +9,7 @@
   continue the live run's files. The operating system releases the lock when its process ends, however it ends, so a
   lock left by a killed process (``kill -9``, a crash, a reboot) never blocks.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from elmokit import interrupts
 from elmokit.errors import FolderInUseError, UsageError
@@ -33,8 +35,17 @@ try:
 except ImportError:  # not a POSIX system: folders are not locked (see lock_folder)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "file_sha256", "lock_folder", "folder_lock",
-           "FolderLock", "LOCK_NAME", "check_creatable_folder"]
+__all__ = [
+    "atomic_path",
+    "atomic_write_text",
+    "atomic_write_bytes",
+    "file_sha256",
+    "lock_folder",
+    "folder_lock",
+    "FolderLock",
+    "LOCK_NAME",
+    "check_creatable_folder",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -165,9 +176,12 @@ def _holder_record() -> dict[str, Any]:
     name = Path(argv[0]).name
     program = f"python -m {Path(argv[0]).parent.name}" if name == "__main__.py" else name
     command = " ".join([program] + [shlex.quote(a) for a in argv[1:]])
-    return {"pid": os.getpid(), "host": socket.gethostname(),
-            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "command": command if len(command) <= 300 else command[:297] + "..."}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": command if len(command) <= 300 else command[:297] + "...",
+    }
 
 
 def _describe_holder(path: Path) -> str:
@@ -222,9 +236,11 @@ def lock_folder(folder: str | os.PathLike, what: str = "folder") -> FolderLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (BlockingIOError, PermissionError):
             os.close(fd)
-            raise FolderInUseError(f"the {what} {folder} is in use: another elmokit process is writing it "
-                                   f"({_describe_holder(path)}); wait for it to end or stop it — two writers would "
-                                   "mix or delete each other's files") from None
+            raise FolderInUseError(
+                f"the {what} {folder} is in use: another elmokit process is writing it "
+                f"({_describe_holder(path)}); wait for it to end or stop it — two writers would "
+                "mix or delete each other's files"
+            ) from None
         except BaseException:
             os.close(fd)
             raise

@@ -19,6 +19,7 @@ The numbers: a thread count and a spin count change the order of floating-point 
 count (the spin count changes who waits, not what is computed), so results are bit-identical for a given thread
 count, as before.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,17 @@ from pathlib import Path
 
 from elmokit.errors import UsageError
 
-__all__ = ["SPIN_COUNT", "configure_openmp", "openmp_settings", "available_cpus", "default_threads", "set_threads",
-           "using_threads", "CpuShare", "cpu_share"]
+__all__ = [
+    "SPIN_COUNT",
+    "configure_openmp",
+    "openmp_settings",
+    "available_cpus",
+    "default_threads",
+    "set_threads",
+    "using_threads",
+    "CpuShare",
+    "cpu_share",
+]
 
 #: ``GOMP_SPINCOUNT`` elmokit sets when the user set neither it nor ``OMP_WAIT_POLICY`` (libgomp's own default is
 #: 300,000). Chosen with ``bench/contention.py`` (README, "Threads and busy machines").
@@ -65,8 +75,11 @@ def openmp_settings() -> dict:
     """What governs OpenMP's waiting in this process: ``{"OMP_WAIT_POLICY": str | None, "GOMP_SPINCOUNT": str |
     None, "set_by_elmokit": {name: value}, "torch_loaded_first": bool | None}`` (``torch_loaded_first`` True: torch
     was imported before elmokit, so elmokit set nothing and libgomp runs with what the environment held then)."""
-    return {**{v: os.environ.get(v) for v in _OPENMP_VARIABLES}, "set_by_elmokit": dict(_set_by_elmokit),
-            "torch_loaded_first": _torch_loaded_first}
+    return {
+        **{v: os.environ.get(v) for v in _OPENMP_VARIABLES},
+        "set_by_elmokit": dict(_set_by_elmokit),
+        "torch_loaded_first": _torch_loaded_first,
+    }
 
 
 def _cgroup_cpu_limit() -> float | None:

@@ -10,6 +10,7 @@ The words after the specials are expected in descending frequency order: the log
 the sampled softmax (:mod:`elmokit.modules.softmax`) assumes that id ``k`` is the ``k``-th most frequent token.
 :meth:`Vocabulary.build` produces that order.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -100,8 +101,10 @@ class Vocabulary:
         """
         path = Path(path)
         if not path.is_file():
-            raise MissingFileError(f"vocabulary file not found: {path}"
-                                   + (" (it is a folder: give the vocabulary file)" if path.is_dir() else ""))
+            raise MissingFileError(
+                f"vocabulary file not found: {path}"
+                + (" (it is a folder: give the vocabulary file)" if path.is_dir() else "")
+            )
         tokens: list[str] = []
         first_line_of: dict[str, int] = {}
         pending_blank: int | None = None  # line number of the first blank line not yet followed by a token
@@ -113,8 +116,10 @@ class Vocabulary:
                     raise DataError(f"{path}:{lineno}: invalid UTF-8 in vocabulary file ({e.reason})") from None
                 nul = raw.find(b"\0")
                 if nul >= 0:  # the line rule of every text input (elmokit.data.corpus.line_problem)
-                    raise DataError(f"{path}:{lineno}: a NUL byte in vocabulary file at column {nul + 1} (binary data, "
-                                    "or UTF-16 text?)")
+                    raise DataError(
+                        f"{path}:{lineno}: a NUL byte in vocabulary file at column {nul + 1} (binary data, "
+                        "or UTF-16 text?)"
+                    )
                 if lineno == 1:
                     text = text.lstrip("\ufeff")
                 tok = text.strip()
@@ -190,13 +195,15 @@ class Vocabulary:
             for tok in sent:
                 if not isinstance(tok, str):
                     raise InputTypeError(
-                        f"Vocabulary.build: sentence {i} holds a {type(tok).__name__}, expected str tokens")
+                        f"Vocabulary.build: sentence {i} holds a {type(tok).__name__}, expected str tokens"
+                    )
                 counter[tok] += 1
         return cls.from_counts(counter, n_sentences, min_count=min_count, max_size=max_size)
 
     @classmethod
-    def from_counts(cls, counter: Mapping[str, int], n_sentences: int, min_count: int = 1,
-                    max_size: int | None = None) -> Vocabulary:
+    def from_counts(
+        cls, counter: Mapping[str, int], n_sentences: int, min_count: int = 1, max_size: int | None = None
+    ) -> Vocabulary:
         """The vocabulary :meth:`build` makes, from token counts already taken (e.g. added up over corpus parts).
 
         Args:
@@ -226,7 +233,10 @@ class Vocabulary:
         counts = [n_sentences + special_counts[BOS], n_sentences + special_counts[EOS], n_unk] + [c for _, c in kept]
         logger.info(
             "built vocabulary: %d tokens (%d distinct words seen, %d sentences, %d tokens mapped to <UNK>)",
-            len(tokens), len(counter), n_sentences, n_unk,
+            len(tokens),
+            len(counter),
+            n_sentences,
+            n_unk,
         )
         return cls(tokens, counts)
 

@@ -3,6 +3,7 @@ own perplexity protocol (:mod:`.ngram`) and static word2vec vectors trained on t
 
 Importing this package is light: numpy only; gensim is imported inside :mod:`.word2vec`'s functions.
 """
+
 from elmokit.baselines.ngram import KneserNeyLM, kneser_ney_perplexity
 from elmokit.baselines.word2vec import WORD2VEC_SETTINGS, load_word2vec, train_word2vec
 

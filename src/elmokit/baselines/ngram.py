@@ -27,6 +27,7 @@ sentences with the roles of ``<S>`` and ``</S>`` swapped (:func:`kneser_ney_perp
 Implementation: n-grams are integer keys (``id of the context (k−1)-gram × V + word id``) in sorted numpy arrays, so
 fitting 2M tokens takes seconds and memory in the tens of MB; lookups are ``np.searchsorted``.
 """
+
 from __future__ import annotations
 
 import math
@@ -80,16 +81,19 @@ class KneserNeyLM:
             in the vocabulary or are equal.
     """
 
-    def __init__(self, vocab: Vocabulary, order: int = 3, discount: float | str = 0.75, start: str = BOS,
-                 end: str = EOS) -> None:
+    def __init__(
+        self, vocab: Vocabulary, order: int = 3, discount: float | str = 0.75, start: str = BOS, end: str = EOS
+    ) -> None:
         if not isinstance(vocab, Vocabulary):
             raise UsageTypeError(f"vocab must be an elmokit Vocabulary, got {type(vocab).__name__}")
         check_int("order", order, 2)
-        if discount != "estimate" and (isinstance(discount, bool) or not isinstance(discount, (int, float))
-                                       or not 0 < discount <= 1):
+        if discount != "estimate" and (
+            isinstance(discount, bool) or not isinstance(discount, (int, float)) or not 0 < discount <= 1
+        ):
             is_number = isinstance(discount, (int, float)) and not isinstance(discount, bool)
             raise (UsageError if is_number or isinstance(discount, str) else UsageTypeError)(
-                f"discount must be a number in (0, 1] or 'estimate', got {discount!r}")
+                f"discount must be a number in (0, 1] or 'estimate', got {discount!r}"
+            )
         for name, tok in (("start", start), ("end", end)):
             if tok not in vocab:
                 raise UsageError(f"{name} token {tok!r} is not in the vocabulary")
@@ -186,8 +190,10 @@ class KneserNeyLM:
             return float(self.discount)
         n1, n2 = int((counts == 1).sum()), int((counts == 2).sum())
         if n1 == 0:
-            raise DataError(f"cannot estimate the order-{k} discount: no {k}-gram was seen once "
-                            "(give a fixed discount for so small a corpus)")
+            raise DataError(
+                f"cannot estimate the order-{k} discount: no {k}-gram was seen once "
+                "(give a fixed discount for so small a corpus)"
+            )
         return n1 / (n1 + 2 * n2)
 
     @property
@@ -229,11 +235,11 @@ class KneserNeyLM:
         each level, and the top level it allows."""
         if isinstance(context, str):
             raise InputTypeError("context must be a sequence of tokens, got a str")
-        ids = self.vocab.encode(list(context))[-(self.order - 1):] if context else []
+        ids = self.vocab.encode(list(context))[-(self.order - 1) :] if context else []
         V = self._V
         ctx: list[np.ndarray | None] = [None, np.zeros(1, dtype=np.int64)]
         for k in range(2, len(ids) + 2):
-            suffix = ids[len(ids) - (k - 1):]
+            suffix = ids[len(ids) - (k - 1) :]
             h = 0
             for m, tok in enumerate(suffix, start=1):
                 h = int(_lookup(self._ctx_keys[m], np.asarray([h * V + tok]))[0])
@@ -300,10 +306,12 @@ class KneserNeyLM:
             i = int(sent[zero[0]])
             j = int(zero[0] - np.searchsorted(sent, i))
             toks = [*sentences[i], self.end]
-            raise DataError(f"Kneser-Ney probability 0 for token {j} ({toks[j]!r}, read as "
-                            f"{self.vocab.id_to_token(self.vocab.token_to_id(toks[j]))!r}) of test sentence {i}: "
-                            "it never occurs in the training text (a vocabulary word missing from it, or <UNK> when "
-                            "no training token is unknown)")
+            raise DataError(
+                f"Kneser-Ney probability 0 for token {j} ({toks[j]!r}, read as "
+                f"{self.vocab.id_to_token(self.vocab.token_to_id(toks[j]))!r}) of test sentence {i}: "
+                "it never occurs in the training text (a vocabulary word missing from it, or <UNK> when "
+                "no training token is unknown)"
+            )
         return float(-np.log(p).sum()), int(p.size), len(sentences)
 
 
@@ -311,8 +319,13 @@ def _exp(x: float) -> float:
     return math.exp(x) if x < 700 else float("inf")
 
 
-def kneser_ney_perplexity(train_sentences: Iterable[Sequence[str]], test_sentences: Iterable[Sequence[str]],
-                          vocab: Vocabulary, order: int = 3, discount: float | str = 0.75) -> dict:
+def kneser_ney_perplexity(
+    train_sentences: Iterable[Sequence[str]],
+    test_sentences: Iterable[Sequence[str]],
+    vocab: Vocabulary,
+    order: int = 3,
+    discount: float | str = 0.75,
+) -> dict:
     """Held-out perplexity of interpolated Kneser-Ney n-gram LMs under the biLM's protocol.
 
     Same targets and averaging as :func:`elmokit.pretraining.perplexity.evaluate_perplexity`: words outside
@@ -340,9 +353,17 @@ def kneser_ney_perplexity(train_sentences: Iterable[Sequence[str]], test_sentenc
         raise DataError("kneser_ney_perplexity: no test sentences")
     fwd = KneserNeyLM(vocab, order, discount, start=BOS, end=EOS).fit(train)
     bwd = KneserNeyLM(vocab, order, discount, start=EOS, end=BOS).fit(
-        [s[::-1] if not isinstance(s, str) else s for s in train])
+        [s[::-1] if not isinstance(s, str) else s for s in train]
+    )
     nll_f, n_tok, n_sent = fwd.nll_sums(test)
     nll_b, _, _ = bwd.nll_sums([s[::-1] for s in test])  # the same m + 1 targets per sentence
     f, b = nll_f / n_tok, nll_b / n_tok
-    return {"forward": _exp(f), "backward": _exp(b), "average": _exp(0.5 * (f + b)), "tokens": n_tok,
-            "sentences": n_sent, "order": order, "discount": fwd.discounts}
+    return {
+        "forward": _exp(f),
+        "backward": _exp(b),
+        "average": _exp(0.5 * (f + b)),
+        "tokens": n_tok,
+        "sentences": n_sent,
+        "order": order,
+        "discount": fwd.discounts,
+    }

@@ -14,6 +14,7 @@ float32, readable by gensim ``KeyedVectors.load_word2vec_format(binary=True)`` a
 ``word2vec.json`` (the settings, the gensim and numpy versions, corpus counts and the sha256 of both the training
 text and ``vectors.bin``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,7 +29,7 @@ import numpy as np
 
 from elmokit.checks import positive_int
 from elmokit.errors import DataError, InputError, InputTypeError, MissingFileError, UsageError, import_optional
-from elmokit.io import atomic_path, atomic_write_text
+from elmokit.io import atomic_path, atomic_write_text, file_sha256
 from elmokit.vocabulary import UNK
 
 __all__ = ["WORD2VEC_SETTINGS", "train_word2vec", "load_word2vec", "VECTORS_FILE", "SETTINGS_FILE"]
@@ -38,13 +39,21 @@ logger = logging.getLogger(__name__)
 #: The fixed settings of the static baseline (see the module docstring); ``train_word2vec(**overrides)`` may change
 #: them (tests use tiny vectors), and whatever was used is written to ``word2vec.json``.
 WORD2VEC_SETTINGS: dict = {
-    "sg": 1, "vector_size": 300, "window": 5, "min_count": 3, "negative": 5, "sample": 1e-3, "alpha": 0.025,
-    "min_alpha": 1e-4, "epochs": 5, "seed": 0, "workers": 1,
+    "sg": 1,
+    "vector_size": 300,
+    "window": 5,
+    "min_count": 3,
+    "negative": 5,
+    "sample": 1e-3,
+    "alpha": 0.025,
+    "min_alpha": 1e-4,
+    "epochs": 5,
+    "seed": 0,
+    "workers": 1,
 }
 VECTORS_FILE = "vectors.bin"
 SETTINGS_FILE = "word2vec.json"
-
-from elmokit.io import file_sha256 as _sha256_file
+_sha256_file = file_sha256
 
 
 def _prepare(sentences: Iterable[Sequence[str]], min_count: int) -> tuple[list[list[str]], str, int]:
@@ -58,8 +67,10 @@ def _prepare(sentences: Iterable[Sequence[str]], min_count: int) -> tuple[list[l
         s = list(s)
         for tok in s:
             if not isinstance(tok, str) or not tok or len(tok.split()) != 1 or tok != tok.strip():
-                raise InputError(f"train_word2vec: sentence {i} holds the token {tok!r}: tokens must be non-empty "
-                                 "strings without whitespace")
+                raise InputError(
+                    f"train_word2vec: sentence {i} holds the token {tok!r}: tokens must be non-empty "
+                    "strings without whitespace"
+                )
         counts.update(s)
         sents.append(s)
     h = hashlib.sha256()
@@ -67,8 +78,6 @@ def _prepare(sentences: Iterable[Sequence[str]], min_count: int) -> tuple[list[l
         h.update((" ".join(s) + "\n").encode("utf-8"))
     mapped = [[t if counts[t] >= min_count else UNK for t in s] for s in sents]
     return mapped, h.hexdigest(), sum(counts.values())
-
-
 
 
 def train_word2vec(sentences: Iterable[Sequence[str]], out_dir: str | Path, **settings) -> Path:
@@ -93,12 +102,14 @@ def train_word2vec(sentences: Iterable[Sequence[str]], out_dir: str | Path, **se
     """
     unknown = sorted(set(settings) - set(WORD2VEC_SETTINGS))
     if unknown:
-        raise UsageError(f"train_word2vec: unknown setting(s) {', '.join(unknown)} "
-                         f"(known: {', '.join(WORD2VEC_SETTINGS)})")
+        raise UsageError(
+            f"train_word2vec: unknown setting(s) {', '.join(unknown)} (known: {', '.join(WORD2VEC_SETTINGS)})"
+        )
     config = {**WORD2VEC_SETTINGS, **settings}
     if config["workers"] != 1:
-        raise UsageError(f"train_word2vec: workers must be 1 so that a rebuild repeats bit-exactly, got "
-                         f"{config['workers']!r}")
+        raise UsageError(
+            f"train_word2vec: workers must be 1 so that a rebuild repeats bit-exactly, got {config['workers']!r}"
+        )
     min_count = config["min_count"]
     positive_int("train_word2vec: min_count", min_count)
 
@@ -120,14 +131,25 @@ def train_word2vec(sentences: Iterable[Sequence[str]], out_dir: str | Path, **se
     meta = {
         "settings": config,
         "min_count_applied_as": f"words seen fewer than {min_count} times replaced by {UNK} before training",
-        "gensim_version": gensim.__version__, "numpy_version": np.__version__,
-        "sentences": len(sents), "tokens": n_tokens, "vocabulary": len(model.wv),
-        "train_text_sha256": text_sha, "vectors_file": VECTORS_FILE, "vectors_sha256": _sha256_file(vectors),
+        "gensim_version": gensim.__version__,
+        "numpy_version": np.__version__,
+        "sentences": len(sents),
+        "tokens": n_tokens,
+        "vocabulary": len(model.wv),
+        "train_text_sha256": text_sha,
+        "vectors_file": VECTORS_FILE,
+        "vectors_sha256": _sha256_file(vectors),
         "train_seconds": round(seconds, 3),
     }
     atomic_write_text(out_dir / SETTINGS_FILE, json.dumps(meta, indent=2) + "\n")
-    logger.info("word2vec: %d words × %d dims from %d tokens in %.1f s → %s", len(model.wv),
-                config["vector_size"], n_tokens, seconds, vectors)
+    logger.info(
+        "word2vec: %d words × %d dims from %d tokens in %.1f s → %s",
+        len(model.wv),
+        config["vector_size"],
+        n_tokens,
+        seconds,
+        vectors,
+    )
     return vectors
 
 

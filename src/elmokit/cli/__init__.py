@@ -16,6 +16,7 @@ Conventions, the same for every command:
 * output that the terminal or pipe cannot encode (an ASCII locale) is escaped, never an error once the work is done;
   a reader that goes away (``| head``) ends the command quietly with 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,12 +65,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     global_flags = _Parser(add_help=False)
     # SUPPRESS: when the flag is not repeated after the command, the value parsed before it stays
-    global_flags.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                              help="log progress details; tracebacks for internal errors (default: off)")
-    parser = _Parser(prog="elmokit", description="ELMo: pretrain, convert, embed.", epilog=_EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="log progress details; tracebacks for internal errors (default: off)")
+    global_flags.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log progress details; tracebacks for internal errors (default: off)",
+    )
+    parser = _Parser(
+        prog="elmokit",
+        description="ELMo: pretrain, convert, embed.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log progress details; tracebacks for internal errors (default: off)",
+    )
     parser.add_argument("--version", action="version", version=f"elmokit {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parents = [global_flags]
@@ -228,11 +242,16 @@ def _run(args: argparse.Namespace) -> int:
         if args.verbose:
             with contextlib.suppress(OSError, ValueError):
                 traceback.print_exc(file=sys.stderr)
-            _say(command, f"internal error: {type(exc).__name__}: {_one_line(exc)} (this is a bug; the traceback "
-                          "is above)")
+            _say(
+                command,
+                f"internal error: {type(exc).__name__}: {_one_line(exc)} (this is a bug; the traceback is above)",
+            )
         else:
-            _say(command, f"internal error: {type(exc).__name__}: {_one_line(exc)} (this is a bug; rerun with -v "
-                          "for the traceback)")
+            _say(
+                command,
+                f"internal error: {type(exc).__name__}: {_one_line(exc)} (this is a bug; rerun with -v "
+                "for the traceback)",
+            )
         return EXIT_FAILURE
     if interrupts.requested():  # a KeyboardInterrupt was swallowed on the way (e.g. in a destructor): still 130
         return _interrupted(args)

@@ -1,4 +1,5 @@
 """``python -m elmokit.cli …``: the same as ``python -m elmokit …`` (kept for scripts written against it)."""
+
 import sys
 
 from elmokit.cli import entry

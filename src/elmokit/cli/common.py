@@ -6,6 +6,7 @@ The checks raise the :mod:`elmokit.errors` family, one line naming the path or o
 (a folder where a file is wanted and the reverse, an output that would clobber something), and
 :class:`~elmokit.errors.ConfigError` (an options file that is not an options.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,17 +22,34 @@ from elmokit.config import read_options_json as read_options
 from elmokit.errors import MissingFileError, UsageError
 
 __all__ = [
-    "positive_int", "int_at_least", "non_negative_int", "positive_float", "probability", "seed", "path_arg",
-    "text_arg", "check_input_file", "check_model", "check_output_file", "resolve_cli_device", "read_options_json",
-    "print_json_line", "DEVICE_HELP", "DECODE_CHOICES", "RELEASED_HELP", "add_threads_option",
+    "positive_int",
+    "int_at_least",
+    "non_negative_int",
+    "positive_float",
+    "probability",
+    "seed",
+    "path_arg",
+    "text_arg",
+    "check_input_file",
+    "check_model",
+    "check_output_file",
+    "resolve_cli_device",
+    "read_options_json",
+    "print_json_line",
+    "DEVICE_HELP",
+    "DECODE_CHOICES",
+    "RELEASED_HELP",
+    "add_threads_option",
 ]
 
 #: ``--decode-errors`` values (see :func:`elmokit.data.corpus.read_lines`).
 DECODE_CHOICES = ("strict", "replace", "ignore", "skip")
 DEVICE_HELP = "auto (CUDA when available, else CPU), cpu, cuda, cuda:N"
-RELEASED_HELP = ("a released model name (small, medium, original, original-5.5b: downloaded once into "
-                 "$ELMOKIT_CACHE), or a model folder (native config.json + model.safetensors, or an original "
-                 "*options*.json + weight *.hdf5)")
+RELEASED_HELP = (
+    "a released model name (small, medium, original, original-5.5b: downloaded once into "
+    "$ELMOKIT_CACHE), or a model folder (native config.json + model.safetensors, or an original "
+    "*options*.json + weight *.hdf5)"
+)
 
 
 # ---------------------------------------------------------------------------------------------- option types
@@ -60,14 +78,20 @@ def add_threads_option(p: argparse.ArgumentParser, default: int | None = None, n
             shown = threads.default_threads()
         except UsageError:  # a bad ELMOKIT_THREADS: reported as a one-line error when the command runs
             shown = None
-    p.add_argument("--threads", type=positive_int, default=shown, metavar="N",
-                   help=f"torch threads for the computation (default: {shown or '$ELMOKIT_THREADS'}{note}; see the "
-                        "README, \"Threads and busy machines\")")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=shown,
+        metavar="N",
+        help=f"torch threads for the computation (default: {shown or '$ELMOKIT_THREADS'}{note}; see the "
+        'README, "Threads and busy machines")',
+    )
     p.set_defaults(uses_threads=True)
 
 
 def int_at_least(minimum: int):
     """argparse type factory: an integer >= ``minimum``."""
+
     def parse(text: str) -> int:
         value = _int(text, f"an integer >= {minimum}")
         if value < minimum:
@@ -176,17 +200,26 @@ def check_model(name_or_path: str) -> None:
         listing = f"found {found[:12]}{' …' if len(found) > 12 else ''}" if found else "it is empty"
         raise MissingFileError(
             f"{path} is a folder but not a model: it holds neither config.json + model.safetensors (elmokit's "
-            f"format) nor an *options*.json and a weight *.hdf5 (the original format); {listing}")
+            f"format) nor an *options*.json and a weight *.hdf5 (the original format); {listing}"
+        )
     if path.exists():
-        hint = (": for an original options.json + weights.hdf5 pair, run `elmokit convert OPTIONS WEIGHTS OUT_DIR` "
-                "and use OUT_DIR" if path.suffix.lower() in (".json", ".hdf5", ".h5", ".safetensors") else "")
+        hint = (
+            ": for an original options.json + weights.hdf5 pair, run `elmokit convert OPTIONS WEIGHTS OUT_DIR` "
+            "and use OUT_DIR"
+            if path.suffix.lower() in (".json", ".hdf5", ".h5", ".safetensors")
+            else ""
+        )
         raise UsageError(f"the model {path} is a file: give a model folder or a released name{hint}")
     if "/" in str(name_or_path) or os.sep in str(name_or_path):
-        raise MissingFileError(f"the model folder {path} does not exist (a model is a folder, or a released or zoo "
-                               f"model name: {', '.join(known_model_names())})")
+        raise MissingFileError(
+            f"the model folder {path} does not exist (a model is a folder, or a released or zoo "
+            f"model name: {', '.join(known_model_names())})"
+        )
     if str(name_or_path).lower() not in RELEASED:
-        raise MissingFileError(f"unknown model {str(name_or_path)!r}: no such folder, and not a released or zoo "
-                               f"model name ({', '.join(known_model_names())})")
+        raise MissingFileError(
+            f"unknown model {str(name_or_path)!r}: no such folder, and not a released or zoo "
+            f"model name ({', '.join(known_model_names())})"
+        )
 
 
 def model_folder(model: str) -> Path | None:
@@ -236,8 +269,11 @@ def read_options_json(path: Path, option: str) -> dict[str, Any]:
             object.
     """
     check_input_file(path, f"{option} file")
-    return read_options(path, f"{'the ' if not option.startswith('-') else ''}{option} to be an options.json (the "
-                      "architecture, as the original ELMo releases ship it)")
+    return read_options(
+        path,
+        f"{'the ' if not option.startswith('-') else ''}{option} to be an options.json (the "
+        "architecture, as the original ELMo releases ship it)",
+    )
 
 
 def resolve_cli_device(name: str | None):
@@ -253,8 +289,9 @@ def resolve_cli_device(name: str | None):
 
     device = resolve_device(name)
     if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise UsageError(f"device {name!r} asked for, but MPS is not available on this machine (use --device cpu "
-                         "or auto)")
+        raise UsageError(
+            f"device {name!r} asked for, but MPS is not available on this machine (use --device cpu or auto)"
+        )
     return device
 
 

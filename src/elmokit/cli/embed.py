@@ -1,12 +1,24 @@
 """``elmokit embed MODEL INPUT OUTPUT``: a text file, one sentence per line → HDF5 (streamed, in resumable parts)."""
+
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file,
-                                check_model, check_output_file, model_folder, path_arg, positive_int,
-                                resolve_cli_device, text_arg)
+from elmokit.cli.common import (
+    DECODE_CHOICES,
+    DEVICE_HELP,
+    RELEASED_HELP,
+    add_threads_option,
+    check_input_file,
+    check_model,
+    check_output_file,
+    model_folder,
+    path_arg,
+    positive_int,
+    resolve_cli_device,
+    text_arg,
+)
 from elmokit.data.corpus import read_lines
 from elmokit.embedding import Embedder
 from elmokit.embedding import writer as embed_output
@@ -79,19 +91,36 @@ def cmd_embed(args: argparse.Namespace) -> int:
     embedder.output_spec(layers, args.pool, args.keep_sentence_boundaries, args.dtype)  # a bad --layers: before work
     if words is not None:
         embedder.set_token_cache(words)
-    n = embedder.embed_file(args.input, args.output, layers=layers, decode_errors=args.decode_errors,
-                            progress=not args.no_progress, format=args.format, pool=args.pool,
-                            keep_sentence_boundaries=args.keep_sentence_boundaries, dtype=args.dtype,
-                            use_sentence_keys=args.use_sentence_keys, forget_sentences=args.forget_sentences,
-                            tokenizer=args.tokenizer, resume=args.resume, workers=args.workers,
-                            worker_threads=args.worker_threads, part_size=args.part_size, model_name=args.model,
-                            overwrite=args.overwrite)
+    n = embedder.embed_file(
+        args.input,
+        args.output,
+        layers=layers,
+        decode_errors=args.decode_errors,
+        progress=not args.no_progress,
+        format=args.format,
+        pool=args.pool,
+        keep_sentence_boundaries=args.keep_sentence_boundaries,
+        dtype=args.dtype,
+        use_sentence_keys=args.use_sentence_keys,
+        forget_sentences=args.forget_sentences,
+        tokenizer=args.tokenizer,
+        resume=args.resume,
+        workers=args.workers,
+        worker_threads=args.worker_threads,
+        part_size=args.part_size,
+        model_name=args.model,
+        overwrite=args.overwrite,
+    )
     rank, world = embed_output.torchrun_rank()
     if rank != 0:  # under torchrun: process 0 merges and reports
         return 0
     skipped = embedder.skipped_lines
-    note = (f" ({len(skipped)} undecodable line(s) skipped, each an empty dataset: line "
-            f"{', '.join(map(str, skipped[:10]))}{' ...' if len(skipped) > 10 else ''})" if skipped else "")
+    note = (
+        f" ({len(skipped)} undecodable line(s) skipped, each an empty dataset: line "
+        f"{', '.join(map(str, skipped[:10]))}{' ...' if len(skipped) > 10 else ''})"
+        if skipped
+        else ""
+    )
     print(f"embedded {n - len(skipped)} sentences → {args.output}{note}")
     return 0
 
@@ -100,73 +129,144 @@ def embed_interrupted_note(args: argparse.Namespace) -> str:
     """What an interrupted ``embed`` leaves: the finished parts, and how to continue."""
     folder = work_folder(args.output, args.format)
     if (folder / INDEX_NAME).is_file():
-        return (f"the finished parts are kept in {folder}: rerun the same command with --resume to continue "
-                "from them")
+        return f"the finished parts are kept in {folder}: rerun the same command with --resume to continue from them"
     return "nothing partial was written"
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "embed", parents=parents, help="embed a file of sentences (one per line) into HDF5",
+        "embed",
+        parents=parents,
+        help="embed a file of sentences (one per line) into HDF5",
         description="Embed a text file, one sentence per line (always read as UTF-8), into HDF5, in constant memory: "
-                    "dataset \"i\" holds line i+1's vectors, (L+1, n, 2P) for --layers all or (n, 2P) for one layer "
-                    "or a mix, pooled to (L+1, 2P) / (2P) with --pool. Work is written in parts of --part-size lines, "
-                    "each finalised atomically, in OUTPUT.parts/ (merged into OUTPUT at the end); an interrupted run "
-                    "continues with --resume. A blank line gives an empty array.")
-    p.add_argument("model", type=text_arg, help=f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh: "
-                                                "`elmokit zoo build`)")
+        'dataset "i" holds line i+1\'s vectors, (L+1, n, 2P) for --layers all or (n, 2P) for one layer '
+        "or a mix, pooled to (L+1, 2P) / (2P) with --pool. Work is written in parts of --part-size lines, "
+        "each finalised atomically, in OUTPUT.parts/ (merged into OUTPUT at the end); an interrupted run "
+        "continues with --resume. A blank line gives an empty array.",
+    )
+    p.add_argument(
+        "model",
+        type=text_arg,
+        help=f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh: `elmokit zoo build`)",
+    )
     p.add_argument("input", type=path_arg, help="text file, one sentence per line (UTF-8 whatever the locale)")
-    p.add_argument("output", type=path_arg, help="HDF5 file to write (an existing one only with --overwrite), or "
-                                                 "the folder for --format parts")
-    p.add_argument("--format", choices=["hdf5", "allennlp", "parts"], default="hdf5",
-                   help="hdf5: one file, datasets \"i\" + a \"sentences\" string dataset (constant memory); allennlp: "
-                        "one file, datasets \"i\" + the JSON \"sentence_to_index\" of AllenNLP's `elmo` command (built "
-                        "in memory: small files); parts: a folder of part files + index.json, not merged "
-                        "(default: %(default)s)")
-    p.add_argument("--layers", type=_layers_arg, default=None, metavar="LAYERS",
-                   help="all, top, average, a layer number (0 = token layer), or L+1 comma-separated weights of a "
-                        "fixed mix, e.g. 0,0.5,0.5 (default: all)")
+    p.add_argument(
+        "output",
+        type=path_arg,
+        help="HDF5 file to write (an existing one only with --overwrite), or the folder for --format parts",
+    )
+    p.add_argument(
+        "--format",
+        choices=["hdf5", "allennlp", "parts"],
+        default="hdf5",
+        help='hdf5: one file, datasets "i" + a "sentences" string dataset (constant memory); allennlp: '
+        'one file, datasets "i" + the JSON "sentence_to_index" of AllenNLP\'s `elmo` command (built '
+        "in memory: small files); parts: a folder of part files + index.json, not merged "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--layers",
+        type=_layers_arg,
+        default=None,
+        metavar="LAYERS",
+        help="all, top, average, a layer number (0 = token layer), or L+1 comma-separated weights of a "
+        "fixed mix, e.g. 0,0.5,0.5 (default: all)",
+    )
     alias = p.add_mutually_exclusive_group()
     for name, what in (("all", "all layers"), ("top", "the top layer"), ("average", "the average of the layers")):
-        alias.add_argument(f"--{name}", dest="layers_alias", action="store_const", const=name,
-                           help=f"{what} (AllenNLP's spelling of --layers {name}; default: off)")
-    p.add_argument("--pool", choices=["none", "mean", "max"], default="none",
-                   help="one vector per token (none), or the mean / max over the sentence's real tokens (padding "
-                        "never counts) (default: %(default)s)")
-    p.add_argument("--keep-sentence-boundaries", action="store_true",
-                   help="include the <S> and </S> positions (n = tokens + 2; pooled over too) (default: dropped)")
-    p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
-                   help="stored precision; float16 halves the file (relative error <= 2^-11) (default: %(default)s)")
-    p.add_argument("--use-sentence-keys", action="store_true",
-                   help="name each dataset by its stripped line instead of its number (AllenNLP's "
-                        "use_sentence_keys; / %% NUL and a lone . are %%-escaped; a repeated line is stored once; "
-                        "blank lines are left out) (default: named by line number)")
-    p.add_argument("--forget-sentences", action="store_true",
-                   help="do not store the sentence texts (AllenNLP's --forget-sentences) (default: stored)")
-    p.add_argument("--tokenizer", choices=["whitespace", "moses", "jieba"], default="whitespace",
-                   help="split lines on whitespace (pre-tokenised text), or tokenise raw text with sacremoses "
-                        "(English Moses rules) or jieba (Chinese word segmentation) (default: %(default)s)")
-    p.add_argument("--cache-vocab", type=path_arg, default=None, metavar="FILE",
-                   help="a word list (one per line): their token vectors are computed once and reused; other words "
-                        "are encoded from their characters (AllenNLP's vocab_to_cache; same results) (default: none)")
-    p.add_argument("--workers", type=positive_int, default=1,
-                   help="worker processes, each writing its own parts (default: %(default)s: in this process)")
-    p.add_argument("--worker-threads", type=positive_int, default=1,
-                   help="torch threads per worker process with --workers > 1 (default: %(default)s)")
-    p.add_argument("--part-size", type=positive_int, default=10000,
-                   help="lines per part: the unit of atomic writing and of --resume (default: %(default)s)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run from its finished parts (same settings and input required; "
-                        "--batch-size and --workers may change) (default: start afresh)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing OUTPUT (a file, or a parts folder of finished embeddings), or start an "
-                        "interrupted run's parts again (default: refuse)")
-    p.add_argument("--batch-size", type=positive_int, default=64,
-                   help="sentences per forward pass, at most (default: %(default)s)")
+        alias.add_argument(
+            f"--{name}",
+            dest="layers_alias",
+            action="store_const",
+            const=name,
+            help=f"{what} (AllenNLP's spelling of --layers {name}; default: off)",
+        )
+    p.add_argument(
+        "--pool",
+        choices=["none", "mean", "max"],
+        default="none",
+        help="one vector per token (none), or the mean / max over the sentence's real tokens (padding "
+        "never counts) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--keep-sentence-boundaries",
+        action="store_true",
+        help="include the <S> and </S> positions (n = tokens + 2; pooled over too) (default: dropped)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float16"],
+        default="float32",
+        help="stored precision; float16 halves the file (relative error <= 2^-11) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--use-sentence-keys",
+        action="store_true",
+        help="name each dataset by its stripped line instead of its number (AllenNLP's "
+        "use_sentence_keys; / %% NUL and a lone . are %%-escaped; a repeated line is stored once; "
+        "blank lines are left out) (default: named by line number)",
+    )
+    p.add_argument(
+        "--forget-sentences",
+        action="store_true",
+        help="do not store the sentence texts (AllenNLP's --forget-sentences) (default: stored)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        choices=["whitespace", "moses", "jieba"],
+        default="whitespace",
+        help="split lines on whitespace (pre-tokenised text), or tokenise raw text with sacremoses "
+        "(English Moses rules) or jieba (Chinese word segmentation) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cache-vocab",
+        type=path_arg,
+        default=None,
+        metavar="FILE",
+        help="a word list (one per line): their token vectors are computed once and reused; other words "
+        "are encoded from their characters (AllenNLP's vocab_to_cache; same results) (default: none)",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="worker processes, each writing its own parts (default: %(default)s: in this process)",
+    )
+    p.add_argument(
+        "--worker-threads",
+        type=positive_int,
+        default=1,
+        help="torch threads per worker process with --workers > 1 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--part-size",
+        type=positive_int,
+        default=10000,
+        help="lines per part: the unit of atomic writing and of --resume (default: %(default)s)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run from its finished parts (same settings and input required; "
+        "--batch-size and --workers may change) (default: start afresh)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing OUTPUT (a file, or a parts folder of finished embeddings), or start an "
+        "interrupted run's parts again (default: refuse)",
+    )
+    p.add_argument(
+        "--batch-size", type=positive_int, default=64, help="sentences per forward pass, at most (default: %(default)s)"
+    )
     p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
-    p.add_argument("--decode-errors", choices=DECODE_CHOICES, default="strict",
-                   help="invalid UTF-8 in the input: stop naming the file and line (strict), replace or ignore the "
-                        "bad bytes, or skip the line (its dataset is then empty) (default: %(default)s)")
+    p.add_argument(
+        "--decode-errors",
+        choices=DECODE_CHOICES,
+        default="strict",
+        help="invalid UTF-8 in the input: stop naming the file and line (strict), replace or ignore the "
+        "bad bytes, or skip the line (its dataset is then empty) (default: %(default)s)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
     add_threads_option(p)
     p.set_defaults(func=cmd_embed, interrupted_note=embed_interrupted_note)

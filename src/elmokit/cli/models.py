@@ -1,13 +1,21 @@
 """``elmokit convert | export | info``: between the original format (options.json + HDF5) and elmokit's native one
 (config.json + model.safetensors), and a model's configuration."""
+
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
-from elmokit.cli.common import (RELEASED_HELP, check_input_file, check_model, model_folder, path_arg,
-                                read_options_json, text_arg)
+from elmokit.cli.common import (
+    RELEASED_HELP,
+    check_input_file,
+    check_model,
+    model_folder,
+    path_arg,
+    read_options_json,
+    text_arg,
+)
 from elmokit.errors import UsageError
 from elmokit.io import atomic_write_text, check_creatable_folder
 from elmokit.vocabulary import Vocabulary
@@ -33,8 +41,10 @@ def _check_not_inside(out: Path, folder: Path | None, model: str, option: str) -
     Raises: UsageError naming both."""
     if folder is not None and out.resolve().is_relative_to(folder.resolve()):
         where = "the model's own folder" if out.resolve() == folder.resolve() else f"inside the model folder {model}"
-        raise UsageError(f"the output folder {out} is {where}: {option} into another folder (no command writes "
-                         "inside a model folder)")
+        raise UsageError(
+            f"the output folder {out} is {where}: {option} into another folder (no command writes "
+            "inside a model folder)"
+        )
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -47,16 +57,20 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from elmokit.weights.original import load_original  # lazy: CLI start-up
 
     if len(args.paths) not in (2, 3):
-        raise UsageError(f"convert takes MODEL OUT or OPTIONS WEIGHTS OUT, got {len(args.paths)} path(s): "
-                         f"{' '.join(map(str, args.paths))}")
+        raise UsageError(
+            f"convert takes MODEL OUT or OPTIONS WEIGHTS OUT, got {len(args.paths)} path(s): "
+            f"{' '.join(map(str, args.paths))}"
+        )
     output = args.paths[-1]
     if len(args.paths) == 2:
         model = str(args.paths[0])
         check_model(model)
         folder = model_folder(model)
         if folder is not None and (folder / "config.json").is_file():
-            raise UsageError(f"the model {model} is already in elmokit's format (config.json + model.safetensors): "
-                             "use it as it is (`elmokit export` writes the original format)")
+            raise UsageError(
+                f"the model {model} is already in elmokit's format (config.json + model.safetensors): "
+                "use it as it is (`elmokit export` writes the original format)"
+            )
         _check_not_inside(output, folder, model, "convert")
         _check_output_folder(output, args.overwrite, ("config.json", "model.safetensors"), "a model")
         bilm = load_pretrained_bilm(model)
@@ -65,11 +79,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
         read_options_json(options, "options")
         check_input_file(weights, "weight file")
         if not h5py.is_hdf5(weights):
-            raise UsageError(f"the weight file {weights} is not an HDF5 file: give the original weights "
-                             "(e.g. elmo_..._weights.hdf5)")
+            raise UsageError(
+                f"the weight file {weights} is not an HDF5 file: give the original weights (e.g. elmo_..._weights.hdf5)"
+            )
         if output.exists() and output.resolve() == weights.resolve().parent:
-            raise UsageError(f"the output folder {output} holds the original model: convert into another folder (no "
-                             "command writes inside a model folder)")
+            raise UsageError(
+                f"the output folder {output} holds the original model: convert into another folder (no "
+                "command writes inside a model folder)"
+            )
         _check_output_folder(output, args.overwrite, ("config.json", "model.safetensors"), "a model")
         bilm = load_original(options, weights)
     save_pretrained(bilm, output)
@@ -115,9 +132,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     check_model(args.model)
     model = load_pretrained_bilm(args.model)
     n = sum(p.numel() for p in model.parameters())
-    info = {"parameters": n, "layers": model.num_layers, "output_dim": model.output_dim,
-            "start_state": (model.start_state_source or "stored") if model.start_state is not None else "zero",
-            "options": model.config.to_options()}
+    info = {
+        "parameters": n,
+        "layers": model.num_layers,
+        "output_dim": model.output_dim,
+        "start_state": (model.start_state_source or "stored") if model.start_state is not None else "zero",
+        "options": model.config.to_options(),
+    }
     card = Path(args.model) / "card.json"
     if card.is_file():
         from elmokit.recipes.zoo.card import read_card  # lazy: CLI start-up
@@ -125,10 +146,14 @@ def cmd_info(args: argparse.Namespace) -> int:
         data = read_card(card.parent)
         if data is not None:
             fig = data["figures"]
-            info["zoo"] = {"name": data["name"], "rebuild_command": data["rebuild_command"],
-                           "heldout_average_perplexity": fig["heldout"]["bilm"]["average"],
-                           "kneser_ney_3": fig["heldout"]["kneser_ney_3"]["average"],
-                           "unigram": fig["heldout"]["unigram_add_one"], "card": str(card.parent / "README.md")}
+            info["zoo"] = {
+                "name": data["name"],
+                "rebuild_command": data["rebuild_command"],
+                "heldout_average_perplexity": fig["heldout"]["bilm"]["average"],
+                "kneser_ney_3": fig["heldout"]["kneser_ney_3"]["average"],
+                "unigram": fig["heldout"]["unigram_add_one"],
+                "card": str(card.parent / "README.md"),
+            }
     print(json.dumps(info, indent=2))
     return 0
 
@@ -137,32 +162,48 @@ _MODEL_HELP = f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("convert", parents=parents,
-                       help="original options.json + HDF5 → native folder (config.json + model.safetensors)",
-                       usage="elmokit convert [-h] [-v] [--overwrite] MODEL OUT | OPTIONS WEIGHTS OUT",
-                       description="Convert an original-format model to elmokit's native format. MODEL OUT: MODEL is "
-                                   "a folder holding an *options*.json and a weight *.hdf5, or a released name "
-                                   "(small, medium, original, original-5.5b); OPTIONS WEIGHTS OUT: the two files "
-                                   "named. OUT is the folder to write config.json and model.safetensors into "
-                                   "(created if missing; not inside the model's folder).")
-    p.add_argument("paths", nargs="+", type=path_arg, metavar="PATH",
-                   help="MODEL OUT (a model folder or released name, then the output folder), or OPTIONS WEIGHTS OUT "
-                        "(the original options.json, its weight HDF5, then the output folder)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a model already in the output folder (default: refuse)")
+    p = sub.add_parser(
+        "convert",
+        parents=parents,
+        help="original options.json + HDF5 → native folder (config.json + model.safetensors)",
+        usage="elmokit convert [-h] [-v] [--overwrite] MODEL OUT | OPTIONS WEIGHTS OUT",
+        description="Convert an original-format model to elmokit's native format. MODEL OUT: MODEL is "
+        "a folder holding an *options*.json and a weight *.hdf5, or a released name "
+        "(small, medium, original, original-5.5b); OPTIONS WEIGHTS OUT: the two files "
+        "named. OUT is the folder to write config.json and model.safetensors into "
+        "(created if missing; not inside the model's folder).",
+    )
+    p.add_argument(
+        "paths",
+        nargs="+",
+        type=path_arg,
+        metavar="PATH",
+        help="MODEL OUT (a model folder or released name, then the output folder), or OPTIONS WEIGHTS OUT "
+        "(the original options.json, its weight HDF5, then the output folder)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace a model already in the output folder (default: refuse)"
+    )
     p.set_defaults(func=cmd_convert)
 
-    p = sub.add_parser("export", parents=parents, help="model → original options.json + weights.hdf5 (+ vocab.txt) "
-                                                       "(for bilm-tf / AllenNLP)")
+    p = sub.add_parser(
+        "export",
+        parents=parents,
+        help="model → original options.json + weights.hdf5 (+ vocab.txt) (for bilm-tf / AllenNLP)",
+    )
     p.add_argument("model", type=text_arg, help=_MODEL_HELP)
-    p.add_argument("output", type=path_arg, help="folder to write options.json, weights.hdf5 and (when the model has "
-                                                 "one) vocab.txt into (created if missing; not inside the model's "
-                                                 "folder)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an export already in the output folder (default: refuse)")
+    p.add_argument(
+        "output",
+        type=path_arg,
+        help="folder to write options.json, weights.hdf5 and (when the model has "
+        "one) vocab.txt into (created if missing; not inside the model's "
+        "folder)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an export already in the output folder (default: refuse)"
+    )
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("info", parents=parents, help="show a model's configuration and parameter count (JSON)")
     p.add_argument("model", type=text_arg, help=_MODEL_HELP)
     p.set_defaults(func=cmd_info)
-

@@ -7,6 +7,7 @@ each occurrence; ``--png`` draws the 2-D PCA projection of the occurrences per l
 :mod:`elmokit.analysis.polysemy` for how a word is matched (whole tokens; for CJK words also a run of tokens, e.g.
 characters, whose vectors are averaged), and for the analysis this command prints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,9 +16,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file,
-                                check_model, check_output_file, model_folder, non_negative_int, path_arg, positive_int,
-                                print_json_line, resolve_cli_device, text_arg)
+from elmokit.cli.common import (
+    DECODE_CHOICES,
+    DEVICE_HELP,
+    RELEASED_HELP,
+    add_threads_option,
+    check_input_file,
+    check_model,
+    check_output_file,
+    model_folder,
+    non_negative_int,
+    path_arg,
+    positive_int,
+    print_json_line,
+    resolve_cli_device,
+    text_arg,
+)
 from elmokit.data.corpus import read_lines
 from elmokit.data.text_checks import is_cjk
 from elmokit.data.tokenizers import word_tokenizer
@@ -42,16 +56,23 @@ def _layers_arg(text: str) -> list[int | str]:
         elif part.isdigit():
             out.append(int(part))
         else:
-            raise argparse.ArgumentTypeError(f"must be 'all' or comma-separated layer numbers and/or 'average', "
-                                             f"got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"must be 'all' or comma-separated layer numbers and/or 'average', got {text!r}"
+            )
     if not out:
         raise argparse.ArgumentTypeError("must name at least one layer")
     return out
 
 
-def _read_sentences(path: Path, tokenize, labelled: bool, decode_errors: str = "strict", *,
-                    what: str = "sentences file", warn_tabs: bool = False
-                    ) -> tuple[list[int], list[list[str]], list[str | None], list[str]]:
+def _read_sentences(
+    path: Path,
+    tokenize,
+    labelled: bool,
+    decode_errors: str = "strict",
+    *,
+    what: str = "sentences file",
+    warn_tabs: bool = False,
+) -> tuple[list[int], list[list[str]], list[str | None], list[str]]:
     """(line numbers, token lists, labels, raw texts) of the non-blank lines (lines that are not valid UTF-8: as
     ``decode_errors``, :func:`elmokit.data.corpus.read_lines`). With ``warn_tabs`` (an unlabelled read), the first
     line holding a TAB prints one warning on stderr (the file is probably labelled).
@@ -68,22 +89,29 @@ def _read_sentences(path: Path, tokenize, labelled: bool, decode_errors: str = "
         label = None
         if not labelled and not warned and "\t" in text:
             warned = True
-            print(f"elmokit similar: warning: {path}:{number}: lines contain a TAB: pass --labels if the first field "
-                  "is a label (label<TAB>sentence)", file=sys.stderr)
+            print(
+                f"elmokit similar: warning: {path}:{number}: lines contain a TAB: pass --labels if the first field "
+                "is a label (label<TAB>sentence)",
+                file=sys.stderr,
+            )
         if labelled:
             label, sep, text = text.partition("\t")
             label = label.strip()
             if not sep or not label:
-                raise DataError(f"{path}:{number}: with --labels each line is 'label<TAB>sentence'; this line has "
-                                f"{'no tab' if not sep else 'an empty label'}")
+                raise DataError(
+                    f"{path}:{number}: with --labels each line is 'label<TAB>sentence'; this line has "
+                    f"{'no tab' if not sep else 'an empty label'}"
+                )
         numbers.append(number)
         sentences.append(tokenize(text))
         labels.append(label)
         texts.append(text)
     if not sentences:
         skipped = " or skipped (--decode-errors skip)" if decode_errors == "skip" else ""
-        raise DataError(f"the {what} {path} holds no sentences (every line is blank{skipped}): give a text file, one "
-                         "sentence per line")
+        raise DataError(
+            f"the {what} {path} holds no sentences (every line is blank{skipped}): give a text file, one "
+            "sentence per line"
+        )
     return numbers, sentences, labels, texts
 
 
@@ -165,8 +193,12 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.corpus is not None:
         check_input_file(args.corpus, "--corpus file")
     if args.png is not None:
-        _check_png(args.png, args.model, {"sentences file": args.sentences,
-                                          **({"--corpus file": args.corpus} if args.corpus else {})}, args.overwrite)
+        _check_png(
+            args.png,
+            args.model,
+            {"sentences file": args.sentences, **({"--corpus file": args.corpus} if args.corpus else {})},
+            args.overwrite,
+        )
 
 
 def _read_input(args: argparse.Namespace) -> _Input:
@@ -180,17 +212,22 @@ def _read_input(args: argparse.Namespace) -> _Input:
     word = args.word
     tokenizer = _TOKENIZERS[args.tokenize]
     tokenize = word_tokenizer(tokenizer)
-    numbers, sentences, labels, texts = _read_sentences(args.sentences, tokenize, args.labels, args.decode_errors,
-                                                        warn_tabs=not args.labels)
+    numbers, sentences, labels, texts = _read_sentences(
+        args.sentences, tokenize, args.labels, args.decode_errors, warn_tabs=not args.labels
+    )
     occurrences = find_occurrences(sentences, word, args.match, labels if args.labels else None)
     match = args.match if args.match != "auto" else ("span" if is_cjk(word) else "token")
     if not occurrences:
         hint = "check the spelling, case and tokenisation"
         if tokenizer == "whitespace" and is_cjk(word) and any(word in t for t in texts):
-            hint = ("it only appears inside longer tokens: this looks like raw (unsegmented) Chinese text; use "
-                    "--tokenize jieba (word segmentation) or separate the characters by spaces")
-        raise UsageError(f"the word {word!r} occurs in none of the {len(sentences)} sentences of {args.sentences} "
-                         f"(matched {_how_matched(match, tokenizer)}, after --tokenize {args.tokenize}; {hint})")
+            hint = (
+                "it only appears inside longer tokens: this looks like raw (unsegmented) Chinese text; use "
+                "--tokenize jieba (word segmentation) or separate the characters by spaces"
+            )
+        raise UsageError(
+            f"the word {word!r} occurs in none of the {len(sentences)} sentences of {args.sentences} "
+            f"(matched {_how_matched(match, tokenizer)}, after --tokenize {args.tokenize}; {hint})"
+        )
     return _Input(numbers, sentences, labels, texts, tokenizer, tokenize, occurrences, match)
 
 
@@ -221,14 +258,30 @@ def _neighbours(args: argparse.Namespace, embedder, vectors, inp: _Input, joiner
         raise UsageError(f"--neighbour-layer {nl} is not a layer of this model (0..{n_layers - 1}, top, average)")
     q = vectors.mean(axis=1) if layer_index == "average" else vectors[:, int(layer_index)]
     same_file = args.corpus.resolve() == args.sentences.resolve()  # then its labels are not text
-    corpus = inp.sentences if same_file else _read_sentences(args.corpus, inp.tokenize, False, args.decode_errors,
-                                                             what="--corpus file")[1]
+    corpus = (
+        inp.sentences
+        if same_file
+        else _read_sentences(args.corpus, inp.tokenize, False, args.decode_errors, what="--corpus file")[1]
+    )
     exclude = [{(tuple(inp.sentences[o.sentence]), p) for p in range(o.start, o.end)} for o in inp.occurrences]
     found = nearest_neighbours(embedder, q, corpus, args.neighbours, layer=layer_index, exclude=exclude)
-    return {"layer": nl, "corpus": str(args.corpus), "k": args.neighbours, "lists": [
-        [{"score": nb.score, "token": nb.token, "corpus_line": nb.sentence + 1,
-          "snippet": _snippet(corpus[nb.sentence], nb.position, nb.position + 1, joiner=joiner)}
-         for nb in row] for row in found]}
+    return {
+        "layer": nl,
+        "corpus": str(args.corpus),
+        "k": args.neighbours,
+        "lists": [
+            [
+                {
+                    "score": nb.score,
+                    "token": nb.token,
+                    "corpus_line": nb.sentence + 1,
+                    "snippet": _snippet(corpus[nb.sentence], nb.position, nb.position + 1, joiner=joiner),
+                }
+                for nb in row
+            ]
+            for row in found
+        ],
+    }
 
 
 def _analyse(args: argparse.Namespace, inp: _Input) -> tuple[dict, list[tuple[str, object]]]:
@@ -240,28 +293,44 @@ def _analyse(args: argparse.Namespace, inp: _Input) -> tuple[dict, list[tuple[st
         UsageError: a layer the model does not have; an unusable --device."""
     import numpy as np  # lazy: CLI start-up
 
-    from elmokit.analysis.polysemy import (label_similarity, layer_names, layer_similarities,  # lazy: CLI start-up
-                                           occurrence_vectors, plot_occurrences)
+    from elmokit.analysis.polysemy import (  # lazy: CLI start-up
+        label_similarity,
+        layer_names,
+        layer_similarities,
+        occurrence_vectors,
+        plot_occurrences,
+    )
     from elmokit.embedding import Embedder  # lazy: CLI start-up
     from elmokit.weights.native import load_pretrained_bilm  # lazy: CLI start-up
 
-    embedder = Embedder(load_pretrained_bilm(args.model), batch_size=args.batch_size,
-                        device=resolve_cli_device(args.device))
+    embedder = Embedder(
+        load_pretrained_bilm(args.model), batch_size=args.batch_size, device=resolve_cli_device(args.device)
+    )
     n_layers = embedder.num_layers
     wanted = _wanted_layers(args, n_layers)
     occurrences = inp.occurrences
     vectors = occurrence_vectors(embedder, inp.sentences, occurrences, context=args.context)
     sims = layer_similarities(vectors)  # layers 0..L, then the average
     names = layer_names(n_layers)
-    rows = [(names[n_layers] if k == "average" else names[k], sims[n_layers if k == "average" else k])
-            for k in wanted]
+    rows = [(names[n_layers] if k == "average" else names[k], sims[n_layers if k == "average" else k]) for k in wanted]
     occ_labels = [o.label for o in occurrences] if args.labels else None
     joiner = "" if is_cjk(args.word) and inp.match == "span" else " "
     result = {
-        "word": args.word, "model": args.model, "sentences_file": str(args.sentences), "match": inp.match,
-        "occurrences": [{"id": i, "line": inp.numbers[o.sentence], "start": o.start, "end": o.end, "label": o.label,
-                         "snippet": _snippet(inp.sentences[o.sentence], o.start, o.end, joiner=joiner)}
-                        for i, o in enumerate(occurrences)],
+        "word": args.word,
+        "model": args.model,
+        "sentences_file": str(args.sentences),
+        "match": inp.match,
+        "occurrences": [
+            {
+                "id": i,
+                "line": inp.numbers[o.sentence],
+                "start": o.start,
+                "end": o.end,
+                "label": o.label,
+                "snippet": _snippet(inp.sentences[o.sentence], o.start, o.end, joiner=joiner),
+            }
+            for i, o in enumerate(occurrences)
+        ],
         "layers": {name: {"summary": label_similarity(m, occ_labels)} for name, m in rows},
     }
     if len(occurrences) <= args.max_matrix or args.json:
@@ -270,8 +339,13 @@ def _analyse(args: argparse.Namespace, inp: _Input) -> tuple[dict, list[tuple[st
     if args.corpus is not None and args.neighbours:
         result["neighbours"] = _neighbours(args, embedder, vectors, inp, joiner)
     if args.png is not None:
-        plot_occurrences(vectors, args.png, occ_labels, layers=list(wanted),
-                         title=f"{args.word}: {len(occurrences)} occurrences, {Path(args.model).name}")
+        plot_occurrences(
+            vectors,
+            args.png,
+            occ_labels,
+            layers=list(wanted),
+            title=f"{args.word}: {len(occurrences)} occurrences, {Path(args.model).name}",
+        )
         result["png"] = str(args.png)
     return result, rows
 
@@ -294,8 +368,10 @@ def _print_text(args: argparse.Namespace, result: dict, rows: list[tuple[str, ob
     occurrences = inp.occurrences
     how = _how_matched(inp.match, inp.tokenizer, [o.end - o.start for o in occurrences])
     n_lines = len({o.sentence for o in occurrences})
-    print(f"{args.word!r}: {len(occurrences)} occurrence(s) in {n_lines} of {len(inp.sentences)} sentences of "
-          f"{args.sentences} (matched {how}); model {args.model}")
+    print(
+        f"{args.word!r}: {len(occurrences)} occurrence(s) in {n_lines} of {len(inp.sentences)} sentences of "
+        f"{args.sentences} (matched {how}); model {args.model}"
+    )
     for occ in result["occurrences"]:
         lab = f" <{occ['label']}>" if occ["label"] is not None else ""
         print(f"  #{occ['id']:<3} line {occ['line']}{lab}: {occ['snippet']}")
@@ -344,54 +420,112 @@ def _neighbour_layer(text: str):
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     """Register ``elmokit similar``."""
     p = sub.add_parser(
-        "similar", parents=parents, help="a word's contextual similarity across its occurrences, per layer",
+        "similar",
+        parents=parents,
+        help="a word's contextual similarity across its occurrences, per layer",
         description="Find the occurrences of --word in SENTENCES (one sentence per line, UTF-8) and print the "
-                    "pairwise cosine similarity of their vectors in each layer beside layer 0 (the static, "
-                    "context-free token layer, where every occurrence of a one-token word is the same vector); with "
-                    "--labels, the mean similarity within and across labels; with --corpus, each occurrence's "
-                    "nearest contextual neighbours; with --png, a 2-D PCA plot per layer. A CJK word also matches a "
-                    "run of whole tokens spelling it (per-character input); its vector is the mean of those tokens'.")
+        "pairwise cosine similarity of their vectors in each layer beside layer 0 (the static, "
+        "context-free token layer, where every occurrence of a one-token word is the same vector); with "
+        "--labels, the mean similarity within and across labels; with --corpus, each occurrence's "
+        "nearest contextual neighbours; with --png, a 2-D PCA plot per layer. A CJK word also matches a "
+        "run of whole tokens spelling it (per-character input); its vector is the mean of those tokens'.",
+    )
     p.add_argument("model", type=text_arg, help=f"{RELEASED_HELP}, or elmokit-en / elmokit-zh")
-    p.add_argument("sentences", type=path_arg, help="text file, one sentence per line (label<TAB>sentence with "
-                                                    "--labels); blank lines are skipped")
+    p.add_argument(
+        "sentences",
+        type=path_arg,
+        help="text file, one sentence per line (label<TAB>sentence with --labels); blank lines are skipped",
+    )
     p.add_argument("--word", required=True, type=text_arg, help="the word to look at, e.g. bank or 苹果")
-    p.add_argument("--labels", action="store_true",
-                   help="each line is label<TAB>sentence: colours the plot, adds within/across-label means "
-                        "(default: unlabelled)")
-    p.add_argument("--tokenize", "--tokenizer", dest="tokenize", choices=sorted(_TOKENIZERS), default="whitespace",
-                   help="how lines become tokens (--tokenizer is the same option, spelt as embed spells it): "
-                        "whitespace (pre-tokenised), sacremoses (= moses; English), jieba (Chinese words); "
-                        "per-character Chinese input: separate the characters by spaces and use whitespace "
-                        "(default: %(default)s)")
-    p.add_argument("--decode-errors", choices=DECODE_CHOICES, default="strict",
-                   help="invalid UTF-8 in SENTENCES or --corpus: stop naming the file and line (strict), replace or "
-                        "ignore the bad bytes, or skip the line (default: %(default)s)")
-    p.add_argument("--match", choices=["auto", "token", "span"], default="auto",
-                   help="token: the word is one token; span: a run of whole tokens spelling it; auto: span for CJK "
-                        "words, token otherwise (default: %(default)s)")
-    p.add_argument("--layers", type=_layers_arg, default=["all"], metavar="LAYERS",
-                   help="layers to print and plot: all, or comma-separated numbers and/or average, each at most "
-                        "once, e.g. 0,2,average (default: all = every layer and the average)")
-    p.add_argument("--context", type=non_negative_int, default=None, metavar="N",
-                   help="cut each sentence to N tokens on each side of the occurrence before embedding (default: "
-                        "whole sentences)")
-    p.add_argument("--corpus", type=path_arg, default=None, metavar="FILE",
-                   help="text file (one sentence per line, same --tokenize) searched for nearest contextual "
-                        "neighbours (default: none)")
-    p.add_argument("--neighbours", "--neighbors", dest="neighbours", type=positive_int, default=None, metavar="K",
-                   help="neighbours per occurrence, with --corpus (default: 5 when --corpus is given)")
-    p.add_argument("--neighbour-layer", type=_neighbour_layer, default="top",
-                   help="layer compared for neighbours: a number, top or average (default: %(default)s)")
-    p.add_argument("--png", type=path_arg, default=None, metavar="OUT.png",
-                   help="write the 2-D PCA projection of the occurrences, one panel per layer (default: none)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --png file (default: refuse)")
-    p.add_argument("--max-matrix", type=positive_int, default=12, metavar="N",
-                   help="print the full cosine matrices up to N occurrences, a summary above (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print one JSON line with everything instead of text "
-                                                       "(default: text)")
-    p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per forward pass "
-                                                                         "(default: %(default)s)")
+    p.add_argument(
+        "--labels",
+        action="store_true",
+        help="each line is label<TAB>sentence: colours the plot, adds within/across-label means (default: unlabelled)",
+    )
+    p.add_argument(
+        "--tokenize",
+        "--tokenizer",
+        dest="tokenize",
+        choices=sorted(_TOKENIZERS),
+        default="whitespace",
+        help="how lines become tokens (--tokenizer is the same option, spelt as embed spells it): "
+        "whitespace (pre-tokenised), sacremoses (= moses; English), jieba (Chinese words); "
+        "per-character Chinese input: separate the characters by spaces and use whitespace "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--decode-errors",
+        choices=DECODE_CHOICES,
+        default="strict",
+        help="invalid UTF-8 in SENTENCES or --corpus: stop naming the file and line (strict), replace or "
+        "ignore the bad bytes, or skip the line (default: %(default)s)",
+    )
+    p.add_argument(
+        "--match",
+        choices=["auto", "token", "span"],
+        default="auto",
+        help="token: the word is one token; span: a run of whole tokens spelling it; auto: span for CJK "
+        "words, token otherwise (default: %(default)s)",
+    )
+    p.add_argument(
+        "--layers",
+        type=_layers_arg,
+        default=["all"],
+        metavar="LAYERS",
+        help="layers to print and plot: all, or comma-separated numbers and/or average, each at most "
+        "once, e.g. 0,2,average (default: all = every layer and the average)",
+    )
+    p.add_argument(
+        "--context",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="cut each sentence to N tokens on each side of the occurrence before embedding (default: whole sentences)",
+    )
+    p.add_argument(
+        "--corpus",
+        type=path_arg,
+        default=None,
+        metavar="FILE",
+        help="text file (one sentence per line, same --tokenize) searched for nearest contextual "
+        "neighbours (default: none)",
+    )
+    p.add_argument(
+        "--neighbours",
+        "--neighbors",
+        dest="neighbours",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="neighbours per occurrence, with --corpus (default: 5 when --corpus is given)",
+    )
+    p.add_argument(
+        "--neighbour-layer",
+        type=_neighbour_layer,
+        default="top",
+        help="layer compared for neighbours: a number, top or average (default: %(default)s)",
+    )
+    p.add_argument(
+        "--png",
+        type=path_arg,
+        default=None,
+        metavar="OUT.png",
+        help="write the 2-D PCA projection of the occurrences, one panel per layer (default: none)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --png file (default: refuse)")
+    p.add_argument(
+        "--max-matrix",
+        type=positive_int,
+        default=12,
+        metavar="N",
+        help="print the full cosine matrices up to N occurrences, a summary above (default: %(default)s)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON line with everything instead of text (default: text)"
+    )
+    p.add_argument(
+        "--batch-size", type=positive_int, default=64, help="sentences per forward pass (default: %(default)s)"
+    )
     p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
     add_threads_option(p)
     p.set_defaults(func=_cmd, interrupted_note=lambda args: "nothing was written")

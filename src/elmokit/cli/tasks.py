@@ -13,14 +13,24 @@
 Blank input lines are skipped by ``predict``. A gold label the model never saw in training makes ``evaluate`` fail
 with ``FILE:LINE`` (exit 1) unless ``--unseen-labels wrong`` counts it as an error.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from elmokit.cli.common import (DEVICE_HELP, add_threads_option, check_input_file, check_output_file, path_arg,
-                                positive_int, print_json_line, resolve_cli_device, seed)
+from elmokit.cli.common import (
+    DEVICE_HELP,
+    add_threads_option,
+    check_input_file,
+    check_output_file,
+    path_arg,
+    positive_int,
+    print_json_line,
+    resolve_cli_device,
+    seed,
+)
 from elmokit.data.tokenizers import load_tokenizer, word_tokenizer
 from elmokit.errors import DataError, UsageError
 from elmokit.io import atomic_write_text, check_creatable_folder, folder_lock
@@ -57,11 +67,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     # one writer per folder: held from before the check to the saved model (train_from_config holds it again)
     with folder_lock(out, "task model folder (--out)"):
         if (out / "task.json").exists() and not args.overwrite:
-            raise UsageError(f"--out {out} already holds a task model: pass --overwrite to replace it, or another "
-                             "--out")
-        model = train_from_config(config, out_dir=out, seed=args.seed, device=device,
-                                  unseen=args.unseen_labels, log=lambda text: _say(args, text),
-                                  progress=not args.no_progress)
+            raise UsageError(
+                f"--out {out} already holds a task model: pass --overwrite to replace it, or another --out"
+            )
+        model = train_from_config(
+            config,
+            out_dir=out,
+            seed=args.seed,
+            device=device,
+            unseen=args.unseen_labels,
+            log=lambda text: _say(args, text),
+            progress=not args.no_progress,
+        )
     r = model.results
     if args.json:
         print_json_line({"model_dir": str(out), "bilm": model.bilm_record, **r})
@@ -69,8 +86,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     parts = [f"dev {_summary(r['dev'])}"]
     if "test" in r:
         parts.append(f"test {_summary(r['test'])}")
-    print(f"{_WHAT[config.task]} saved to {out} (best epoch {r['best_epoch']}, {r['train_seconds']:.0f} s): "
-          + "; ".join(parts))
+    print(
+        f"{_WHAT[config.task]} saved to {out} (best epoch {r['best_epoch']}, {r['train_seconds']:.0f} s): "
+        + "; ".join(parts)
+    )
     for i, mix in enumerate(r["mix_weights"]):
         weights = ", ".join(f"{w:.3f}" for w in mix["weights"])
         print(f"ELMo mix {i} ({'input' if i == 0 else 'output'}): softmax(s) = [{weights}], gamma = {mix['gamma']:.3f}")
@@ -167,47 +186,81 @@ def _train_note(args: argparse.Namespace) -> str:
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     """Add ``tag`` and ``classify``, each with ``train``, ``predict`` and ``evaluate``."""
     for kind, what, help_text in (
-            ("tag", "tagger", "sequence tagging (NER, POS): a BiLSTM-CRF on [static vectors; ELMo]"),
-            ("classify", "classifier", "sentence classification (SST, …): a BiLSTM with pooling on "
-                                       "[static vectors; ELMo]")):
-        top = sub.add_parser(kind, parents=parents, help=help_text,
-                             description=f"{help_text[0].upper()}{help_text[1:]}, the biLM frozen (its layers computed "
-                                         "once per file and cached under $ELMOKIT_CACHE/features), a learned layer "
-                                         "mix; train from a TOML config, predict, evaluate.")
-        tsub = top.add_subparsers(dest="task_command", required=True, metavar="ACTION",
-                                  help="train (from a config), predict (new text), evaluate (a labelled file)")
-        unseen_help = ("gold labels never seen in training: error (stop, naming FILE:LINE) or wrong (count them as "
-                       "errors) (default: error)")
+        ("tag", "tagger", "sequence tagging (NER, POS): a BiLSTM-CRF on [static vectors; ELMo]"),
+        ("classify", "classifier", "sentence classification (SST, …): a BiLSTM with pooling on [static vectors; ELMo]"),
+    ):
+        top = sub.add_parser(
+            kind,
+            parents=parents,
+            help=help_text,
+            description=f"{help_text[0].upper()}{help_text[1:]}, the biLM frozen (its layers computed "
+            "once per file and cached under $ELMOKIT_CACHE/features), a learned layer "
+            "mix; train from a TOML config, predict, evaluate.",
+        )
+        tsub = top.add_subparsers(
+            dest="task_command",
+            required=True,
+            metavar="ACTION",
+            help="train (from a config), predict (new text), evaluate (a labelled file)",
+        )
+        unseen_help = (
+            "gold labels never seen in training: error (stop, naming FILE:LINE) or wrong (count them as "
+            "errors) (default: error)"
+        )
 
-        p = tsub.add_parser("train", parents=parents, help=f"train a {what} from a TOML task config",
-                            description=f"Train a {what} from a TOML task config (see elmokit.tasks.config: data "
-                                        "files and reader, biLM, static vectors, char CNN, sizes, budget); early "
-                                        "stopping on the dev file; dev and test scores printed; the model saved.")
+        p = tsub.add_parser(
+            "train",
+            parents=parents,
+            help=f"train a {what} from a TOML task config",
+            description=f"Train a {what} from a TOML task config (see elmokit.tasks.config: data "
+            "files and reader, biLM, static vectors, char CNN, sizes, budget); early "
+            "stopping on the dev file; dev and test scores printed; the model saved.",
+        )
         p.add_argument("config", type=path_arg, help="the task config (.toml)")
-        p.add_argument("--out", type=path_arg, default=None,
-                       help="folder for the trained model (default: CONFIG_STEM-model in the current folder)")
-        p.add_argument("--seed", type=seed, default=None,
-                       help="random seed for initialisation, batch order and dropout (default: train.seed of the "
-                            "config)")
+        p.add_argument(
+            "--out",
+            type=path_arg,
+            default=None,
+            help="folder for the trained model (default: CONFIG_STEM-model in the current folder)",
+        )
+        p.add_argument(
+            "--seed",
+            type=seed,
+            default=None,
+            help="random seed for initialisation, batch order and dropout (default: train.seed of the config)",
+        )
         p.add_argument("--overwrite", action="store_true", help="replace a model already in --out (default: refuse)")
         p.add_argument("--unseen-labels", choices=("error", "wrong"), default="error", help=unseen_help)
         p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
         p.add_argument("--json", action="store_true", help="print the results as one JSON line (default: text)")
         add_threads_option(p)
-        p.add_argument("--no-progress", action="store_true",
-                       help="no progress bar while the biLM layers of the data files are computed (default: shown)")
+        p.add_argument(
+            "--no-progress",
+            action="store_true",
+            help="no progress bar while the biLM layers of the data files are computed (default: shown)",
+        )
         p.set_defaults(func=cmd_train, interrupted_note=_train_note)
 
-        p = tsub.add_parser("predict", parents=parents, help=f"apply a trained {what} to new text",
-                            description=f"Apply a trained {what} to INPUT, one sentence per line: tokens separated "
-                                        "by spaces, or raw text with --tokenize. "
-                                        + ("Writes token<TAB>tag lines, a blank line after each sentence."
-                                           if kind == "tag" else "Writes label<TAB>sentence lines."))
+        p = tsub.add_parser(
+            "predict",
+            parents=parents,
+            help=f"apply a trained {what} to new text",
+            description=f"Apply a trained {what} to INPUT, one sentence per line: tokens separated "
+            "by spaces, or raw text with --tokenize. "
+            + (
+                "Writes token<TAB>tag lines, a blank line after each sentence."
+                if kind == "tag"
+                else "Writes label<TAB>sentence lines."
+            ),
+        )
         p.add_argument("model_dir", type=path_arg, help=f"a folder written by `elmokit {kind} train`")
         p.add_argument("input", type=path_arg, help="UTF-8 text, one sentence per line (blank lines skipped)")
-        p.add_argument("--tokenize", action="store_true",
-                       help="INPUT is raw text: split it as the biLM's corpus was (its zoo tokeniser; characters for "
-                            "Chinese character tagging) (default: split on spaces)")
+        p.add_argument(
+            "--tokenize",
+            action="store_true",
+            help="INPUT is raw text: split it as the biLM's corpus was (its zoo tokeniser; characters for "
+            "Chinese character tagging) (default: split on spaces)",
+        )
         p.add_argument("--output", type=path_arg, default=None, help="write here instead of stdout (default: stdout)")
         p.add_argument("--overwrite", action="store_true", help="replace an existing --output file (default: refuse)")
         p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per batch (default: 64)")
@@ -215,11 +268,18 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         add_threads_option(p)
         p.set_defaults(func=cmd_predict)
 
-        p = tsub.add_parser("evaluate", parents=parents, help=f"score a trained {what} on a labelled file",
-                            description=f"Score a trained {what} on FILE (read as its training data was) and print "
-                                        "one JSON line: " + ("entity F1/precision/recall overall and per type "
-                                                             "(seqeval), or token accuracy." if kind == "tag" else
-                                                             "accuracy."))
+        p = tsub.add_parser(
+            "evaluate",
+            parents=parents,
+            help=f"score a trained {what} on a labelled file",
+            description=f"Score a trained {what} on FILE (read as its training data was) and print "
+            "one JSON line: "
+            + (
+                "entity F1/precision/recall overall and per type (seqeval), or token accuracy."
+                if kind == "tag"
+                else "accuracy."
+            ),
+        )
         p.add_argument("model_dir", type=path_arg, help=f"a folder written by `elmokit {kind} train`")
         p.add_argument("file", type=path_arg, help="a labelled file in the model's training format")
         p.add_argument("--unseen-labels", choices=("error", "wrong"), default="error", help=unseen_help)

@@ -9,6 +9,7 @@ and the help text shows them from there. :data:`OPTION_FIELDS` maps every option
 Several processes: ``torchrun --nproc-per-node N -m elmokit train …`` (see :mod:`elmokit.pretraining.distributed`);
 only process 0 prints the summary.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,9 +19,25 @@ import sys
 from pathlib import Path
 
 from elmokit import interrupts
-from elmokit.cli.common import (DECODE_CHOICES, DEVICE_HELP, RELEASED_HELP, add_threads_option, check_input_file,
-                                check_model, int_at_least, non_negative_int, path_arg, positive_float, positive_int,
-                                print_json_line, probability, read_options_json, resolve_cli_device, seed, text_arg)
+from elmokit.cli.common import (
+    DECODE_CHOICES,
+    DEVICE_HELP,
+    RELEASED_HELP,
+    add_threads_option,
+    check_input_file,
+    check_model,
+    int_at_least,
+    non_negative_int,
+    path_arg,
+    positive_float,
+    positive_int,
+    print_json_line,
+    probability,
+    read_options_json,
+    resolve_cli_device,
+    seed,
+    text_arg,
+)
 from elmokit.config import PRESETS, ElmoConfig
 from elmokit.data.corpus import read_lines
 from elmokit.data.text_checks import UNK_WARN_SHARE, check_tokenisation, unk_targets, unk_warning
@@ -33,15 +50,37 @@ __all__ = ["register", "cmd_train", "cmd_perplexity", "cmd_score", "OPTION_FIELD
 #: ``train`` option (argparse dest) → TrainConfig field. ``preset`` and ``options`` both give ``model``;
 #: ``nondeterministic`` and ``no_progress`` are the negations of ``deterministic`` and ``progress``.
 OPTION_FIELDS = {
-    "train_files": "train_files", "preset": "model", "options": "model", "vocab": "vocab_file",
-    "min_count": "min_count", "max_vocab": "max_vocab", "char_vocab": "char_vocab", "batching": "batching",
-    "batch_size": "batch_size", "unroll_steps": "unroll_steps", "epochs": "n_epochs", "max_steps": "max_steps",
-    "optimizer": "optimizer", "lr": "lr", "clip_norm": "clip_norm", "dropout": "dropout",
-    "negatives": "n_negative_samples", "seed": "seed", "checkpoint_every": "checkpoint_every",
-    "checkpoint_minutes": "checkpoint_minutes", "keep_checkpoints": "keep_checkpoints", "log_every": "log_every",
-    "decode_errors": "decode_errors", "device": "device", "nondeterministic": "deterministic",
-    "no_progress": "progress", "valid_files": "valid_files", "valid_every": "valid_every",
-    "valid_minutes": "valid_minutes", "init_from": "init_from", "freeze_bilm_steps": "freeze_bilm_steps",
+    "train_files": "train_files",
+    "preset": "model",
+    "options": "model",
+    "vocab": "vocab_file",
+    "min_count": "min_count",
+    "max_vocab": "max_vocab",
+    "char_vocab": "char_vocab",
+    "batching": "batching",
+    "batch_size": "batch_size",
+    "unroll_steps": "unroll_steps",
+    "epochs": "n_epochs",
+    "max_steps": "max_steps",
+    "optimizer": "optimizer",
+    "lr": "lr",
+    "clip_norm": "clip_norm",
+    "dropout": "dropout",
+    "negatives": "n_negative_samples",
+    "seed": "seed",
+    "checkpoint_every": "checkpoint_every",
+    "checkpoint_minutes": "checkpoint_minutes",
+    "keep_checkpoints": "keep_checkpoints",
+    "log_every": "log_every",
+    "decode_errors": "decode_errors",
+    "device": "device",
+    "nondeterministic": "deterministic",
+    "no_progress": "progress",
+    "valid_files": "valid_files",
+    "valid_every": "valid_every",
+    "valid_minutes": "valid_minutes",
+    "init_from": "init_from",
+    "freeze_bilm_steps": "freeze_bilm_steps",
     "data_parts": "data_parts",
 }
 _NEGATED = {"nondeterministic", "no_progress"}
@@ -72,9 +111,11 @@ def _model_options(args: argparse.Namespace) -> dict:
         except ConfigError as exc:
             raise ConfigError(f"--options {path}: {exc}") from None
         if ignored:
-            print(f"elmokit train: note: {path}: only the architecture ('lstm', 'char_cnn') is read; training "
-                  f"settings {ignored} there are not used — pass them as options (--batch-size, --epochs, ...)",
-                  file=sys.stderr)
+            print(
+                f"elmokit train: note: {path}: only the architecture ('lstm', 'char_cnn') is read; training "
+                f"settings {ignored} there are not used — pass them as options (--batch-size, --epochs, ...)",
+                file=sys.stderr,
+            )
         return options
     return PRESETS[args.preset or "small"]().to_options()
 
@@ -135,8 +176,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = _resumed_config(args, out)
     else:
         if not args.train_files:
-            raise UsageError("no training files: give glob pattern(s) of the training shards (or --resume to "
-                             "continue the run in --out-dir)")
+            raise UsageError(
+                "no training files: give glob pattern(s) of the training shards (or --resume to "
+                "continue the run in --out-dir)"
+            )
         if args.vocab is not None:
             check_input_file(Path(args.vocab), "--vocab file")
         given = _given(args)
@@ -162,10 +205,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             from elmokit.pretraining.trainer import TrainingError, latest_checkpoint_step  # lazy: CLI start-up
 
             step = latest_checkpoint_step(config.out_dir)
-            kept = (f"the checkpoint of step {step} is kept (continue with --resume, on as many processes as its "
-                    "data parts allow)" if step is not None else "no checkpoint was written yet")
-            raise TrainingError(f"another process of this run stopped (the connection to it closed); {kept}") \
-                from None
+            kept = (
+                f"the checkpoint of step {step} is kept (continue with --resume, on as many processes as its "
+                "data parts allow)"
+                if step is not None
+                else "no checkpoint was written yet"
+            )
+            raise TrainingError(f"another process of this run stopped (the connection to it closed); {kept}") from None
         raise
     finally:
         if lock is not None:
@@ -177,8 +223,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _peer_lost(exc: BaseException) -> bool:
     """Whether a collective failed because another process went away (gloo/nccl report it as a RuntimeError)."""
     text = str(exc).lower()
-    return any(s in text for s in ("connection closed by peer", "connection reset by peer", "broken pipe",
-                                   "remote worker", "nccl communicator was aborted", "socket timeout"))
+    return any(
+        s in text
+        for s in (
+            "connection closed by peer",
+            "connection reset by peer",
+            "broken pipe",
+            "remote worker",
+            "nccl communicator was aborted",
+            "socket timeout",
+        )
+    )
 
 
 def train_interrupted_note(args: argparse.Namespace) -> str:
@@ -191,8 +246,10 @@ def train_interrupted_note(args: argparse.Namespace) -> str:
         step = None
     if step is None:
         if (args.out_dir / "train_config.json").is_file():  # stopped before its first checkpoint
-            return (f"no checkpoint was written in {args.out_dir} yet: --resume starts its run again from step 0 "
-                    "(or start another with --overwrite)")
+            return (
+                f"no checkpoint was written in {args.out_dir} yet: --resume starts its run again from step 0 "
+                "(or start another with --overwrite)"
+            )
         return f"no checkpoint was written in {args.out_dir} yet, so there is nothing to resume"
     return f"the checkpoint of step {step} in {args.out_dir} is kept (continue with --resume)"
 
@@ -200,11 +257,13 @@ def train_interrupted_note(args: argparse.Namespace) -> str:
 # ---------------------------------------------------------------------------------------------- evaluation
 def _check_lm_folder(path: Path) -> None:
     if path.exists() and not path.is_dir():
-        raise UsageError(f"the model {path} is a file: give the model folder that `elmokit train` writes "
-                         "(OUT_DIR/model)")
+        raise UsageError(
+            f"the model {path} is a file: give the model folder that `elmokit train` writes (OUT_DIR/model)"
+        )
     if not path.exists():
-        raise MissingFileError(f"the model folder {path} does not exist: give the model folder that `elmokit train` "
-                               "writes (OUT_DIR/model)")
+        raise MissingFileError(
+            f"the model folder {path} does not exist: give the model folder that `elmokit train` writes (OUT_DIR/model)"
+        )
     if not (path / "vocab.txt").exists() and (path / "model" / "vocab.txt").is_file():
         raise MissingFileError(f"{path} is a training run folder: give its model folder, {path / 'model'}")
 
@@ -266,14 +325,26 @@ def cmd_score(args: argparse.Namespace) -> int:
         unknown, targets = unk_targets(lm.vocab, [tokens])
         unknown_total += unknown
         targets_total += targets
-        print_json_line({"line": number, "sentence": " ".join(tokens), "words": len(tokens), "unk": unknown,
-                         "logprob_forward": f, "logprob_backward": b})
+        print_json_line(
+            {
+                "line": number,
+                "sentence": " ".join(tokens),
+                "words": len(tokens),
+                "unk": unknown,
+                "logprob_forward": f,
+                "logprob_backward": b,
+            }
+        )
     warning = unk_warning(unknown_total, targets_total, len(lm.vocab))
     if warning:
         _warn(args, warning)
     elif targets_total:
-        _warn(args, f"{unknown_total} of the {targets_total} targets ({100 * unknown_total / targets_total:.1f} %) are "
-                    f"<UNK> (a warning above {100 * UNK_WARN_SHARE:.0f} %)", "note")
+        _warn(
+            args,
+            f"{unknown_total} of the {targets_total} targets ({100 * unknown_total / targets_total:.1f} %) are "
+            f"<UNK> (a warning above {100 * UNK_WARN_SHARE:.0f} %)",
+            "note",
+        )
     return 0
 
 
@@ -292,83 +363,147 @@ def _train_default(name: str, unit: str = "") -> str:
 
 def _add_lm_file_args(p: argparse.ArgumentParser) -> None:
     """The arguments shared by ``perplexity`` and ``score``: a trained LM folder and a text file."""
-    p.add_argument("model", type=path_arg, help="a trained model folder (OUT_DIR/model, as `elmokit train` writes "
-                                                "it: biLM + softmax + vocab.txt)")
-    p.add_argument("file", type=path_arg,
-                   help="text, one sentence per line (UTF-8): tokenised, or raw with --tokenizer")
-    p.add_argument("--batch-size", type=positive_int, default=64,
-                   help="sentences per forward pass (default: %(default)s)")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, default="whitespace",
-                   help="how lines become words: whitespace (pre-tokenised text), moses (sacremoses, raw English), "
-                        "jieba (raw Chinese: word segmentation) (default: %(default)s)")
-    p.add_argument("--decode-errors", choices=DECODE_CHOICES, default="strict",
-                   help="a line that is not text (invalid UTF-8, a NUL byte): stop naming the file and line (strict), "
-                        "replace or ignore the bad bytes, or skip the line (default: %(default)s)")
+    p.add_argument(
+        "model",
+        type=path_arg,
+        help="a trained model folder (OUT_DIR/model, as `elmokit train` writes it: biLM + softmax + vocab.txt)",
+    )
+    p.add_argument(
+        "file", type=path_arg, help="text, one sentence per line (UTF-8): tokenised, or raw with --tokenizer"
+    )
+    p.add_argument(
+        "--batch-size", type=positive_int, default=64, help="sentences per forward pass (default: %(default)s)"
+    )
+    p.add_argument(
+        "--tokenizer",
+        choices=TOKENIZERS,
+        default="whitespace",
+        help="how lines become words: whitespace (pre-tokenised text), moses (sacremoses, raw English), "
+        "jieba (raw Chinese: word segmentation) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--decode-errors",
+        choices=DECODE_CHOICES,
+        default="strict",
+        help="a line that is not text (invalid UTF-8, a NUL byte): stop naming the file and line (strict), "
+        "replace or ignore the bad bytes, or skip the line (default: %(default)s)",
+    )
     p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     """``train``'s files and run folder: the training shards, --out-dir, --overwrite, --resume."""
-    p.add_argument("train_files", nargs="*", type=text_arg,
-                   help="glob pattern(s) of the training shards (one tokenised sentence per line, UTF-8); may be "
-                        "left out with --resume")
-    p.add_argument("--out-dir", required=True, type=path_arg,
-                   help="run folder: train_config.json, checkpoints, metrics.jsonl, model/ (and best/)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a run already in --out-dir (default: refuse, so a finished run is not lost)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out-dir from its latest checkpoint (default: start a new run)")
+    p.add_argument(
+        "train_files",
+        nargs="*",
+        type=text_arg,
+        help="glob pattern(s) of the training shards (one tokenised sentence per line, UTF-8); may be "
+        "left out with --resume",
+    )
+    p.add_argument(
+        "--out-dir",
+        required=True,
+        type=path_arg,
+        help="run folder: train_config.json, checkpoints, metrics.jsonl, model/ (and best/)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a run already in --out-dir (default: refuse, so a finished run is not lost)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out-dir from its latest checkpoint (default: start a new run)",
+    )
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     """``train``'s model and vocabulary: --preset, --options, --init-from, --freeze-bilm-steps, --vocab,
     --min-count, --max-vocab, --char-vocab."""
     d = _train_default
-    p.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                   help="architecture preset (default: small; with --init-from: the init model's)")
-    p.add_argument("--options", type=text_arg,
-                   help="options.json with the architecture; overrides --preset (default: none)")
-    p.add_argument("--init-from", type=text_arg, default=None, metavar="MODEL",
-                   help=f"continued pretraining: start from this model's biLM weights and architecture, "
-                        f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh: `elmokit zoo build`); a "
-                        "new softmax over your vocabulary (kept when a native model has the same vocabulary) "
-                        "(default: none, random initialisation)")
-    p.add_argument("--freeze-bilm-steps", type=non_negative_int, default=None, metavar="N",
-                   help=f"train only the softmax for the first N steps (with --init-from) {d('freeze_bilm_steps')}")
-    p.add_argument("--vocab", type=text_arg,
-                   help="bilm-tf vocabulary file (default: built from the training files)")
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=sorted(PRESETS),
+        help="architecture preset (default: small; with --init-from: the init model's)",
+    )
+    p.add_argument(
+        "--options", type=text_arg, help="options.json with the architecture; overrides --preset (default: none)"
+    )
+    p.add_argument(
+        "--init-from",
+        type=text_arg,
+        default=None,
+        metavar="MODEL",
+        help=f"continued pretraining: start from this model's biLM weights and architecture, "
+        f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh: `elmokit zoo build`); a "
+        "new softmax over your vocabulary (kept when a native model has the same vocabulary) "
+        "(default: none, random initialisation)",
+    )
+    p.add_argument(
+        "--freeze-bilm-steps",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help=f"train only the softmax for the first N steps (with --init-from) {d('freeze_bilm_steps')}",
+    )
+    p.add_argument("--vocab", type=text_arg, help="bilm-tf vocabulary file (default: built from the training files)")
     p.add_argument("--min-count", type=positive_int, help=f"words seen fewer times become <UNK> {d('min_count')}")
-    p.add_argument("--max-vocab", type=int_at_least(3),
-                   help="keep at most this many entries, the three specials <S> </S> <UNK> included (default: no "
-                        "limit)")
-    p.add_argument("--char-vocab", action="store_true",
-                   help="character-vocabulary input (CJK) instead of UTF-8 bytes (default: bytes)")
+    p.add_argument(
+        "--max-vocab",
+        type=int_at_least(3),
+        help="keep at most this many entries, the three specials <S> </S> <UNK> included (default: no limit)",
+    )
+    p.add_argument(
+        "--char-vocab",
+        action="store_true",
+        help="character-vocabulary input (CJK) instead of UTF-8 bytes (default: bytes)",
+    )
 
 
 def _add_optimisation_args(p: argparse.ArgumentParser) -> None:
     """``train``'s batches and optimiser: --batching, --batch-size, --unroll-steps, --epochs, --max-steps,
     --optimizer, --lr, --clip-norm, --dropout, --negatives, --seed."""
-    from elmokit.pretraining.config import (Batching, OptimizerName,  # lazy: CLI start-up
-                                            default_learning_rate, literal_choices)
+    from elmokit.pretraining.config import (  # lazy: CLI start-up
+        Batching,
+        OptimizerName,
+        default_learning_rate,
+        literal_choices,
+    )
 
     d = _train_default
-    p.add_argument("--batching", choices=literal_choices(Batching), default=None,
-                   help="whole sentences from a zero state (as elmokit embeds) or bilm-tf's stream windows with "
-                        f"carried state {d('batching')}")
-    p.add_argument("--batch-size", type=positive_int,
-                   help=f"sentences (or windows) per step, over all processes together {d('batch_size')}")
-    p.add_argument("--unroll-steps", type=positive_int,
-                   help=f"window length in tokens, and the loss scale {d('unroll_steps')}")
+    p.add_argument(
+        "--batching",
+        choices=literal_choices(Batching),
+        default=None,
+        help="whole sentences from a zero state (as elmokit embeds) or bilm-tf's stream windows with "
+        f"carried state {d('batching')}",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        help=f"sentences (or windows) per step, over all processes together {d('batch_size')}",
+    )
+    p.add_argument(
+        "--unroll-steps", type=positive_int, help=f"window length in tokens, and the loss scale {d('unroll_steps')}"
+    )
     p.add_argument("--epochs", type=positive_int, help=f"passes over the data {d('n_epochs')}")
     p.add_argument("--max-steps", type=positive_int, help="stop after this many steps (default: the epochs decide)")
     p.add_argument("--optimizer", choices=literal_choices(OptimizerName), default=None, help=f"{d('optimizer')}")
-    p.add_argument("--lr", type=positive_float,
-                   help=f"learning rate (default: {default_learning_rate('adagrad'):g} with adagrad, "
-                        f"{default_learning_rate('adam'):g} with adam)")
+    p.add_argument(
+        "--lr",
+        type=positive_float,
+        help=f"learning rate (default: {default_learning_rate('adagrad'):g} with adagrad, "
+        f"{default_learning_rate('adam'):g} with adam)",
+    )
     p.add_argument("--clip-norm", type=positive_float, help=f"global gradient-norm clip {d('clip_norm')}")
     p.add_argument("--dropout", type=probability, help=f"dropout rate, in [0, 1) {d('dropout')}")
-    p.add_argument("--negatives", type=non_negative_int,
-                   help=f"sampled-softmax negatives, 0 = full softmax {d('n_negative_samples')}")
+    p.add_argument(
+        "--negatives",
+        type=non_negative_int,
+        help=f"sampled-softmax negatives, 0 = full softmax {d('n_negative_samples')}",
+    )
     p.add_argument("--seed", type=seed, help=f"data order, initialisation, dropout, sampler {d('seed')}")
 
 
@@ -376,38 +511,73 @@ def _add_heldout_and_checkpoint_args(p: argparse.ArgumentParser) -> None:
     """``train``'s held-out evaluation, checkpoints and logging: --valid-files, --valid-every, --valid-minutes,
     --checkpoint-every, --checkpoint-minutes, --keep-checkpoints, --log-every."""
     d = _train_default
-    p.add_argument("--valid-files", type=text_arg, action="append", default=None, metavar="PATTERN",
-                   help="held-out text (glob pattern, repeatable): full-softmax perplexity logged to metrics.jsonl and "
-                        "drawn on the learning curve; the best model is kept in OUT_DIR/best/ (default: none)")
-    p.add_argument("--valid-every", type=positive_int, metavar="N",
-                   help="evaluate the held-out text every N steps (default: every --checkpoint-every steps, or only "
-                        "by --valid-minutes when that is given)")
-    p.add_argument("--valid-minutes", type=positive_float, metavar="M",
-                   help="also evaluate the held-out text every M minutes (default: off)")
+    p.add_argument(
+        "--valid-files",
+        type=text_arg,
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="held-out text (glob pattern, repeatable): full-softmax perplexity logged to metrics.jsonl and "
+        "drawn on the learning curve; the best model is kept in OUT_DIR/best/ (default: none)",
+    )
+    p.add_argument(
+        "--valid-every",
+        type=positive_int,
+        metavar="N",
+        help="evaluate the held-out text every N steps (default: every --checkpoint-every steps, or only "
+        "by --valid-minutes when that is given)",
+    )
+    p.add_argument(
+        "--valid-minutes",
+        type=positive_float,
+        metavar="M",
+        help="also evaluate the held-out text every M minutes (default: off)",
+    )
     p.add_argument("--checkpoint-every", type=positive_int, help=f"checkpoint every N steps {d('checkpoint_every')}")
-    p.add_argument("--checkpoint-minutes", type=positive_float,
-                   help="also checkpoint when this many minutes passed since the last one (default: off)")
-    p.add_argument("--keep-checkpoints", type=positive_int,
-                   help=f"how many of the latest checkpoints to keep {d('keep_checkpoints')}")
+    p.add_argument(
+        "--checkpoint-minutes",
+        type=positive_float,
+        help="also checkpoint when this many minutes passed since the last one (default: off)",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        type=positive_int,
+        help=f"how many of the latest checkpoints to keep {d('keep_checkpoints')}",
+    )
     p.add_argument("--log-every", type=positive_int, help=f"log metrics every N steps {d('log_every')}")
 
 
 def _add_execution_args(p: argparse.ArgumentParser) -> None:
     """How ``train`` runs: --data-parts, --no-progress, --device, --nondeterministic, --decode-errors, --threads."""
     d = _train_default
-    p.add_argument("--data-parts", type=positive_int, metavar="P",
-                   help="cut the corpus and every global batch into P parts; a run can then resume on any number "
-                        "of processes from 1 to P, all computing the same steps (default: the number of processes "
-                        "the run starts with)")
+    p.add_argument(
+        "--data-parts",
+        type=positive_int,
+        metavar="P",
+        help="cut the corpus and every global batch into P parts; a run can then resume on any number "
+        "of processes from 1 to P, all computing the same steps (default: the number of processes "
+        "the run starts with)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
-    p.add_argument("--device", type=text_arg, default=None,
-                   help=f"{DEVICE_HELP}; with several processes each takes cuda:LOCAL_RANK {d('device')}")
-    p.add_argument("--nondeterministic", action="store_true",
-                   help="allow non-deterministic kernels (about 6%% faster on CPU; runs no longer repeat "
-                        "bit-exactly) (default: deterministic)")
-    p.add_argument("--decode-errors", choices=DECODE_CHOICES, default=None,
-                   help="invalid UTF-8 in the corpus: stop naming the file and line (strict), or replace, ignore "
-                        f"or skip {d('decode_errors')}")
+    p.add_argument(
+        "--device",
+        type=text_arg,
+        default=None,
+        help=f"{DEVICE_HELP}; with several processes each takes cuda:LOCAL_RANK {d('device')}",
+    )
+    p.add_argument(
+        "--nondeterministic",
+        action="store_true",
+        help="allow non-deterministic kernels (about 6%% faster on CPU; runs no longer repeat "
+        "bit-exactly) (default: deterministic)",
+    )
+    p.add_argument(
+        "--decode-errors",
+        choices=DECODE_CHOICES,
+        default=None,
+        help="invalid UTF-8 in the corpus: stop naming the file and line (strict), or replace, ignore "
+        f"or skip {d('decode_errors')}",
+    )
     add_threads_option(p)
 
 
@@ -418,11 +588,14 @@ def _register_train(sub: argparse._SubParsersAction, parents: list[argparse.Argu
 
     may_change = ", ".join(sorted({_flag(f) for f in RESUME_MAY_CHANGE if _flag(f)} - {"--out-dir"}))
     p = sub.add_parser(
-        "train", parents=parents, help="pretrain (or --resume) a biLM on tokenised text, one sentence per line",
+        "train",
+        parents=parents,
+        help="pretrain (or --resume) a biLM on tokenised text, one sentence per line",
         description="Pretrain a biLM; with --resume, continue the run in --out-dir from its latest checkpoint; with "
-                    "--init-from, continue pretraining a released or trained model on your text. Options left out "
-                    "take the defaults shown (on --resume: the run's own values). On --resume only "
-                    f"{may_change} may change. Several processes: torchrun --nproc-per-node N -m elmokit train …")
+        "--init-from, continue pretraining a released or trained model on your text. Options left out "
+        "take the defaults shown (on --resume: the run's own values). On --resume only "
+        f"{may_change} may change. Several processes: torchrun --nproc-per-node N -m elmokit train …",
+    )
     _add_run_args(p)
     _add_model_args(p)
     _add_optimisation_args(p)
@@ -435,20 +608,26 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     """Register ``elmokit train``, ``perplexity`` and ``score``."""
     _register_train(sub, parents)
 
-    p = sub.add_parser("perplexity", parents=parents,
-                       help="held-out perplexity (full softmax): forward, backward, average",
-                       description="Perplexity of each sentence read from a zero state, per direction over its words "
-                                   "plus one boundary (</S> forward, <S> backward); unknown words count as <UNK>; "
-                                   "blank lines are skipped.")
+    p = sub.add_parser(
+        "perplexity",
+        parents=parents,
+        help="held-out perplexity (full softmax): forward, backward, average",
+        description="Perplexity of each sentence read from a zero state, per direction over its words "
+        "plus one boundary (</S> forward, <S> backward); unknown words count as <UNK>; "
+        "blank lines are skipped.",
+    )
     _add_lm_file_args(p)
     add_threads_option(p)
     p.set_defaults(func=cmd_perplexity)
 
-    p = sub.add_parser("score", parents=parents,
-                       help="per-sentence log-probability (nats) under each direction, one JSON line each",
-                       description="One JSON line per input line (blank lines included, as empty sentences): line, "
-                                   "sentence, words, logprob_forward = log p(w1 … wn </S>), logprob_backward = "
-                                   "log p(<S> w1 … wn) read right to left, in nats, full softmax.")
+    p = sub.add_parser(
+        "score",
+        parents=parents,
+        help="per-sentence log-probability (nats) under each direction, one JSON line each",
+        description="One JSON line per input line (blank lines included, as empty sentences): line, "
+        "sentence, words, logprob_forward = log p(w1 … wn </S>), logprob_backward = "
+        "log p(<S> w1 … wn) read right to left, in nats, full softmax.",
+    )
     _add_lm_file_args(p)
     add_threads_option(p)
     p.set_defaults(func=cmd_score)

@@ -1,4 +1,5 @@
 """Data pipelines: sharded text corpora and LM batchers (token strings; ids are made downstream)."""
+
 from elmokit.data.corpus import (
     BOS,
     DEFAULT_MAX_TOKENS_PER_SENTENCE,

@@ -11,6 +11,7 @@ would have yielded next. Bucketing shuffles with :func:`~elmokit.data.shards.see
 ``(seed, pool)``: no hidden RNG state. Character ids are made downstream by ``elmokit.characters.batch_to_ids`` and
 word ids by :class:`elmokit.vocabulary.Vocabulary`.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,9 @@ def _as_corpus(corpus: TextCorpus | PatternLike) -> TextCorpus:
         return corpus
     if isinstance(corpus, (str, os.PathLike, list, tuple)):
         return TextCorpus(corpus)
-    raise UsageTypeError(f"corpus must be a TextCorpus or a file pattern (str, path or list of them), got "
-                         f"{type(corpus).__name__}")
+    raise UsageTypeError(
+        f"corpus must be a TextCorpus or a file pattern (str, path or list of them), got {type(corpus).__name__}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- whole sentences

@@ -19,6 +19,7 @@ All three iterators are resumable: ``state_dict()`` (plain JSON-serialisable dat
 to ``load_state_dict()`` of a fresh object built with the same arguments makes it yield exactly the batches the
 original would have yielded next.
 """
+
 from __future__ import annotations
 
 from elmokit.data.batchers import BOS, EOS, SentenceBatcher, StreamBatch, StreamWindows

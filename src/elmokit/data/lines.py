@@ -6,6 +6,7 @@ Every command that reads text (``embed``, ``score``, ``perplexity``, ``train``, 
 whole file this way, keeping line numbers (for outputs that line up with their input); training streams its shards
 with :class:`elmokit.data.shards.TextCorpus` instead.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,8 +55,9 @@ def line_problem(raw: bytes) -> str | None:
     return None
 
 
-def decode_line(raw: bytes, errors: str, path: str | os.PathLike, lineno: int | Callable[[], int]
-                ) -> tuple[str | None, bool]:
+def decode_line(
+    raw: bytes, errors: str, path: str | os.PathLike, lineno: int | Callable[[], int]
+) -> tuple[str | None, bool]:
     """One raw line as text under :func:`line_problem`'s rule: ``(text, bad)``; ``text`` is ``None`` for a line
     ``errors="skip"`` leaves out; ``bad`` says whether the line broke the rule.
 

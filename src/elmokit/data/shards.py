@@ -14,6 +14,7 @@ Shuffling uses no hidden RNG state: each permutation comes from :func:`seeded_rn
 ``(seed, epoch[, shard])``, so the position fully determines the RNG state. The batchers that cut this stream into
 batches are in :mod:`elmokit.data.batchers`.
 """
+
 from __future__ import annotations
 
 import glob
@@ -29,8 +30,15 @@ from elmokit.checks import check_int, positive_int
 from elmokit.data.lines import DecodeErrors, check_decode_errors, decode_line
 from elmokit.errors import DataError, MissingFileError, UsageError, UsageTypeError
 
-__all__ = ["DEFAULT_MAX_TOKENS_PER_SENTENCE", "CorpusCursor", "LongSentencePolicy", "PatternLike", "TextCorpus",
-           "check_saved_options", "seeded_rng"]
+__all__ = [
+    "DEFAULT_MAX_TOKENS_PER_SENTENCE",
+    "CorpusCursor",
+    "LongSentencePolicy",
+    "PatternLike",
+    "TextCorpus",
+    "check_saved_options",
+    "seeded_rng",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +58,10 @@ def _expand_pattern(pattern: PatternLike) -> list[Path]:
         MissingFileError: a pattern matches no file, or names a folder."""
     patterns = [pattern] if isinstance(pattern, (str, os.PathLike)) else pattern
     if not isinstance(patterns, (list, tuple)) or not all(isinstance(p, (str, os.PathLike)) for p in patterns):
-        raise UsageTypeError(f"pattern must be a glob pattern or path (str or os.PathLike), or a list of them; got "
-                             f"{pattern!r} ({type(pattern).__name__})")
+        raise UsageTypeError(
+            f"pattern must be a glob pattern or path (str or os.PathLike), or a list of them; got "
+            f"{pattern!r} ({type(pattern).__name__})"
+        )
     if not patterns:
         raise MissingFileError("no corpus files: empty list of patterns")
     found: set[str] = set()
@@ -159,8 +169,12 @@ class TextCorpus:
                     "--data-parts says otherwise); use fewer processes or data parts, or more text"
                 )
         self._line_bases: dict[int, int] = {}
-        logger.info("corpus %r: %d shard(s)%s", _describe(pattern), len(self.files),
-                    f", part {part + 1} of {parts}" if parts > 1 else "")
+        logger.info(
+            "corpus %r: %d shard(s)%s",
+            _describe(pattern),
+            len(self.files),
+            f", part {part + 1} of {parts}" if parts > 1 else "",
+        )
 
     def __repr__(self) -> str:
         part = f", part={self.part}, parts={self.parts}" if self.parts > 1 else ""
@@ -209,7 +223,7 @@ class TextCorpus:
                 if end is not None and pos >= end:
                     break
                 pos += len(raw)
-                text, bad = decode_line(raw, self.errors, path, lambda: self._line_number(index, lineno))
+                text, bad = decode_line(raw, self.errors, path, lambda: self._line_number(index, lineno))  # noqa: B023
                 n_bad += bad
                 if text is None:
                     continue
@@ -237,7 +251,10 @@ class TextCorpus:
             logger.warning(
                 "%s:%d: sentence of %d tokens split into chunks of at most %d tokens (max_tokens_per_sentence); "
                 "further long lines are split silently",
-                path, self._line_number(index, lineno), len(tokens), limit,
+                path,
+                self._line_number(index, lineno),
+                len(tokens),
+                limit,
             )
             self._warned_long = True
         for start in range(0, len(tokens), limit):
@@ -439,4 +456,3 @@ class CorpusCursor:
         self.epoch_sentences = int(state["epoch_sentences"])
         self.done = bool(state["done"])
         self._it = None
-

@@ -14,14 +14,24 @@ Two ways a command can turn a file into numbers that look fine and mean nothing:
 The thresholds come from real text (the figures are in the README's "Checks on the input" and in
 ``bench/text_checks.py``).
 """
+
 from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["SUSPECT_TOKEN_SHARE", "UNK_WARN_SHARE", "CJK_RUN", "token_limit", "is_cjk", "TokenisationCheck",
-           "check_tokenisation", "unk_targets", "unk_warning"]
+__all__ = [
+    "SUSPECT_TOKEN_SHARE",
+    "UNK_WARN_SHARE",
+    "CJK_RUN",
+    "token_limit",
+    "is_cjk",
+    "TokenisationCheck",
+    "check_tokenisation",
+    "unk_targets",
+    "unk_warning",
+]
 
 #: A tokenisation warning is given when more than this share of the tokens is cut at the model's character limit or
 #: is a run of :data:`CJK_RUN` or more CJK characters (``python bench/text_checks.py``). Segmented text stays far
@@ -118,13 +128,16 @@ class TokenisationCheck:
             parts.append(f"{self.cut} cut at the model's limit of {self.limit} {self.unit}")
         if self.cjk_runs:
             parts.append(f"{self.cjk_runs} runs of {CJK_RUN}+ CJK characters")
-        return (f"the lines look untokenised for this model: {100 * self.share:.1f} % of the {self.tokens} tokens "
-                f"({', '.join(parts)}; e.g. line {line}: {shown!r}) are whole phrases, which the model reads as one "
-                f"word; {self.fix(option)}")
+        return (
+            f"the lines look untokenised for this model: {100 * self.share:.1f} % of the {self.tokens} tokens "
+            f"({', '.join(parts)}; e.g. line {line}: {shown!r}) are whole phrases, which the model reads as one "
+            f"word; {self.fix(option)}"
+        )
 
 
-def check_tokenisation(lines: Iterable[tuple[int, Sequence[str]]], config, tokenizer: str = "whitespace"
-                       ) -> TokenisationCheck:
+def check_tokenisation(
+    lines: Iterable[tuple[int, Sequence[str]]], config, tokenizer: str = "whitespace"
+) -> TokenisationCheck:
     """Count the tokens of ``lines`` (``(line number, tokens)``) that a model with ``config`` cannot read as words:
     longer than :func:`token_limit` (cut), or CJK runs of :data:`CJK_RUN` or more characters (unsegmented
     Chinese/Japanese). ``tokenizer`` is the one the lines went through (named in the advice)."""
@@ -162,7 +175,9 @@ def unk_warning(unknown: int, targets: int, vocab_size: int) -> str | None:
     """One line when more than :data:`UNK_WARN_SHARE` of the targets are ``<UNK>``, else ``None``."""
     if not targets or unknown / targets <= UNK_WARN_SHARE:
         return None
-    return (f"{100 * unknown / targets:.1f} % of the targets ({unknown} of {targets}) are <UNK>, words outside the "
-            f"model's vocabulary of {vocab_size}, all scored as that one easy word: the figure says little about "
-            f"this text (held-out text of a model's own corpus stays under {100 * UNK_WARN_SHARE:.0f} %: check the "
-            "language, the tokenisation and the model)")
+    return (
+        f"{100 * unknown / targets:.1f} % of the targets ({unknown} of {targets}) are <UNK>, words outside the "
+        f"model's vocabulary of {vocab_size}, all scored as that one easy word: the figure says little about "
+        f"this text (held-out text of a model's own corpus stays under {100 * UNK_WARN_SHARE:.0f} %: check the "
+        "language, the tokenisation and the model)"
+    )

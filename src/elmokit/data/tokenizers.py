@@ -9,6 +9,7 @@
 
 sacremoses (``"moses"``) and jieba (``"jieba"``) are optional libraries, imported on first use.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,16 @@ from pathlib import Path
 
 from elmokit.errors import MissingFileError, UsageError, import_optional
 
-__all__ = ["TOKENIZERS", "word_tokenizer", "make_tokenizer", "clean_tokens", "split_english", "split_chinese",
-           "load_tokenizer", "segmenter_versions"]
+__all__ = [
+    "TOKENIZERS",
+    "word_tokenizer",
+    "make_tokenizer",
+    "clean_tokens",
+    "split_english",
+    "split_chinese",
+    "load_tokenizer",
+    "segmenter_versions",
+]
 
 #: The names :func:`word_tokenizer` takes (``--tokenizer``).
 TOKENIZERS = ("whitespace", "moses", "jieba")
@@ -86,8 +95,10 @@ def segmenter_versions() -> dict[str, str]:
     jieba = import_optional("jieba", "tokenizers", "the jieba tokenizer")  # optional: jieba
     sacremoses = import_optional("sacremoses", "tokenizers", "the Moses tokenizer")  # optional: sacremoses
 
-    return {"sacremoses": f"sacremoses {sacremoses.__version__} (MosesTokenizer lang=en, escape=False)",
-            "jieba": f"jieba {jieba.__version__} (default dictionary, precise mode, HMM=True)"}
+    return {
+        "sacremoses": f"sacremoses {sacremoses.__version__} (MosesTokenizer lang=en, escape=False)",
+        "jieba": f"jieba {jieba.__version__} (default dictionary, precise mode, HMM=True)",
+    }
 
 
 # ---------------------------------------------------------------------------------------------- sentences
@@ -97,7 +108,8 @@ _EN_BOUNDARY = re.compile(r"[.!?]+[\"'’”)\]]*(?=\s+[\"'‘“(\[]*[A-Z0-9])"
 _ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof st jr sr gen col lt sgt capt cmdr adm gov sen rep rev hon pres messrs mt ft vol vols fig figs "
     "inc corp co ltd bros dept univ assn jan feb mar apr jun jul aug sep sept oct nov dec vs al approx ca cf e.g i.e "
-    "u.s u.k u.n a.m p.m ave blvd rd no nos pp".split())
+    "u.s u.k u.n a.m p.m ave blvd rd no nos pp".split()
+)
 
 
 def split_english(text: str) -> list[str]:
@@ -107,11 +119,14 @@ def split_english(text: str) -> list[str]:
     out, start = [], 0
     for m in _EN_BOUNDARY.finditer(text):
         if m.group().startswith(".") and len(m.group().rstrip("\"'’”)]")) == 1:
-            word = re.search(r"(\S*)$", text[start:m.start()]).group(1).lstrip("\"'‘“([").lower()
-            if word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()) or re.fullmatch(r"(?:[a-z]\.)+[a-z]",
-                                                                                            word):
+            word = re.search(r"(\S*)$", text[start : m.start()]).group(1).lstrip("\"'‘“([").lower()
+            if (
+                word in _ABBREVIATIONS
+                or (len(word) == 1 and word.isalpha())
+                or re.fullmatch(r"(?:[a-z]\.)+[a-z]", word)
+            ):
                 continue
-        out.append(text[start:m.end()].strip())
+        out.append(text[start : m.end()].strip())
         start = m.end()
     out.append(text[start:].strip())
     return [s for s in out if s]
@@ -125,7 +140,7 @@ def split_chinese(text: str) -> list[str]:
     line breaks."""
     out, start = [], 0
     for m in _ZH_BOUNDARY.finditer(text):
-        out.append(text[start:m.end()].strip())
+        out.append(text[start : m.end()].strip())
         start = m.end()
     out.append(text[start:].strip())
     return [s for s in out if s]

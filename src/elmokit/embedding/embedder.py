@@ -2,6 +2,7 @@
 
 File output (streamed, in parts, resumable, several workers) is :mod:`elmokit.embedding.writer`; pooling and layer
 selection are :mod:`elmokit.embedding.pooling`."""
+
 from __future__ import annotations
 
 import logging
@@ -29,8 +30,10 @@ logger = logging.getLogger(__name__)
 
 _EMPTY_TOKEN_MODES = ("error", "keep")
 
-_MODEL_HELP = ("pass a BiLM, an Elmo, an options.json path with its weight file (Embedder(options_file, "
-               "weight_file), as AllenNLP's ElmoEmbedder), a model folder, or a released model name")
+_MODEL_HELP = (
+    "pass a BiLM, an Elmo, an options.json path with its weight file (Embedder(options_file, "
+    "weight_file), as AllenNLP's ElmoEmbedder), a model folder, or a released model name"
+)
 
 
 def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -> BiLM:
@@ -49,24 +52,29 @@ def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -
     """
     if isinstance(model, (BiLM, StatefulBiLM, Elmo)):
         if weight_file is not None:
-            raise UsageTypeError(f"weight_file is only for an options.json path; the {type(model).__name__} given "
-                                 "already has its weights (did you mean batch_size=...? it is keyword-only)")
+            raise UsageTypeError(
+                f"weight_file is only for an options.json path; the {type(model).__name__} given "
+                "already has its weights (did you mean batch_size=...? it is keyword-only)"
+            )
         if isinstance(model, StatefulBiLM):
             return model.bilm  # the stateless model inside; the wrapper's carried state is left alone
         return model if isinstance(model, BiLM) else model.bilm
     if isinstance(model, (str, os.PathLike)):
         if weight_file is not None:
             if not isinstance(weight_file, (str, os.PathLike)):
-                raise UsageTypeError(f"weight_file must be the path of the HDF5 weight file, got {weight_file!r} "
-                                 "(batch_size and the other options are keyword-only: Embedder(model, batch_size=64))")
+                raise UsageTypeError(
+                    f"weight_file must be the path of the HDF5 weight file, got {weight_file!r} "
+                    "(batch_size and the other options are keyword-only: Embedder(model, batch_size=64))"
+                )
             from elmokit.weights.original import load_original  # lazy: CLI start-up (it imports h5py)
 
             return load_original(model, weight_file)
         path = Path(model)
         if path.is_file():
             if path.suffix.lower() == ".json":
-                raise UsageError(f"{path} is an options file: pass its HDF5 weight file too, "
-                                 "Embedder(options_file, weight_file)")
+                raise UsageError(
+                    f"{path} is an options file: pass its HDF5 weight file too, Embedder(options_file, weight_file)"
+                )
             raise UsageError(f"{path} is a file; {_MODEL_HELP}")
         return load_pretrained_bilm(model)
     raise UsageTypeError(f"Embedder got a {type(model).__name__} as its model: {_MODEL_HELP}")
@@ -116,10 +124,18 @@ class Embedder:
     #: released models' 2048 filters × 50 characters)
     char_chunk = 256
 
-    def __init__(self, model: BiLM | object, weight_file: str | os.PathLike | None = None, *, batch_size: int = 64,
-                 device: str | torch.device | None = None, char_vocab: CharVocabulary | None = None,
-                 max_batch_tokens: int = 8192, empty_tokens: str = "error",
-                 vocab_to_cache: Sequence[str] | TokenVectorCache | None = None) -> None:
+    def __init__(
+        self,
+        model: BiLM | object,
+        weight_file: str | os.PathLike | None = None,
+        *,
+        batch_size: int = 64,
+        device: str | torch.device | None = None,
+        char_vocab: CharVocabulary | None = None,
+        max_batch_tokens: int = 8192,
+        empty_tokens: str = "error",
+        vocab_to_cache: Sequence[str] | TokenVectorCache | None = None,
+    ) -> None:
         self.batch_size = positive_int("batch_size", batch_size)
         self.max_batch_tokens = positive_int("max_batch_tokens", max_batch_tokens)
         if empty_tokens not in _EMPTY_TOKEN_MODES:
@@ -134,9 +150,11 @@ class Embedder:
             raise UsageTypeError(f"char_vocab must be a CharVocabulary, got {type(char_vocab).__name__}")
         self.char_vocab = char_vocab if char_vocab is not None else getattr(bilm, "char_vocab", None)
         if bilm.config.char_cnn.char_vocab_size is not None and self.char_vocab is None:
-            raise UsageError("this model reads a character vocabulary (config char_vocab_size="
-                             f"{bilm.config.char_cnn.char_vocab_size}); pass char_vocab= or load it with load_native, "
-                             "which reads chars.txt")
+            raise UsageError(
+                "this model reads a character vocabulary (config char_vocab_size="
+                f"{bilm.config.char_cnn.char_vocab_size}); pass char_vocab= or load it with load_native, "
+                "which reads chars.txt"
+            )
         self.token_cache: TokenVectorCache | None = None
         self._cache_index: dict[str, int] = {}
         if vocab_to_cache is not None:
@@ -157,13 +175,17 @@ class Embedder:
             cache = vocab_to_cache
         else:
             if self.char_vocab is not None and getattr(self.bilm, "char_vocab", None) is not self.char_vocab:
-                raise UsageError("vocab_to_cache with a char_vocab= different from the model's: build the "
-                                 "TokenVectorCache yourself and pass it")
+                raise UsageError(
+                    "vocab_to_cache with a char_vocab= different from the model's: build the "
+                    "TokenVectorCache yourself and pass it"
+                )
             cache = TokenVectorCache(self.bilm, vocab_to_cache)
         p = self.bilm.config.lstm.projection_dim
         if cache.vectors.dim() != 2 or cache.vectors.shape[1] != p or cache.vectors.shape[0] != len(cache.words):
-            raise UsageError(f"the TokenVectorCache holds vectors of shape {tuple(cache.vectors.shape)}; this model "
-                             f"needs ({len(cache.words)}, {p}): build it from this model")
+            raise UsageError(
+                f"the TokenVectorCache holds vectors of shape {tuple(cache.vectors.shape)}; this model "
+                f"needs ({len(cache.words)}, {p}): build it from this model"
+            )
         self.token_cache = cache.to(self.device)
         self._cache_index = {w: i for i, w in enumerate(cache.words)}
 
@@ -177,8 +199,9 @@ class Embedder:
         """L + 1."""
         return self.bilm.num_layers
 
-    def output_spec(self, layers: object = "all", pool: str = "none", keep_sentence_boundaries: bool = False,
-                    dtype: str = "float32") -> OutputSpec:
+    def output_spec(
+        self, layers: object = "all", pool: str = "none", keep_sentence_boundaries: bool = False, dtype: str = "float32"
+    ) -> OutputSpec:
         """An :class:`~elmokit.embedding.pooling.OutputSpec` checked against this model (raises :class:`UsageError`)."""
         return OutputSpec.make(layers, pool, keep_sentence_boundaries, dtype, num_layers=self.num_layers)
 
@@ -223,9 +246,12 @@ class Embedder:
         with torch.inference_mode():
             vectors, mask = self.token_vectors(batch)
             # without the boundary positions in the output, each direction's last step is skipped (exact)
-            out = self.bilm.forward_token_vectors(vectors, mask,
-                                                  keep_sentence_boundaries=spec.keep_sentence_boundaries,
-                                                  boundary_steps=spec.keep_sentence_boundaries)
+            out = self.bilm.forward_token_vectors(
+                vectors,
+                mask,
+                keep_sentence_boundaries=spec.keep_sentence_boundaries,
+                boundary_steps=spec.keep_sentence_boundaries,
+            )
             return spec.apply(out.layers, out.mask)
 
     def _batches(self, lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
@@ -235,15 +261,25 @@ class Embedder:
         first = 0
         while first < len(order):
             end = first + 1
-            while (end < len(order) and end - first < batch_size
-                   and (end - first + 1) * lengths[order[end]] <= self.max_batch_tokens):
+            while (
+                end < len(order)
+                and end - first < batch_size
+                and (end - first + 1) * lengths[order[end]] <= self.max_batch_tokens
+            ):
                 end += 1
             yield order[first:end]
             first = end
 
     # ------------------------------------------------------------------------------------------ public API
-    def embed_batch(self, batch: Sequence[Sequence[str]], *, layers: object = "all", pool: str = "none",
-                    keep_sentence_boundaries: bool = False, dtype: str = "float32") -> list[np.ndarray]:
+    def embed_batch(
+        self,
+        batch: Sequence[Sequence[str]],
+        *,
+        layers: object = "all",
+        pool: str = "none",
+        keep_sentence_boundaries: bool = False,
+        dtype: str = "float32",
+    ) -> list[np.ndarray]:
         """B sentences → B arrays, in one forward pass: (L+1, n_i, 2P) float32 by default.
 
         ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as in
@@ -265,9 +301,16 @@ class Embedder:
         a blank token."""
         return self.embed_batch([validate_tokens(tokens, name="embed_sentence(tokens)")], **options)[0]
 
-    def embed_sentences(self, sentences: Iterable[Sequence[str]], batch_size: int | None = None, *,
-                        layers: object = "all", pool: str = "none", keep_sentence_boundaries: bool = False,
-                        dtype: str = "float32") -> Iterator[np.ndarray]:
+    def embed_sentences(
+        self,
+        sentences: Iterable[Sequence[str]],
+        batch_size: int | None = None,
+        *,
+        layers: object = "all",
+        pool: str = "none",
+        keep_sentence_boundaries: bool = False,
+        dtype: str = "float32",
+    ) -> Iterator[np.ndarray]:
         """Yield one array per sentence, in input order (shapes as :meth:`embed_batch`). Works on a stream: reads
         ``batch_size × 32`` sentences at a time and sorts them by length internally, so padding is small. Errors
         name the sentence by its position in the whole stream (0-based).
@@ -295,8 +338,9 @@ class Embedder:
         if chunk:
             yield from self._embed_chunk(chunk, batch_size, spec, start)
 
-    def _embed_chunk(self, chunk: list[Sequence[str]], batch_size: int, spec: OutputSpec,
-                     start: int = 0) -> Iterator[np.ndarray]:
+    def _embed_chunk(
+        self, chunk: list[Sequence[str]], batch_size: int, spec: OutputSpec, start: int = 0
+    ) -> Iterator[np.ndarray]:
         chunk = validate_sentences(chunk, empty_tokens=self.empty_tokens, start=start)
         results: list[np.ndarray | None] = [None] * len(chunk)
         for idx in self._batches([len(s) for s in chunk], batch_size):
@@ -305,12 +349,29 @@ class Embedder:
                 results[i] = arr
         yield from results  # type: ignore[misc]
 
-    def embed_file(self, input_path: str | os.PathLike, output_path: str | os.PathLike, *, layers: object = "all",
-                   batch_size: int | None = None, progress: bool = True, decode_errors: str = "strict",
-                   format: str = "allennlp", pool: str = "none", keep_sentence_boundaries: bool = False,
-                   dtype: str = "float32", use_sentence_keys: bool = False, forget_sentences: bool = False,
-                   tokenizer: str = "whitespace", resume: bool = False, workers: int = 1, worker_threads: int = 1,
-                   part_size: int = 10000, model_name: str | None = None, overwrite: bool = False) -> int:
+    def embed_file(
+        self,
+        input_path: str | os.PathLike,
+        output_path: str | os.PathLike,
+        *,
+        layers: object = "all",
+        batch_size: int | None = None,
+        progress: bool = True,
+        decode_errors: str = "strict",
+        format: str = "allennlp",
+        pool: str = "none",
+        keep_sentence_boundaries: bool = False,
+        dtype: str = "float32",
+        use_sentence_keys: bool = False,
+        forget_sentences: bool = False,
+        tokenizer: str = "whitespace",
+        resume: bool = False,
+        workers: int = 1,
+        worker_threads: int = 1,
+        part_size: int = 10000,
+        model_name: str | None = None,
+        overwrite: bool = False,
+    ) -> int:
         """Embed a text file, one sentence per line (UTF-8 whatever the locale), into HDF5, in constant memory.
 
         The work is written in parts of ``part_size`` lines, each finalised atomically; an interrupted call
@@ -364,12 +425,28 @@ class Embedder:
                 file and line). A failure before any part is finished leaves no parts folder behind.
             EmbedWorkerError: a worker process died (the finished parts are kept for ``resume``).
         """
-        job = EmbedJob(self, input_path, output_path, layers=layers, batch_size=batch_size, progress=progress,
-                       decode_errors=decode_errors, format=format, pool=pool,
-                       keep_sentence_boundaries=keep_sentence_boundaries, dtype=dtype,
-                       use_sentence_keys=use_sentence_keys, forget_sentences=forget_sentences, tokenizer=tokenizer,
-                       resume=resume, workers=workers, worker_threads=worker_threads, part_size=part_size,
-                       model_name=model_name, overwrite=overwrite)
+        job = EmbedJob(
+            self,
+            input_path,
+            output_path,
+            layers=layers,
+            batch_size=batch_size,
+            progress=progress,
+            decode_errors=decode_errors,
+            format=format,
+            pool=pool,
+            keep_sentence_boundaries=keep_sentence_boundaries,
+            dtype=dtype,
+            use_sentence_keys=use_sentence_keys,
+            forget_sentences=forget_sentences,
+            tokenizer=tokenizer,
+            resume=resume,
+            workers=workers,
+            worker_threads=worker_threads,
+            part_size=part_size,
+            model_name=model_name,
+            overwrite=overwrite,
+        )
         total = job.run()
         self.skipped_lines = job.skipped_lines
         return total

@@ -3,6 +3,7 @@ offset, BLAKE2b digest, the lines that are not text), then any part read on its 
 
 Part ``k`` is lines ``k*part_size + 1 … (k+1)*part_size``; see :mod:`elmokit.embedding.writer` for the run.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -82,4 +83,3 @@ def read_part(scan: InputScan, k: int, decode_errors: str) -> list[str | None]:
                 text = text[1:]
             out.append(text.rstrip("\r\n"))
     return out
-

@@ -14,6 +14,7 @@ positions past a sentence's end are padding, zero in ``layers``). What this modu
 Selection comes first, then pooling: ``max`` of a mix is the max of the mixed vectors (max does not commute with the
 mix; mean does).
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,17 @@ import torch
 
 from elmokit.errors import UsageError, UsageTypeError
 
-__all__ = ["POOL_MODES", "LAYER_NAMES", "LayerSpec", "OutputSpec", "masked_mean", "masked_max", "pool",
-           "select_layers", "parse_layers"]
+__all__ = [
+    "POOL_MODES",
+    "LAYER_NAMES",
+    "LayerSpec",
+    "OutputSpec",
+    "masked_mean",
+    "masked_max",
+    "pool",
+    "select_layers",
+    "parse_layers",
+]
 
 POOL_MODES = ("none", "mean", "max")
 LAYER_NAMES = ("all", "top", "average")
@@ -36,8 +46,10 @@ DTYPES = ("float32", "float16")
 def _time_mask(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B, T) mask → broadcastable to x (B, …, T, D) (time on dim -2)."""
     if mask.dim() != 2 or x.dim() < 3 or x.shape[0] != mask.shape[0] or x.shape[-2] != mask.shape[1]:
-        raise UsageError(f"pooling needs x (B, …, T, D) and mask (B, T) with the same B and T, got x "
-                         f"{tuple(x.shape)} and mask {tuple(mask.shape)}")
+        raise UsageError(
+            f"pooling needs x (B, …, T, D) and mask (B, T) with the same B and T, got x "
+            f"{tuple(x.shape)} and mask {tuple(mask.shape)}"
+        )
     return mask.bool().view(mask.shape[0], *([1] * (x.dim() - 3)), mask.shape[1], 1)
 
 
@@ -97,11 +109,15 @@ class LayerSpec:
     def check(self, num_layers: int) -> LayerSpec:
         """Raise :class:`UsageError` unless this spec fits a model with ``num_layers`` = L+1 layers."""
         if self.kind == "layer" and not 0 <= int(self.index) < num_layers:
-            raise UsageError(f"layers={self.index} is not a layer of this model: it has layers 0 (token layer) to "
-                             f"{num_layers - 1} (top)")
+            raise UsageError(
+                f"layers={self.index} is not a layer of this model: it has layers 0 (token layer) to "
+                f"{num_layers - 1} (top)"
+            )
         if self.kind == "mix" and len(self.weights) != num_layers:
-            raise UsageError(f"a fixed mix needs one weight per layer: this model has {num_layers} layers (0 = token "
-                             f"layer), got {len(self.weights)} weights {list(self.weights)}")
+            raise UsageError(
+                f"a fixed mix needs one weight per layer: this model has {num_layers} layers (0 = token "
+                f"layer), got {len(self.weights)} weights {list(self.weights)}"
+            )
         return self
 
     def text(self) -> str:
@@ -123,8 +139,10 @@ def parse_layers(value: object) -> LayerSpec:
         UsageError: a string or number that is none of the forms, a negative layer, an empty or non-finite mix."""
     if isinstance(value, LayerSpec):
         return value
-    forms = ("all, top, average, a layer number (0 = token layer), or L+1 comma-separated weights of a fixed mix "
-             "(e.g. 0.2,0.3,0.5)")
+    forms = (
+        "all, top, average, a layer number (0 = token layer), or L+1 comma-separated weights of a fixed mix "
+        "(e.g. 0.2,0.3,0.5)"
+    )
     if isinstance(value, str):
         text = value.strip()
         if text in LAYER_NAMES:
@@ -144,8 +162,11 @@ def parse_layers(value: object) -> LayerSpec:
         if value < 0:
             raise UsageError(f"layers={value}: a layer number is >= 0 (0 = token layer); expected {forms}")
         return LayerSpec("layer", index=int(value))
-    if isinstance(value, Sequence) and value and all(isinstance(w, (int, float, np.floating, np.integer))
-                                                     and not isinstance(w, bool) for w in value):
+    if (
+        isinstance(value, Sequence)
+        and value
+        and all(isinstance(w, (int, float, np.floating, np.integer)) and not isinstance(w, bool) for w in value)
+    ):
         weights = tuple(float(w) for w in value)
         if not all(math.isfinite(w) for w in weights):
             raise UsageError(f"layers {list(value)}: mix weights must be finite numbers")
@@ -188,8 +209,14 @@ class OutputSpec:
     dtype: str = "float32"
 
     @classmethod
-    def make(cls, layers: object = "all", pool: str = "none", keep_sentence_boundaries: bool = False,
-             dtype: str = "float32", num_layers: int | None = None) -> OutputSpec:
+    def make(
+        cls,
+        layers: object = "all",
+        pool: str = "none",
+        keep_sentence_boundaries: bool = False,
+        dtype: str = "float32",
+        num_layers: int | None = None,
+    ) -> OutputSpec:
         """Build and check a spec (``num_layers`` = L+1 checks a layer number or the mix length).
 
         Raises:
@@ -227,5 +254,9 @@ class OutputSpec:
 
     def settings(self) -> dict:
         """A JSON-able description (stored with file outputs, compared on resume)."""
-        return {"layers": self.layers.text(), "pool": self.pool,
-                "keep_sentence_boundaries": self.keep_sentence_boundaries, "dtype": self.dtype}
+        return {
+            "layers": self.layers.text(),
+            "pool": self.pool,
+            "keep_sentence_boundaries": self.keep_sentence_boundaries,
+            "dtype": self.dtype,
+        }

@@ -3,6 +3,7 @@ share: :func:`open_embeddings` reads the three formats (``"allennlp"``, ``"hdf5"
 :mod:`elmokit.embedding.writer`) as one mapping from dataset name to array; :func:`sentence_key` names a line's dataset
 with ``use_sentence_keys``; :func:`work_folder` and :func:`part_name` locate the parts of a run.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,24 @@ import numpy as np
 
 from elmokit.errors import MissingFileError, UsageError
 
-__all__ = ["EmbeddingReader", "open_embeddings", "sentence_key", "work_folder", "part_name", "FORMATS", "INDEX_NAME",
-           "LAYOUT_NAME", "LAYOUT_VERSION"]
+__all__ = [
+    "EmbeddingReader",
+    "open_embeddings",
+    "sentence_key",
+    "work_folder",
+    "part_name",
+    "FORMATS",
+    "INDEX_NAME",
+    "LAYOUT_NAME",
+    "LAYOUT_VERSION",
+]
 
 FORMATS = ("allennlp", "hdf5", "parts")
 INDEX_NAME = "index.json"
 LAYOUT_NAME = "elmokit-embeddings"
 LAYOUT_VERSION = 1
+
+
 def part_name(k: int) -> str:
     """``part-000042.hdf5``."""
     return f"part-{k:06d}.hdf5"
@@ -84,8 +96,11 @@ class EmbeddingReader(Mapping):
             self.index = dict(self._file.attrs)
             self.format = "hdf5" if "elmokit_format" in self._file.attrs else "allennlp"
             keys = self.index.get("keys")
-            self.sentence_keys = (keys == "sentence" if keys is not None  # AllenNLP's own files have no attributes
-                                  else not all(k.isdigit() for k in self._file if k != "sentence_to_index"))
+            self.sentence_keys = (
+                keys == "sentence"
+                if keys is not None  # AllenNLP's own files have no attributes
+                else not all(k.isdigit() for k in self._file if k != "sentence_to_index")
+            )
             self.lines = int(self.index.get("lines", sum(1 for k in self._file if k.isdigit())))
 
     def _part(self, k: int):

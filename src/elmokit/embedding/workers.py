@@ -6,6 +6,7 @@ Workers are spawned (``multiprocessing``'s ``spawn``: each imports the caller's 
 Ctrl-C/SIGTERM blocked until their handler is installed, ignore SIGINT (the parent stops them) and stop when the
 parent is gone.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,8 +57,9 @@ def _worker_main(embedder, writer: Any, threads: int, tasks, results, parent: in
                     continue
                 if k is None:
                     return
-                writer.write(embedder, k, progress=lambda n: results.put(("n", n)),
-                             alive=lambda: os.getppid() == parent)
+                writer.write(
+                    embedder, k, progress=lambda n: results.put(("n", n)), alive=lambda: os.getppid() == parent
+                )
                 results.put(("done", k))
         except KeyboardInterrupt:
             return
@@ -70,8 +72,9 @@ def _worker_main(embedder, writer: Any, threads: int, tasks, results, parent: in
             results.put(("error", payload))
 
 
-def run_workers(embedder, writer: Any, todo: list[int], progress: Callable[[int], None], *, workers: int,
-                worker_threads: int) -> None:
+def run_workers(
+    embedder, writer: Any, todo: list[int], progress: Callable[[int], None], *, workers: int, worker_threads: int
+) -> None:
     """Write the parts ``todo`` with ``min(workers, len(todo))`` spawned worker processes, each with
     ``worker_threads`` torch threads; ``progress(n)`` counts the lines done. ``writer``: the run's
     :class:`~elmokit.embedding.writer.PartWriter` (picklable; sent to each worker with ``embedder``).
@@ -90,9 +93,15 @@ def run_workers(embedder, writer: Any, todo: list[int], progress: Callable[[int]
     n = min(workers, len(todo))
     for _ in range(n):
         tasks.put(None)
-    procs = [ctx.Process(target=_worker_main, daemon=True, name=f"elmokit-embed-{w}",
-                         args=(embedder, writer, worker_threads, tasks, results, os.getpid()))
-             for w in range(n)]
+    procs = [
+        ctx.Process(
+            target=_worker_main,
+            daemon=True,
+            name=f"elmokit-embed-{w}",
+            args=(embedder, writer, worker_threads, tasks, results, os.getpid()),
+        )
+        for w in range(n)
+    ]
     try:
         # not cut half way (a child fed a truncated pickle prints a traceback), and the children start with
         # Ctrl-C/SIGTERM blocked: pending until their handler is installed (_worker_main), never a traceback from
@@ -111,18 +120,21 @@ def run_workers(embedder, writer: Any, todo: list[int], progress: Callable[[int]
                     raise UsageError(
                         f"the worker processes could not start: {_unguarded_script()} calls embed_file(workers="
                         f"{workers}) at its top level; each spawned worker imports that script again, so "
-                        "put the call under `if __name__ == \"__main__\":`") from None
+                        'put the call under `if __name__ == "__main__":`'
+                    ) from None
                 if dead or all(p.exitcode is not None for p in procs):
                     with contextlib.suppress(queue.Empty):
                         while True:  # an error report may still be in the queue
                             kind, value = results.get(timeout=0.5)
                             if kind == "error":
-                                raise pickle.loads(value)
+                                raise pickle.loads(value) from None  # the worker's own error, as it raised it
                     codes = ", ".join(f"{p.name} exit {p.exitcode}" for p in procs if p.exitcode)
-                    raise EmbedWorkerError(f"a worker process died ({codes or 'no report'}) with parts "
-                                           f"{sorted(remaining)[:10]} unfinished; the finished parts are kept in "
-                                           f"{writer.folder}: rerun with "
-                                           f"{option_wording('--resume', 'resume=True')}") from None
+                    raise EmbedWorkerError(
+                        f"a worker process died ({codes or 'no report'}) with parts "
+                        f"{sorted(remaining)[:10]} unfinished; the finished parts are kept in "
+                        f"{writer.folder}: rerun with "
+                        f"{option_wording('--resume', 'resume=True')}"
+                    ) from None
                 continue
             if kind == "n":
                 progress(value)

@@ -36,6 +36,7 @@ Modules: the input scan and part reading are :mod:`elmokit.embedding.input_scan`
 Test hook: ``_probe`` (below), set by a test in the process that writes the parts (``tests/run_hooks.py`` sets it for
 an ``elmokit embed`` subprocess); nothing reads the environment for it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,12 +60,19 @@ from elmokit import interrupts
 from elmokit.checks import positive_int
 from elmokit.data.text_checks import check_tokenisation
 from elmokit.data.tokenizers import TOKENIZERS, word_tokenizer
+from elmokit.embedding.input_scan import InputScan, read_part, scan_input
+from elmokit.embedding.reader import (
+    FORMATS,
+    INDEX_NAME,
+    LAYOUT_NAME,
+    LAYOUT_VERSION,
+    part_name,
+    sentence_key,
+    work_folder,
+)
+from elmokit.embedding.workers import UNGUARDED_EXIT, run_workers, spawn_bootstrapping
 from elmokit.errors import EmbedWorkerError, MissingFileError, UsageError, option_wording
 from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text, lock_folder
-from elmokit.embedding.input_scan import InputScan, read_part, scan_input
-from elmokit.embedding.reader import (FORMATS, INDEX_NAME, LAYOUT_NAME, LAYOUT_VERSION, part_name, sentence_key,
-                                      work_folder)
-from elmokit.embedding.workers import UNGUARDED_EXIT, run_workers, spawn_bootstrapping
 from elmokit.pretraining import distributed
 from elmokit.pretraining.distributed import init_from_env
 
@@ -83,7 +91,6 @@ BARRIER_TIMEOUT = datetime.timedelta(days=1)
 #: under its temporary name, not renamed yet), ``"part_done"`` (``part``: renamed). Unset in normal use; it is not
 #: passed to worker processes (``workers`` > 1).
 _probe: Callable[..., None] | None = None
-
 
 
 def _notify(event: str, **info: Any) -> None:
@@ -125,8 +132,9 @@ class PartWriter:
     use_sentence_keys: bool
     forget_sentences: bool
 
-    def write(self, embedder, k: int, progress: Callable[[int], None] | None = None,
-              alive: Callable[[], bool] | None = None) -> None:
+    def write(
+        self, embedder, k: int, progress: Callable[[int], None] | None = None, alive: Callable[[], bool] | None = None
+    ) -> None:
         """Embed part ``k`` and finalise ``part-<k>.hdf5`` atomically (fsynced before the rename)."""
         import h5py  # lazy: CLI start-up (the CLI imports this module to build its parser)
 
@@ -144,14 +152,16 @@ class PartWriter:
             names.append(key if key is not None and key not in seen else None)
             if key is not None:
                 seen.add(key)
-        tokens = [tokenize(text) if text is not None and name is not None else []
-                  for text, name in zip(lines, names)]
+        tokens = [tokenize(text) if text is not None and name is not None else [] for text, name in zip(lines, names)]
         l1, d = embedder.num_layers, embedder.output_dim
         empty = self.spec.empty(l1, d)
         # sentences that need the model: every named line, except undecodable (skipped) ones and, without the
         # boundaries, empty ones (a zero-length array / zero vector)
-        todo = [i for i, (text, name) in enumerate(zip(lines, names))
-                if name is not None and text is not None and (tokens[i] or self.spec.keep_sentence_boundaries)]
+        todo = [
+            i
+            for i, (text, name) in enumerate(zip(lines, names))
+            if name is not None and text is not None and (tokens[i] or self.spec.keep_sentence_boundaries)
+        ]
         final = self.folder / part_name(k)
         with atomic_path(final) as tmp:
             with h5py.File(tmp, "w") as h5:
@@ -195,11 +205,30 @@ def _fsync(path: Path) -> None:
 class EmbedJob:
     """One ``embed_file`` run; see :meth:`elmokit.Embedder.embed_file` for the arguments and errors."""
 
-    def __init__(self, embedder, input_path, output_path, *, layers="all", batch_size=None, progress=True,
-                 decode_errors="strict", format="allennlp", pool="none", keep_sentence_boundaries=False,
-                 dtype="float32", use_sentence_keys=False, forget_sentences=False, tokenizer="whitespace",
-                 resume=False, workers=1, worker_threads=1, part_size=10000, model_name=None,
-                 overwrite=False) -> None:
+    def __init__(
+        self,
+        embedder,
+        input_path,
+        output_path,
+        *,
+        layers="all",
+        batch_size=None,
+        progress=True,
+        decode_errors="strict",
+        format="allennlp",
+        pool="none",
+        keep_sentence_boundaries=False,
+        dtype="float32",
+        use_sentence_keys=False,
+        forget_sentences=False,
+        tokenizer="whitespace",
+        resume=False,
+        workers=1,
+        worker_threads=1,
+        part_size=10000,
+        model_name=None,
+        overwrite=False,
+    ) -> None:
         if spawn_bootstrapping():
             # a worker importing an unguarded script reached embed_file again: stop before touching any file; the
             # parent sees this exit status and names the missing guard (one message instead of a traceback here)
@@ -216,8 +245,13 @@ class EmbedJob:
         self.workers = positive_int("workers", workers)
         self.worker_threads = positive_int("worker_threads", worker_threads)
         self.part_size = positive_int("part_size", part_size)
-        for name, value in (("use_sentence_keys", use_sentence_keys), ("forget_sentences", forget_sentences),
-                            ("resume", resume), ("progress", progress), ("overwrite", overwrite)):
+        for name, value in (
+            ("use_sentence_keys", use_sentence_keys),
+            ("forget_sentences", forget_sentences),
+            ("resume", resume),
+            ("progress", progress),
+            ("overwrite", overwrite),
+        ):
             if not isinstance(value, bool):
                 raise UsageError(f"{name} must be True or False, got {value!r}")
         self.decode_errors, self.format, self.tokenizer = decode_errors, format, tokenizer
@@ -245,9 +279,11 @@ class EmbedJob:
             if out.is_dir():
                 raise UsageError(f"the output {out} is a folder; give the HDF5 file to write")
             if out.exists() and not self.overwrite:
-                raise UsageError(f"the output {out} already exists: pass "
-                                 f"{option_wording('--overwrite', 'overwrite=True')} to replace it, or choose another "
-                                 "output path")
+                raise UsageError(
+                    f"the output {out} already exists: pass "
+                    f"{option_wording('--overwrite', 'overwrite=True')} to replace it, or choose another "
+                    "output path"
+                )
             if self.folder.exists() and not self.folder.is_dir():
                 raise UsageError(f"{self.folder} is a file: it is where the parts of {out} go; move it away")
         if self.folder.resolve() == inp.resolve().parent:
@@ -255,10 +291,16 @@ class EmbedJob:
 
     def settings(self) -> dict:
         """What a resumed run must share with the interrupted one (batch size and workers may differ)."""
-        return {"format": self.format, **self.spec.settings(), "tokenizer": self.tokenizer,
-                "use_sentence_keys": self.use_sentence_keys, "forget_sentences": self.forget_sentences,
-                "decode_errors": self.decode_errors, "part_size": self.part_size,
-                "cache": self.embedder.token_cache is not None}
+        return {
+            "format": self.format,
+            **self.spec.settings(),
+            "tokenizer": self.tokenizer,
+            "use_sentence_keys": self.use_sentence_keys,
+            "forget_sentences": self.forget_sentences,
+            "decode_errors": self.decode_errors,
+            "part_size": self.part_size,
+            "cache": self.embedder.token_cache is not None,
+        }
 
     # -------------------------------------------------------------------- the work folder
     def _ours(self, name: str) -> bool:
@@ -274,16 +316,23 @@ class EmbedJob:
         """Create or check the work folder; return the part numbers already finished."""
         folder = self.folder
         index_path = folder / INDEX_NAME
-        wanted = {"layout": LAYOUT_NAME, "version": LAYOUT_VERSION, "complete": False, "settings": self.settings(),
-                  "input": {"path": str(self.input_path), "size": scan.size, "lines": scan.lines,
-                            "blake2b": scan.digest},
-                  "model": {"name": self.model_name, "fingerprint": fingerprint}, "parts": scan.parts}
+        wanted = {
+            "layout": LAYOUT_NAME,
+            "version": LAYOUT_VERSION,
+            "complete": False,
+            "settings": self.settings(),
+            "input": {"path": str(self.input_path), "size": scan.size, "lines": scan.lines, "blake2b": scan.digest},
+            "model": {"name": self.model_name, "fingerprint": fingerprint},
+            "parts": scan.parts,
+        }
         existing = None
         if folder.is_dir():
             foreign = sorted(p.name for p in folder.iterdir() if not self._ours(p.name))
             if foreign:
-                raise UsageError(f"{folder} exists and is not an elmokit parts folder (it holds {foreign[:5]}): "
-                                 "choose another output or move it away")
+                raise UsageError(
+                    f"{folder} exists and is not an elmokit parts folder (it holds {foreign[:5]}): "
+                    "choose another output or move it away"
+                )
             if index_path.is_file():
                 try:
                     existing = json.loads(index_path.read_text(encoding="utf-8"))
@@ -291,16 +340,20 @@ class EmbedJob:
                     existing = None
         if existing is not None and self.format == "parts" and existing.get("complete") and not self.resume:
             if not self.overwrite:
-                raise UsageError(f"the output {folder} already holds finished embeddings: pass "
-                                 f"{option_wording('--overwrite', 'overwrite=True')} to replace them, or choose "
-                                 "another output folder")
+                raise UsageError(
+                    f"the output {folder} already holds finished embeddings: pass "
+                    f"{option_wording('--overwrite', 'overwrite=True')} to replace them, or choose "
+                    "another output folder"
+                )
             self._clear_folder()  # replaced, as asked
             existing = None
         if existing is not None and not self.resume:
             if not self.overwrite:
-                raise UsageError(f"{folder} holds the parts of an interrupted run: rerun with "
-                                 f"{option_wording('--resume', 'resume=True')} to continue it, or with "
-                                 f"{option_wording('--overwrite', 'overwrite=True')} to start again")
+                raise UsageError(
+                    f"{folder} holds the parts of an interrupted run: rerun with "
+                    f"{option_wording('--resume', 'resume=True')} to continue it, or with "
+                    f"{option_wording('--overwrite', 'overwrite=True')} to start again"
+                )
             self._clear_folder()
             existing = None
         done: set[int] = set()
@@ -325,21 +378,29 @@ class EmbedJob:
 
     def _check_resumable(self, existing: dict, wanted: dict) -> None:
         if existing.get("layout") != LAYOUT_NAME or existing.get("version") != LAYOUT_VERSION:
-            raise UsageError(f"{self.folder / INDEX_NAME} is not an elmokit {LAYOUT_NAME} v{LAYOUT_VERSION} index: "
-                             "cannot resume from it")
+            raise UsageError(
+                f"{self.folder / INDEX_NAME} is not an elmokit {LAYOUT_NAME} v{LAYOUT_VERSION} index: "
+                "cannot resume from it"
+            )
         before, now = existing.get("settings", {}), wanted["settings"]
         changed = [f"{k} (was {before.get(k)!r}, now {now[k]!r})" for k in now if before.get(k) != now[k]]
         if changed:
-            raise UsageError(f"cannot resume {self.folder}: changed {', '.join(changed)}; use the interrupted run's "
-                             "settings, or delete the folder to start again")
+            raise UsageError(
+                f"cannot resume {self.folder}: changed {', '.join(changed)}; use the interrupted run's "
+                "settings, or delete the folder to start again"
+            )
         old_in, new_in = existing.get("input", {}), wanted["input"]
         if (old_in.get("size"), old_in.get("blake2b")) != (new_in["size"], new_in["blake2b"]):
-            raise UsageError(f"cannot resume {self.folder}: the input {self.input_path} is not the file the "
-                             f"interrupted run read ({old_in.get('lines')} lines, {old_in.get('size')} bytes then; "
-                             f"{new_in['lines']} lines, {new_in['size']} bytes now, or different bytes)")
+            raise UsageError(
+                f"cannot resume {self.folder}: the input {self.input_path} is not the file the "
+                f"interrupted run read ({old_in.get('lines')} lines, {old_in.get('size')} bytes then; "
+                f"{new_in['lines']} lines, {new_in['size']} bytes now, or different bytes)"
+            )
         if existing.get("model", {}).get("fingerprint") != wanted["model"]["fingerprint"]:
-            raise UsageError(f"cannot resume {self.folder}: it was written with another model "
-                             f"({existing.get('model', {}).get('name') or 'fingerprint differs'})")
+            raise UsageError(
+                f"cannot resume {self.folder}: it was written with another model "
+                f"({existing.get('model', {}).get('name') or 'fingerprint differs'})"
+            )
 
     def _drop_if_no_part(self) -> None:
         """Delete the work folder when it holds no finished part (only ``index.json`` and temporary files): after a
@@ -413,31 +474,48 @@ class EmbedJob:
         self.skipped_lines = scan.skipped
         if scan.skipped:
             shown = ", ".join(map(str, scan.skipped[:10])) + (" ..." if len(scan.skipped) > 10 else "")
-            logger.warning("%s: skipped %d line(s) that are not valid UTF-8 (line %s); their datasets are empty",
-                           self.input_path, len(scan.skipped), shown)
+            logger.warning(
+                "%s: skipped %d line(s) that are not valid UTF-8 (line %s); their datasets are empty",
+                self.input_path,
+                len(scan.skipped),
+                shown,
+            )
         return scan
 
     def _parts_done(self, scan: InputScan) -> set[int]:
         """The parts already finished in the work folder (a process other than 0, once process 0 has prepared it)."""
-        return {k for k in range(scan.parts) if (self.folder / part_name(k)).is_file()
-                and self._part_ok(self.folder / part_name(k), k, scan)}
+        return {
+            k
+            for k in range(scan.parts)
+            if (self.folder / part_name(k)).is_file() and self._part_ok(self.folder / part_name(k), k, scan)
+        }
 
     def _write_parts(self, scan: InputScan, done: set[int], todo: list[int]) -> None:
         """Write the parts ``todo`` here (one worker, or one part) or with worker processes, with a progress bar over
         the whole input (the ``done`` parts counted as finished)."""
         from tqdm.auto import tqdm  # lazy: CLI start-up (the CLI imports this module to build its parser)
 
-        writer = PartWriter(self.folder, scan, self.spec, self.batch_size, self.tokenizer, self.decode_errors,
-                            self.use_sentence_keys, self.forget_sentences)
+        writer = PartWriter(
+            self.folder,
+            scan,
+            self.spec,
+            self.batch_size,
+            self.tokenizer,
+            self.decode_errors,
+            self.use_sentence_keys,
+            self.forget_sentences,
+        )
         finished = sum(scan.part_lines(k) for k in done)
-        with tqdm(total=scan.lines, initial=finished, unit="sent", disable=not self.progress,
-                  desc="embedding", smoothing=0.05) as bar:
+        with tqdm(
+            total=scan.lines, initial=finished, unit="sent", disable=not self.progress, desc="embedding", smoothing=0.05
+        ) as bar:
             if self.workers == 1 or len(todo) <= 1:
                 for k in todo:
                     writer.write(self.embedder, k, progress=bar.update)
             else:
-                run_workers(self.embedder, writer, todo, bar.update, workers=self.workers,
-                            worker_threads=self.worker_threads)
+                run_workers(
+                    self.embedder, writer, todo, bar.update, workers=self.workers, worker_threads=self.worker_threads
+                )
 
     #: How many lines from the start of the input :meth:`_check_tokenisation` looks at.
     CHECK_LINES = 2000
@@ -449,8 +527,11 @@ class EmbedJob:
             return
         tokenize = word_tokenizer(self.tokenizer)
         lines = read_part(scan, 0, self.decode_errors)[: self.CHECK_LINES]
-        check = check_tokenisation(((i + 1, tokenize(t)) for i, t in enumerate(lines) if t is not None),
-                                   self.embedder.bilm.config, self.tokenizer)
+        check = check_tokenisation(
+            ((i + 1, tokenize(t)) for i, t in enumerate(lines) if t is not None),
+            self.embedder.bilm.config,
+            self.tokenizer,
+        )
         warning = check.warning(lambda name: option_wording(f"--tokenizer {name}", f"tokenizer={name!r}"))
         if warning:
             logger.warning("%s: %s", self.input_path, warning)
@@ -461,9 +542,13 @@ class EmbedJob:
         index = json.loads(index_path.read_text(encoding="utf-8"))
         with interrupts.deferred():
             if self.format == "parts":
-                index.update(complete=True, lines=scan.lines, skipped_lines=scan.skipped,
-                             part_files=[part_name(k) for k in range(scan.parts)],
-                             keys="sentence" if self.use_sentence_keys else "line")
+                index.update(
+                    complete=True,
+                    lines=scan.lines,
+                    skipped_lines=scan.skipped,
+                    part_files=[part_name(k) for k in range(scan.parts)],
+                    keys="sentence" if self.use_sentence_keys else "line",
+                )
                 atomic_write_text(index_path, json.dumps(index, indent=1, ensure_ascii=False))
                 return
         self._merge(scan)  # interruptible: the output appears atomically, the parts stay until it has
@@ -506,6 +591,6 @@ class EmbedJob:
                                 if first + i + 1 not in skipped:
                                     sentence_to_index[text] = str(first + i)  # the last of repeated lines wins
             if self.format == "allennlp" and numbered and not self.forget_sentences:
-                out.create_dataset("sentence_to_index",
-                                   data=np.array([json.dumps(sentence_to_index)], dtype=h5py.string_dtype()))
-
+                out.create_dataset(
+                    "sentence_to_index", data=np.array([json.dumps(sentence_to_index)], dtype=h5py.string_dtype())
+                )

@@ -1,4 +1,5 @@
 """The bidirectional language model body: token encoder + forward/backward LSTM stacks → L+1 layer representations."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,8 +14,15 @@ from elmokit.modules.derived import DerivedWeights
 from elmokit.modules.lstm import BiLSTM, LSTMState
 from elmokit.modules.token_encoder import TokenEncoder
 
-__all__ = ["BiLM", "BiLMOutput", "StatefulBiLM", "add_sentence_boundaries", "remove_sentence_boundaries",
-           "reverse_padded", "token_mask"]
+__all__ = [
+    "BiLM",
+    "BiLMOutput",
+    "StatefulBiLM",
+    "add_sentence_boundaries",
+    "remove_sentence_boundaries",
+    "reverse_padded",
+    "token_mask",
+]
 
 
 @dataclass
@@ -50,8 +58,9 @@ def token_mask(char_ids: torch.Tensor) -> torch.Tensor:
     return (char_ids != 0).any(dim=-1)
 
 
-def add_sentence_boundaries(char_ids: torch.Tensor, bos: list[int], eos: list[int]
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+def add_sentence_boundaries(
+    char_ids: torch.Tensor, bos: list[int], eos: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Wrap every row in ``<S> … </S>``.
 
     Args:
@@ -102,8 +111,10 @@ def _check_left_aligned(mask: torch.Tensor, name: str) -> None:
     if bool(bad.any()):
         row = int(bad.nonzero()[0, 0])
         gap = int((~mask[row]).nonzero()[0, 0])
-        raise InputError(f"{name} row {row} has padding (an all-zero token) at position {gap} before a real token: "
-                         "each row's real tokens must come first, then padding (as batch_to_ids makes them)")
+        raise InputError(
+            f"{name} row {row} has padding (an all-zero token) at position {gap} before a real token: "
+            "each row's real tokens must come first, then padding (as batch_to_ids makes them)"
+        )
 
 
 def reverse_padded(x: torch.Tensor, lengths: torch.Tensor, time_dim: int = 1) -> torch.Tensor:
@@ -182,7 +193,7 @@ class BiLM(nn.Module):
             if isinstance(derived, DerivedWeights):
                 derived.clear()
 
-    def train(self, mode: bool = True) -> "BiLM":
+    def train(self, mode: bool = True) -> BiLM:
         """As :meth:`torch.nn.Module.train`; a change of mode also drops the inference-time weight copies
         (:meth:`clear_derived_weights`), so evaluating after training never reads stale copies (calling ``eval()`` on a
         model already in eval mode, e.g. before every batch, keeps them)."""
@@ -236,8 +247,9 @@ class BiLM(nn.Module):
             self.start_state_source = None
             return
         self.check_state(state, 1)
-        c, h = (t.detach().to(device=self.bilstm.bias[0].device, dtype=self.bilstm.bias[0].dtype).clone()
-                for t in state)
+        c, h = (
+            t.detach().to(device=self.bilstm.bias[0].device, dtype=self.bilstm.bias[0].dtype).clone() for t in state
+        )
         if not (bool(torch.isfinite(c).all()) and bool(torch.isfinite(h).all())):
             raise InputError("start state must be finite: it holds NaN or infinite values")
         if not (bool(c.any()) or bool(h.any())):
@@ -251,8 +263,10 @@ class BiLM(nn.Module):
         (:attr:`start_state`), else zeros. c (2, L, B, H), h (2, L, B, P) on the model's device and dtype."""
         if self.start_c is None:
             return self.zero_state(batch_size)
-        return (self.start_c.expand(-1, -1, batch_size, -1).contiguous(),
-                self.start_h.expand(-1, -1, batch_size, -1).contiguous())
+        return (
+            self.start_c.expand(-1, -1, batch_size, -1).contiguous(),
+            self.start_h.expand(-1, -1, batch_size, -1).contiguous(),
+        )
 
     def check_char_ids(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Validate a (B, T, C) id tensor and return its (B, T) token mask (see :func:`token_mask`).
@@ -264,26 +278,35 @@ class BiLM(nn.Module):
                 character scheme (UTF-8 bytes given to a character-vocabulary model, or the reverse).
         """
         if not isinstance(char_ids, torch.Tensor):
-            raise InputTypeError(f"char_ids must be a LongTensor (B, T, C) from batch_to_ids, got "
-                                 f"{type(char_ids).__name__}")
+            raise InputTypeError(
+                f"char_ids must be a LongTensor (B, T, C) from batch_to_ids, got {type(char_ids).__name__}"
+            )
         c = self.config.char_cnn.max_characters_per_token
         byte_scheme = self.config.char_cnn.char_vocab_size is None
-        scheme = (f"batch_to_ids(sentences{'' if c == 50 else f', {c}'}) (UTF-8 bytes, no char_vocab)" if byte_scheme
-                  else f"batch_to_ids(sentences, {c}, char_vocab=elmo.bilm.char_vocab) (for a BiLM: bilm.char_vocab; "
-                       "this model reads a character vocabulary)")
+        scheme = (
+            f"batch_to_ids(sentences{'' if c == 50 else f', {c}'}) (UTF-8 bytes, no char_vocab)"
+            if byte_scheme
+            else f"batch_to_ids(sentences, {c}, char_vocab=elmo.bilm.char_vocab) (for a BiLM: bilm.char_vocab; "
+            "this model reads a character vocabulary)"
+        )
         if char_ids.dim() != 3 or char_ids.shape[-1] != c:
-            raise InputError(f"char_ids must have shape (B, T, {c}), got {tuple(char_ids.shape)}; this model's ids "
-                             f"come from {scheme}")
+            raise InputError(
+                f"char_ids must have shape (B, T, {c}), got {tuple(char_ids.shape)}; this model's ids "
+                f"come from {scheme}"
+            )
         if char_ids.dtype not in (torch.long, torch.int32, torch.int64, torch.int16, torch.uint8):
-            raise InputTypeError(f"char_ids must be integer ids (a LongTensor from batch_to_ids), got dtype "
-                                 f"{char_ids.dtype}")
+            raise InputTypeError(
+                f"char_ids must be integer ids (a LongTensor from batch_to_ids), got dtype {char_ids.dtype}"
+            )
         mask = token_mask(char_ids)
         if char_ids.numel():
             lo, hi = int(char_ids.min()), int(char_ids.max())
             n = self.config.char_cnn.n_char_rows + 1
             if lo < 0 or hi >= n:
-                raise InputError(f"char_ids contain {lo if lo < 0 else hi}, outside the character table [0, {n}); "
-                                 f"this model's ids come from {scheme}")
+                raise InputError(
+                    f"char_ids contain {lo if lo < 0 else hi}, outside the character table [0, {n}); "
+                    f"this model's ids come from {scheme}"
+                )
             _check_left_aligned(mask, "char_ids")
             # ids made for the other scheme run and give wrong vectors: refuse them when every real token has the
             # other scheme's begin-of-word first and its end-of-word or in-word pad last (hand-made ids pass)
@@ -292,13 +315,21 @@ class BiLM(nn.Module):
             if real.shape[0] and other.bow_char != self._bos[0]:
                 first, last = real[:, 0], real[:, -1]
                 if bool(((first == other.bow_char) & ((last == other.pad_char) | (last == other.eow_char))).all()):
-                    raise InputError(f"char_ids were made for the other character scheme (every token starts with "
-                                     f"its begin-of-word id {other.bow_char}); this model's ids come from {scheme}")
+                    raise InputError(
+                        f"char_ids were made for the other character scheme (every token starts with "
+                        f"its begin-of-word id {other.bow_char}); this model's ids come from {scheme}"
+                    )
         return mask
 
-    def forward(self, char_ids: torch.Tensor, state: LSTMState | None = None, *,
-                keep_sentence_boundaries: bool = False, add_boundaries: bool = True,
-                boundary_steps: bool = True) -> BiLMOutput:
+    def forward(
+        self,
+        char_ids: torch.Tensor,
+        state: LSTMState | None = None,
+        *,
+        keep_sentence_boundaries: bool = False,
+        add_boundaries: bool = True,
+        boundary_steps: bool = True,
+    ) -> BiLMOutput:
         """Compute all L+1 layer representations.
 
         Args:
@@ -326,8 +357,10 @@ class BiLM(nn.Module):
         char_ids = char_ids.long()
         if not add_boundaries:
             if not boundary_steps:
-                raise UsageError("boundary_steps=False skips the steps that read the <S>/</S> this call adds: it needs "
-                                 "add_boundaries=True")
+                raise UsageError(
+                    "boundary_steps=False skips the steps that read the <S>/</S> this call adds: it needs "
+                    "add_boundaries=True"
+                )
             return self._contextualise(self.token_encoder(char_ids), mask, strip=False, state=state)
         if self._encoder_needs_grad():
             # training through the boundary rows: encode them with the batch (their gradient flows)
@@ -336,8 +369,9 @@ class BiLM(nn.Module):
         else:
             # the boundary vectors are constants of the model: cached, not re-encoded in every batch
             tokens, mask = self._add_boundary_vectors(self.token_encoder(char_ids), mask)
-        return self._contextualise(tokens, mask, strip=not keep_sentence_boundaries, state=state,
-                                   boundary_steps=boundary_steps)
+        return self._contextualise(
+            tokens, mask, strip=not keep_sentence_boundaries, state=state, boundary_steps=boundary_steps
+        )
 
     def boundary_vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``<S>`` and ``</S>`` token vectors, each (P,) (the token encoder applied to the boundary rows).
@@ -358,22 +392,32 @@ class BiLM(nn.Module):
         vectors = self.token_encoder.encode_unique(rows)
         return vectors[0], vectors[1]
 
-    def _add_boundary_vectors(self, token_vectors: torch.Tensor, mask: torch.Tensor,
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _add_boundary_vectors(
+        self,
+        token_vectors: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, P) token vectors and their (B, T) mask → (B, T + 2, P) with ``<S>`` first and ``</S>`` after each
         row's last real token (zeros at padding), and the (B, T + 2) mask."""
         b, t, p = token_vectors.shape
         bos, eos = self.boundary_vectors()
         lengths = mask.sum(1)
         tokens = token_vectors.new_zeros((b, t + 2, p))
-        tokens[:, 1: t + 1] = token_vectors * mask.unsqueeze(-1).to(token_vectors.dtype)
+        tokens[:, 1 : t + 1] = token_vectors * mask.unsqueeze(-1).to(token_vectors.dtype)
         tokens[:, 0] = bos.to(token_vectors.dtype)
         tokens[torch.arange(b, device=tokens.device), lengths + 1] = eos.to(token_vectors.dtype)
         new_mask = torch.arange(t + 2, device=mask.device).unsqueeze(0) < (lengths + 2).unsqueeze(1)
         return tokens, new_mask
 
-    def forward_token_vectors(self, token_vectors: torch.Tensor, mask: torch.Tensor, state: LSTMState | None = None,
-                              *, keep_sentence_boundaries: bool = False, boundary_steps: bool = True) -> BiLMOutput:
+    def forward_token_vectors(
+        self,
+        token_vectors: torch.Tensor,
+        mask: torch.Tensor,
+        state: LSTMState | None = None,
+        *,
+        keep_sentence_boundaries: bool = False,
+        boundary_steps: bool = True,
+    ) -> BiLMOutput:
         """Like :meth:`forward`, from precomputed layer-0 token vectors instead of character ids (AllenNLP's cached
         char-CNN path, ``vocab_to_cache``): the ``<S>``/``</S>`` vectors are added here, then both LSTM stacks run.
 
@@ -388,38 +432,56 @@ class BiLM(nn.Module):
         """
         p = self.config.lstm.projection_dim
         if not isinstance(token_vectors, torch.Tensor):
-            raise InputTypeError(f"token_vectors must be a float tensor (B, T, {p}), got "
-                                 f"{type(token_vectors).__name__}")
+            raise InputTypeError(
+                f"token_vectors must be a float tensor (B, T, {p}), got {type(token_vectors).__name__}"
+            )
         if token_vectors.dim() != 3 or token_vectors.shape[-1] != p:
             raise InputError(f"token_vectors must be a float tensor (B, T, {p}), got {tuple(token_vectors.shape)}")
         if not token_vectors.is_floating_point():
             raise InputTypeError(f"token_vectors must be floating point, got dtype {token_vectors.dtype}")
         if not isinstance(mask, torch.Tensor):
-            raise InputTypeError(f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got "
-                                 f"{type(mask).__name__}")
+            raise InputTypeError(
+                f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got {type(mask).__name__}"
+            )
         if tuple(mask.shape) != tuple(token_vectors.shape[:2]):
             raise InputError(f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got {tuple(mask.shape)}")
         mask = mask.bool()
         _check_left_aligned(mask, "mask")
         tokens, new_mask = self._add_boundary_vectors(token_vectors, mask)
-        return self._contextualise(tokens, new_mask, strip=not keep_sentence_boundaries, state=state,
-                                   boundary_steps=boundary_steps)
+        return self._contextualise(
+            tokens, new_mask, strip=not keep_sentence_boundaries, state=state, boundary_steps=boundary_steps
+        )
 
     def check_state(self, state: LSTMState, batch_size: int) -> None:
         """Raise :class:`InputError` unless ``state`` is (c (2, L, B, H), h (2, L, B, P)) float tensors,
         B = ``batch_size``."""
         cfg = self.config.lstm
         want = ((2, cfg.n_layers, batch_size, cfg.dim), (2, cfg.n_layers, batch_size, cfg.projection_dim))
-        ok = (isinstance(state, (tuple, list)) and len(state) == 2
-              and all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in state))
+        ok = (
+            isinstance(state, (tuple, list))
+            and len(state) == 2
+            and all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in state)
+        )
         if not ok or tuple(state[0].shape) != want[0] or tuple(state[1].shape) != want[1]:
-            got = (tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in state)
-                   if isinstance(state, (tuple, list)) else type(state).__name__)
-            raise InputError(f"state must be (c, h) float tensors of shapes {want[0]} and {want[1]} "
-                             f"(2 directions, L layers, B rows), got {got}")
+            got = (
+                tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in state)
+                if isinstance(state, (tuple, list))
+                else type(state).__name__
+            )
+            raise InputError(
+                f"state must be (c, h) float tensors of shapes {want[0]} and {want[1]} "
+                f"(2 directions, L layers, B rows), got {got}"
+            )
 
-    def _contextualise(self, tokens: torch.Tensor, mask: torch.Tensor, *, strip: bool,
-                       state: LSTMState | None, boundary_steps: bool = True) -> BiLMOutput:
+    def _contextualise(
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        strip: bool,
+        state: LSTMState | None,
+        boundary_steps: bool = True,
+    ) -> BiLMOutput:
         b = tokens.shape[0]
         lengths = mask.sum(1)
         if state is not None:
@@ -427,8 +489,9 @@ class BiLM(nn.Module):
             state = (state[0].to(tokens.dtype), state[1].to(tokens.dtype))
         elif self.start_c is not None:
             state = tuple(t.to(tokens.dtype) for t in self.initial_state(b))
-        layer_outputs, final_state = self.run_lstm(tokens, lengths, state,
-                                                   steps=None if boundary_steps else lengths - 1)
+        layer_outputs, final_state = self.run_lstm(
+            tokens, lengths, state, steps=None if boundary_steps else lengths - 1
+        )
         if not boundary_steps:
             final_state = None
         m = mask.unsqueeze(-1).to(tokens.dtype)
@@ -442,8 +505,14 @@ class BiLM(nn.Module):
             out_layers, out_mask = stacked, mask
         return BiLMOutput(out_layers, out_mask, tokens, fwd_top, bwd_top, mask, final_state)
 
-    def run_lstm(self, tokens: torch.Tensor, lengths: torch.Tensor, initial_state: LSTMState | None = None, *,
-                 steps: torch.Tensor | None = None) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], LSTMState]:
+    def run_lstm(
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        initial_state: LSTMState | None = None,
+        *,
+        steps: torch.Tensor | None = None,
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], LSTMState]:
         """Run both directions over left-aligned token vectors (B, T, P) in sentence order.
 
         The backward stack sees each row reversed within its length. Returns per layer (forward (B, T, P),
@@ -457,9 +526,13 @@ class BiLM(nn.Module):
         outputs, state = self.run_streams(tokens, backward_in, lengths if steps is None else steps, initial_state)
         return [(fwd, reverse_padded(bwd, lengths)) for fwd, bwd in outputs], state
 
-    def run_streams(self, forward_in: torch.Tensor, backward_in: torch.Tensor, lengths: torch.Tensor,
-                    initial_state: LSTMState | None = None,
-                    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], LSTMState]:
+    def run_streams(
+        self,
+        forward_in: torch.Tensor,
+        backward_in: torch.Tensor,
+        lengths: torch.Tensor,
+        initial_state: LSTMState | None = None,
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], LSTMState]:
         """Run the forward stack on ``forward_in`` and the backward stack on ``backward_in``, each (B, T, P) already
         in its own reading order and left-aligned (as bilm-tf's training windows, whose backward LM reads a reversed
         stream). Rows are sorted by length internally. Returns per layer (forward, backward) outputs (B, T, P) in the
@@ -483,7 +556,6 @@ class BiLM(nn.Module):
         inverse[order] = torch.arange(b, device=order.device)
         result = [(out[0].index_select(0, inverse), out[1].index_select(0, inverse)) for out in outputs]
         return result, (c.index_select(2, inverse), h.index_select(2, inverse))
-
 
 
 class StatefulBiLM(nn.Module):
@@ -523,21 +595,28 @@ class StatefulBiLM(nn.Module):
         """Forget the carried state: the next call starts from the model's start state (zeros unless one is stored)."""
         self._state = None
 
-    def forward(self, char_ids: torch.Tensor, *, keep_sentence_boundaries: bool = False,
-                add_boundaries: bool = True) -> BiLMOutput:
+    def forward(
+        self, char_ids: torch.Tensor, *, keep_sentence_boundaries: bool = False, add_boundaries: bool = True
+    ) -> BiLMOutput:
         """As :meth:`BiLM.forward`, starting from (and then keeping) the carried state."""
         b = char_ids.shape[0] if isinstance(char_ids, torch.Tensor) and char_ids.dim() == 3 else 0
-        out = self.bilm(char_ids, self._initial_state(b), keep_sentence_boundaries=keep_sentence_boundaries,
-                        add_boundaries=add_boundaries)
+        out = self.bilm(
+            char_ids,
+            self._initial_state(b),
+            keep_sentence_boundaries=keep_sentence_boundaries,
+            add_boundaries=add_boundaries,
+        )
         self._store_state(out.state)
         return out
 
-    def forward_token_vectors(self, token_vectors: torch.Tensor, mask: torch.Tensor, *,
-                              keep_sentence_boundaries: bool = False) -> BiLMOutput:
+    def forward_token_vectors(
+        self, token_vectors: torch.Tensor, mask: torch.Tensor, *, keep_sentence_boundaries: bool = False
+    ) -> BiLMOutput:
         """As :meth:`BiLM.forward_token_vectors`, starting from (and then keeping) the carried state."""
         b = token_vectors.shape[0] if isinstance(token_vectors, torch.Tensor) and token_vectors.dim() == 3 else 0
-        out = self.bilm.forward_token_vectors(token_vectors, mask, self._initial_state(b),
-                                              keep_sentence_boundaries=keep_sentence_boundaries)
+        out = self.bilm.forward_token_vectors(
+            token_vectors, mask, self._initial_state(b), keep_sentence_boundaries=keep_sentence_boundaries
+        )
         self._store_state(out.state)
         return out
 

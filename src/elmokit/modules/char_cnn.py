@@ -2,6 +2,7 @@
 
 Source: bilm-tf ``BidirectionalLanguageModel._build_word_char_embeddings``; Kim et al. (2016) char-aware LM.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,8 +29,9 @@ class CharCNN(nn.Module):
     "valid" (no padding) with bias; the in-word pad id takes part in the max, as in the original.
     """
 
-    def __init__(self, n_char_rows: int, embedding_dim: int, filters: list[tuple[int, int]],
-                 activation: str = "relu") -> None:
+    def __init__(
+        self, n_char_rows: int, embedding_dim: int, filters: list[tuple[int, int]], activation: str = "relu"
+    ) -> None:
         super().__init__()
         self.embedding_dim = embedding_dim
         self.filters = [(int(w), int(n)) for w, n in filters]
@@ -121,8 +123,12 @@ class CharCNN(nn.Module):
         (F,) biases, in output order."""
         w_max = max(w for w, _ in self.filters)
         d = self.embedding_dim
-        weight = torch.cat([F.pad(conv.weight, (0, w_max - w)).reshape(count, d * w_max)
-                            for (w, count), conv in zip(self.filters, self.convolutions)])
+        weight = torch.cat(
+            [
+                F.pad(conv.weight, (0, w_max - w)).reshape(count, d * w_max)
+                for (w, count), conv in zip(self.filters, self.convolutions)
+            ]
+        )
         return weight, torch.cat([conv.bias for conv in self.convolutions])
 
     def _pooled(self, x: torch.Tensor, run_start: int) -> torch.Tensor:

@@ -17,10 +17,11 @@ never cached: the copy is built for that call only. Not seen: writes through ``t
 after those call :meth:`elmokit.BiLM.clear_derived_weights` (a switch between ``BiLM.train()`` and ``eval()`` does).
 The copies are not part of the state dict; a pickled or deep-copied module gets an empty cache.
 """
+
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -73,8 +74,7 @@ class DerivedWeights:
     def _same(key: tuple, cached: tuple) -> bool:
         refs, state, steps = key
         old_refs, old_state, old_steps = cached
-        return (steps == old_steps and state == old_state
-                and all(new() is old() for new, old in zip(refs, old_refs)))
+        return steps == old_steps and state == old_state and all(new() is old() for new, old in zip(refs, old_refs))
 
     def cached(self, name: str, sources: tuple[torch.Tensor, ...], build: Callable[[], object]):
         """``build()`` cached under ``name`` as :meth:`get`, or ``None`` (nothing built) when ``sources`` cannot be
@@ -104,7 +104,7 @@ class DerivedWeights:
     def __setstate__(self, state: dict) -> None:
         self._entries = {}
 
-    def __deepcopy__(self, memo: dict) -> "DerivedWeights":
+    def __deepcopy__(self, memo: dict) -> DerivedWeights:
         return DerivedWeights()
 
     def clear(self) -> None:

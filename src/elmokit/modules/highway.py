@@ -1,4 +1,5 @@
 """Highway layers (Srivastava et al., 2015) as used by ELMo's token encoder."""
+
 from __future__ import annotations
 
 import torch
@@ -91,6 +92,6 @@ class Highway(nn.Module):
                 continue
             weight, bias = fused
             both = torch.addmm(bias, x, weight)  # (N, 2F): [transform | gate] pre-activations
-            h, t = both[:, : self.dim].relu_(), both[:, self.dim:].sigmoid_()
+            h, t = both[:, : self.dim].relu_(), both[:, self.dim :].sigmoid_()
             x = torch.addcmul(x, t, h - x)  # t·h + (1 − t)·x
         return x

@@ -25,13 +25,13 @@ written out one gate at a time):
   the LSTMs of the small configuration went from ≈ 3.3 ms (both directions per step) to ≈ 2.3 (direction after
   direction) and ≈ 1.6 ms (the kernel) for a 10-token sentence (``bench/latency_breakdown.py``).
 """
+
 from __future__ import annotations
 
 import logging
 import math
 import os
 import warnings
-from typing import List, Tuple
 
 import torch
 from torch import nn
@@ -49,9 +49,20 @@ log = logging.getLogger(__name__)
 LSTMState = tuple[torch.Tensor, torch.Tensor]
 
 
-def _direction_steps(xw: torch.Tensor, sizes: List[int], c: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor,
-                     w_proj: torch.Tensor, hidden_dim: int, cell_clip: float, proj_clip: float, out: torch.Tensor,
-                     final_c: torch.Tensor, final_h: torch.Tensor) -> None:
+def _direction_steps(
+    xw: torch.Tensor,
+    sizes: list[int],
+    c: torch.Tensor,
+    h: torch.Tensor,
+    w_hh: torch.Tensor,
+    w_proj: torch.Tensor,
+    hidden_dim: int,
+    cell_clip: float,
+    proj_clip: float,
+    out: torch.Tensor,
+    final_c: torch.Tensor,
+    final_h: torch.Tensor,
+) -> None:
     """The recurrent loop of one direction of one layer without autograd (see :func:`_steps_by_direction`).
 
     Args:
@@ -127,10 +138,19 @@ def _direction_steps(xw: torch.Tensor, sizes: List[int], c: torch.Tensor, h: tor
     final_h.narrow(0, 0, n_prev).copy_(h_now)
 
 
-def _steps_by_direction(x: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h: torch.Tensor,
-                        w_ih: torch.Tensor, bias: torch.Tensor, w_hh: torch.Tensor, w_proj: torch.Tensor,
-                        hidden_dim: int, cell_clip: float,
-                        proj_clip: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _steps_by_direction(
+    x: torch.Tensor,
+    batch_sizes: list[int],
+    c: torch.Tensor,
+    h: torch.Tensor,
+    w_ih: torch.Tensor,
+    bias: torch.Tensor,
+    w_hh: torch.Tensor,
+    w_proj: torch.Tensor,
+    hidden_dim: int,
+    cell_clip: float,
+    proj_clip: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One layer without autograd, both directions, **one after the other** (for batches of a few rows; see
     :meth:`BiLSTM._run_layer`): the same cell equations as the autograd loop.
 
@@ -152,7 +172,7 @@ def _steps_by_direction(x: torch.Tensor, batch_sizes: List[int], c: torch.Tensor
     sentence: 3.3 → 2.3 ms, ``bench/latency_breakdown.py``). At batch 64 the batched product is faster (its GEMMs are
     larger and per-step overhead is small beside them), so :meth:`BiLSTM._run_layer` uses this for few rows only.
     """
-    sizes: List[int] = []
+    sizes: list[int] = []
     for n in batch_sizes:
         if n > 0:
             sizes.append(n)
@@ -161,14 +181,23 @@ def _steps_by_direction(x: torch.Tensor, batch_sizes: List[int], c: torch.Tensor
     final_h = torch.empty_like(h)
     for d in range(2):
         xw = torch.addmm(bias[d], x[d], w_ih[d])  # (N, 4H), every step's input contribution in one GEMM
-        _direction_steps(xw, sizes, c[d], h[d], w_hh[d], w_proj[d], hidden_dim, cell_clip, proj_clip, out[d],
-                         final_c[d], final_h[d])
+        _direction_steps(
+            xw, sizes, c[d], h[d], w_hh[d], w_proj[d], hidden_dim, cell_clip, proj_clip, out[d], final_c[d], final_h[d]
+        )
     return out, final_c, final_h
 
 
-def _steps_in_place(xw: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor,
-                    w_proj: torch.Tensor, hidden_dim: int, cell_clip: float,
-                    proj_clip: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _steps_in_place(
+    xw: torch.Tensor,
+    batch_sizes: list[int],
+    c: torch.Tensor,
+    h: torch.Tensor,
+    w_hh: torch.Tensor,
+    w_proj: torch.Tensor,
+    hidden_dim: int,
+    cell_clip: float,
+    proj_clip: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The recurrent loop of one layer without autograd, both directions at once (one batched product per step; for
     batches of more than a few rows, see :meth:`BiLSTM._run_layer` and :func:`_steps_by_direction`).
 
@@ -189,9 +218,9 @@ def _steps_in_place(xw: torch.Tensor, batch_sizes: List[int], c: torch.Tensor, h
     (one op) replaces multi-dimensional slicing (an op per dimension): at batch 1 the per-step cost is op overhead.
     """
     hd = hidden_dim
-    steps: List[torch.Tensor] = []
-    done_c: List[torch.Tensor] = []  # final states of rows that ended, latest-ending first
-    done_h: List[torch.Tensor] = []
+    steps: list[torch.Tensor] = []
+    done_c: list[torch.Tensor] = []  # final states of rows that ended, latest-ending first
+    done_h: list[torch.Tensor] = []
     n_prev = c.shape[1]
     offset = 0
     for n in batch_sizes:
@@ -248,8 +277,12 @@ def inference_steps(by_direction: bool = False):
                         _compiled[f.__name__] = torch.jit.script(f)
                 _compiled_steps = True
             except Exception as exc:  # no TorchScript in this torch build, no source files, …
-                log.warning("TorchScript unavailable (%s: %s): the LSTM runs its eager step loop (slower at small "
-                            "batches, same values)", type(exc).__name__, exc)
+                log.warning(
+                    "TorchScript unavailable (%s: %s): the LSTM runs its eager step loop (slower at small "
+                    "batches, same values)",
+                    type(exc).__name__,
+                    exc,
+                )
                 _compiled_steps = False
     return _compiled[fn.__name__] if _compiled_steps else fn
 
@@ -302,8 +335,9 @@ class BiLSTM(nn.Module):
         h = torch.zeros(2, self.n_layers, batch_size, self.projection_dim, device=device, dtype=dtype)
         return c, h
 
-    def forward(self, inputs: torch.Tensor, lengths: torch.Tensor,
-                initial_state: LSTMState | None = None) -> tuple[list[torch.Tensor], LSTMState]:
+    def forward(
+        self, inputs: torch.Tensor, lengths: torch.Tensor, initial_state: LSTMState | None = None
+    ) -> tuple[list[torch.Tensor], LSTMState]:
         """Run both stacks.
 
         Args:
@@ -368,11 +402,12 @@ class BiLSTM(nn.Module):
     def _forget_bias(hidden_dim: int, like: torch.Tensor) -> torch.Tensor:
         """(4H,) vector with 1.0 on the forget-gate slice (TF ``LSTMCell(forget_bias=1.0)``), zeros elsewhere."""
         vec = torch.zeros(4 * hidden_dim, dtype=like.dtype, device=like.device)
-        vec[2 * hidden_dim: 3 * hidden_dim] = 1.0
+        vec[2 * hidden_dim : 3 * hidden_dim] = 1.0
         return vec
 
-    def _run_layer(self, k: int, x: torch.Tensor, batch_sizes: list[int], c: torch.Tensor,
-                   h: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def _run_layer(
+        self, k: int, x: torch.Tensor, batch_sizes: list[int], c: torch.Tensor, h: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """One layer, both directions, on packed time-major input ``x`` (2, N, P) (step s = the next
         ``batch_sizes[s]`` positions); returns the packed output (2, N, P) and the final (c, h) per row."""
         hd = self.hidden_dim
@@ -381,13 +416,16 @@ class BiLSTM(nn.Module):
         w_hh = self.weight_hh[k]
         w_proj = self.weight_proj[k]
         # without autograd the gate math runs in place on the step's buffers (fewer passes, no allocation per step)
-        in_place = not (torch.is_grad_enabled() and any(
-            v.requires_grad for v in (x, c, h, w_hh, w_proj, self.weight_ih[k], self.bias[k])))
+        in_place = not (
+            torch.is_grad_enabled()
+            and any(v.requires_grad for v in (x, c, h, w_hh, w_proj, self.weight_ih[k], self.bias[k]))
+        )
         # without autograd: a compiled loop (both directions per step for many rows; for a few, direction after
         # direction in the C++ kernel or in TorchScript: see _steps_by_direction)
         if in_place:
-            w_in, w_hh_ifoj = self._derived.get(f"inference{k}", (self.weight_ih[k], self.bias[k], w_hh),
-                                                lambda: self._inference_weights(k))
+            w_in, w_hh_ifoj = self._derived.get(
+                f"inference{k}", (self.weight_ih[k], self.bias[k], w_hh), lambda: self._inference_weights(k)
+            )
             p = self.projection_dim
             w_ih, bias = w_in[:, :p], w_in[:, p]  # views: (2, P, 4H) and (2, 4H)
             clips = float(cell_clip or 0.0), float(proj_clip or 0.0)
@@ -397,17 +435,23 @@ class BiLSTM(nn.Module):
                 out, final_c, final_h = inference_steps()(xw, batch_sizes, c, h, w_hh_ifoj, w_proj, hd, *clips)
                 return out, (final_c, final_h)
             result = None
-            module = (native.kernels() if hd % 16 == 0 and p % 16 == 0 and native.usable(x, c, h, w_proj)
-                      else None)
+            module = native.kernels() if hd % 16 == 0 and p % 16 == 0 and native.usable(x, c, h, w_proj) else None
             # (None: untracked weights)
-            packed = None if module is None else self._derived.cached(
-                f"native{k}", (self.weight_ih[k], self.bias[k], w_hh), lambda: native.pack_lstm(w_hh_ifoj))
+            packed = (
+                None
+                if module is None
+                else self._derived.cached(
+                    f"native{k}", (self.weight_ih[k], self.bias[k], w_hh), lambda: native.pack_lstm(w_hh_ifoj)
+                )
+            )
             if packed is not None:  # a few rows: the C++ step loop (native.py; None for inf/NaN inputs)
-                result = native.lstm_layer(module, x, [n for n in batch_sizes if n > 0], c, h, w_ih, bias, packed,
-                                           w_proj, *clips)
+                result = native.lstm_layer(
+                    module, x, [n for n in batch_sizes if n > 0], c, h, w_ih, bias, packed, w_proj, *clips
+                )
             if result is None:  # a few rows: direction after direction
-                result = inference_steps(by_direction=True)(x, batch_sizes, c, h, w_ih, bias, w_hh_ifoj, w_proj, hd,
-                                                            *clips)
+                result = inference_steps(by_direction=True)(
+                    x, batch_sizes, c, h, w_ih, bias, w_hh_ifoj, w_proj, hd, *clips
+                )
             out, final_c, final_h = result
             return out, (final_c, final_h)
         # Input contribution for all real positions at once, with the forget bias 1.0 folded in: (2, N, 4H)
@@ -460,5 +504,7 @@ class BiLSTM(nn.Module):
         hd = self.hidden_dim
         order = torch.cat([torch.arange(0, hd), torch.arange(2 * hd, 4 * hd), torch.arange(hd, 2 * hd)])
         order = order.to(self.weight_hh[k].device)
-        return (self._input_weight(k).index_select(2, order).contiguous(),
-                self.weight_hh[k].index_select(2, order).contiguous())
+        return (
+            self._input_weight(k).index_select(2, order).contiguous(),
+            self.weight_hh[k].index_select(2, order).contiguous(),
+        )

@@ -25,6 +25,7 @@ machines never loads another CPU's build. Where the build or the load fails (no 
 platform) one warning is logged and the fallback paths run (same values, slower at batch 1). ``ELMOKIT_NATIVE=0``
 turns the kernels off.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,8 +38,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["kernels", "lstm_layer", "highway_layer", "pack_lstm", "pack_highway", "MAX_HIGHWAY_ROWS",
-           "MAX_LSTM_ROWS"]
+__all__ = ["kernels", "lstm_layer", "highway_layer", "pack_lstm", "pack_highway", "MAX_HIGHWAY_ROWS", "MAX_LSTM_ROWS"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ MAX_LSTM_ROWS = 8
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"] + (
-    ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])
+    ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else []
+)
 
 _module = None  # None = not tried yet; False = unavailable here
 _lock = threading.Lock()
@@ -104,13 +105,20 @@ def _load():
         except Exception:
             built = True
         if not built:
-            log.warning("elmokit: compiling the native batch-1 kernels for this machine (once, about 20 s; "
-                        "ELMOKIT_NATIVE=0 skips them)")
-        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                                  verbose=False)
+            log.warning(
+                "elmokit: compiling the native batch-1 kernels for this machine (once, about 20 s; "
+                "ELMOKIT_NATIVE=0 skips them)"
+            )
+        return cpp_extension.load(
+            name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False
+        )
     except Exception as exc:  # no compiler, no ninja, no headers, another OS …
-        log.warning("elmokit: native kernels unavailable (%s: %s); the TorchScript/ATen paths run instead (same "
-                    "values, slower at batch 1)", type(exc).__name__, str(exc).strip().splitlines()[-1:] or "")
+        log.warning(
+            "elmokit: native kernels unavailable (%s: %s); the TorchScript/ATen paths run instead (same "
+            "values, slower at batch 1)",
+            type(exc).__name__,
+            str(exc).strip().splitlines()[-1:] or "",
+        )
         return None
 
 
@@ -119,20 +127,42 @@ def usable(*tensors: torch.Tensor) -> bool:
     (no other tensor subclass: the kernels read raw memory)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
-    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32 and t.device.type == "cpu"
-               for t in tensors)
+    return all(
+        type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32 and t.device.type == "cpu"
+        for t in tensors
+    )
 
 
-def lstm_layer(module, x: torch.Tensor, sizes: list[int], c: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor,
-               bias: torch.Tensor, w_hh: torch.Tensor, w_proj: torch.Tensor, cell_clip: float, proj_clip: float,
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def lstm_layer(
+    module,
+    x: torch.Tensor,
+    sizes: list[int],
+    c: torch.Tensor,
+    h: torch.Tensor,
+    w_ih: torch.Tensor,
+    bias: torch.Tensor,
+    w_hh: torch.Tensor,
+    w_proj: torch.Tensor,
+    cell_clip: float,
+    proj_clip: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """One LSTM layer by the extension ``module`` (from :func:`kernels`); arguments and result as
     :func:`elmokit.modules.lstm._steps_by_direction` (``sizes``: the running rows per step, zeros dropped) but for
     ``w_hh``, packed by :func:`pack_lstm`; all float32 CPU tensors; ``None`` when ``x``, ``c`` or ``h`` hold inf or
     NaN (the kernel is built with ``-ffast-math``, which assumes finite values: the caller then runs its ATen path,
     which propagates them)."""
-    result = module.lstm_layer(x.contiguous(), sizes, c.contiguous(), h.contiguous(), w_ih, bias, w_hh,
-                               w_proj.contiguous(), float(cell_clip), float(proj_clip))
+    result = module.lstm_layer(
+        x.contiguous(),
+        sizes,
+        c.contiguous(),
+        h.contiguous(),
+        w_ih,
+        bias,
+        w_hh,
+        w_proj.contiguous(),
+        float(cell_clip),
+        float(proj_clip),
+    )
     return tuple(result) if result else None
 
 
@@ -154,8 +184,10 @@ def pack_highway(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor
     columns; and the (F/16, 32) bias in the same order. Raises ``ValueError`` when F is not a multiple of 16."""
     f = weight.shape[0]
     if f % 16 or tuple(weight.shape) != (f, 2 * f) or tuple(bias.shape) != (2 * f,):
-        raise ValueError(f"pack_highway needs an (F, 2F) weight and (2F,) bias with F a multiple of 16, got "
-                         f"{tuple(weight.shape)} and {tuple(bias.shape)}")
+        raise ValueError(
+            f"pack_highway needs an (F, 2F) weight and (2F,) bias with F a multiple of 16, got "
+            f"{tuple(weight.shape)} and {tuple(bias.shape)}"
+        )
     blocks = torch.cat([weight[:, :f].reshape(f, f // 16, 16), weight[:, f:].reshape(f, f // 16, 16)], dim=2)
     packed_bias = torch.cat([bias[:f].reshape(f // 16, 16), bias[f:].reshape(f // 16, 16)], dim=1)
     return blocks.permute(1, 0, 2).contiguous(), packed_bias.contiguous()

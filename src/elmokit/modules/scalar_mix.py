@@ -1,4 +1,5 @@
 """ScalarMix: ELMo's task-specific weighting of the biLM layers (Peters et al. 2018, eq. 1)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -40,9 +41,15 @@ class ScalarMix(nn.Module):
         InputError: a wrong number of layers, a missing mask with layer norm, a layers tensor of the wrong rank.
     """
 
-    def __init__(self, mixture_size: int, do_layer_norm: bool = False,
-                 initial_scalar_parameters: Sequence[float] | None = None, trainable: bool = True,
-                 initial_gamma: float = 1.0, top_only: bool = False) -> None:
+    def __init__(
+        self,
+        mixture_size: int,
+        do_layer_norm: bool = False,
+        initial_scalar_parameters: Sequence[float] | None = None,
+        trainable: bool = True,
+        initial_gamma: float = 1.0,
+        top_only: bool = False,
+    ) -> None:
         super().__init__()
         positive_int("mixture_size (the number of layers mixed)", mixture_size)
         if initial_scalar_parameters is None:
@@ -50,8 +57,9 @@ class ScalarMix(nn.Module):
         try:
             values = [float(v) for v in initial_scalar_parameters]
         except (TypeError, ValueError):
-            raise UsageTypeError(f"initial_scalar_parameters must be {mixture_size} numbers, got "
-                             f"{initial_scalar_parameters!r}") from None
+            raise UsageTypeError(
+                f"initial_scalar_parameters must be {mixture_size} numbers, got {initial_scalar_parameters!r}"
+            ) from None
         if len(values) != mixture_size:
             raise UsageError(
                 f"initial_scalar_parameters has {len(values)} values for a mixture of {mixture_size} layers"
@@ -65,8 +73,9 @@ class ScalarMix(nn.Module):
         self.gamma = nn.Parameter(torch.tensor([float(initial_gamma)]), requires_grad=trainable)
         self.register_load_state_dict_pre_hook(ScalarMix._split_old_scalar_parameters)
 
-    def _split_old_scalar_parameters(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                                     unexpected_keys, error_msgs) -> None:
+    def _split_old_scalar_parameters(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ) -> None:
         # earlier elmokit versions stored w as one (K,) tensor under "scalar_parameters"; now K (1,) tensors
         key = prefix + "scalar_parameters"
         old = state_dict.get(key)

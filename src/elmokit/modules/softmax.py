@@ -19,6 +19,7 @@ Sources for the sampler (TensorFlow: ``python/ops/candidate_sampling_ops.py`` do
 
 Shapes: N tokens (flattened batch × time), D input dim (the LSTM projection), V vocabulary, S sampled negatives.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,9 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------- sampled logits
-def _accidental_hits(targets: torch.Tensor, sampled: torch.Tensor, vocab_size: int
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def _accidental_hits(
+    targets: torch.Tensor, sampled: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, columns) where ``sampled[column] == targets[row]``: targets (N,) long, sampled (S,) distinct long ids.
 
     A lookup table of each id's position among the samples, O(V + N), instead of comparing all N × S pairs (which
@@ -176,9 +178,7 @@ def log_uniform_candidates(
         chunk *= 2
 
 
-def log_uniform_expected_count(
-    ids: torch.Tensor, range_max: int, num_samples: int, num_tries: int
-) -> torch.Tensor:
+def log_uniform_expected_count(ids: torch.Tensor, range_max: int, num_samples: int, num_tries: int) -> torch.Tensor:
     """TF's expected count ``Q(k)`` of ids under unique log-uniform sampling (``ExpectedCountHelper``).
 
     ``P(k) · num_samples`` when ``num_tries == num_samples`` (no rejection happened), else
@@ -328,7 +328,8 @@ class SoftmaxLM(nn.Module):
             if not self._logged_fallback:
                 logger.info(
                     "sampled softmax: num_samples=%d >= vocab_size-1=%d, using the full softmax instead",
-                    num_samples, V - 1,
+                    num_samples,
+                    V - 1,
                 )
                 self._logged_fallback = True
             return self.full_nll(h, targets)
@@ -343,8 +344,11 @@ class SoftmaxLM(nn.Module):
         true_logits = (h * w_true).sum(-1).float() + self.bias[targets].float() - log_q_true  # (N,)
         # - log Q(s) folded into the bias, and no (N, 1 + S) concatenation: fewer passes over the (N, S) logits
         sampled_bias = self.bias[sampled] - log_q_sampled.to(self.bias.dtype)
-        hit_rows, hit_cols = (_accidental_hits(targets, sampled, V) if remove_accidental_hits
-                              else (targets.new_zeros(0), targets.new_zeros(0)))
+        hit_rows, hit_cols = (
+            _accidental_hits(targets, sampled, V)
+            if remove_accidental_hits
+            else (targets.new_zeros(0), targets.new_zeros(0))
+        )
         w_sampled = self.weight[sampled]
         if h.dtype == torch.float32 and w_sampled.dtype == torch.float32:
             sampled_lse = _SampledLogSumExp.apply(h, w_sampled, sampled_bias, hit_rows, hit_cols)

@@ -1,4 +1,5 @@
 """The context-independent token encoder (ELMo layer 0): char CNN → highway → linear projection."""
+
 from __future__ import annotations
 
 import torch

@@ -22,22 +22,47 @@ The names below are imported on first use (PEP 562 ``__getattr__``; ``from elmok
 as ever): ``elmokit embed`` imports :mod:`.distributed` while the CLI builds its parser, and that should not load the
 trainer (lazy: CLI start-up).
 """
+
 from __future__ import annotations
 
 import importlib
 
 #: public name → the submodule that defines it
 _EXPORTS = {
-    "TrainConfig": "config", "RESUME_MAY_CHANGE": "config",
-    "BidirectionalLM": "objective", "DirectionalNLL": "objective",
-    "evaluate_perplexity": "perplexity", "score_sentences": "perplexity", "unigram_perplexity": "perplexity",
-    "Trainer": "trainer", "TrainingError": "trainer", "StepResult": "trainer", "build_trainer": "trainer",
-    "latest_checkpoint_step": "trainer", "save_lm": "trainer", "load_lm": "trainer", "plot_learning_curve": "trainer",
+    "TrainConfig": "config",
+    "RESUME_MAY_CHANGE": "config",
+    "BidirectionalLM": "objective",
+    "DirectionalNLL": "objective",
+    "evaluate_perplexity": "perplexity",
+    "score_sentences": "perplexity",
+    "unigram_perplexity": "perplexity",
+    "Trainer": "trainer",
+    "TrainingError": "trainer",
+    "StepResult": "trainer",
+    "build_trainer": "trainer",
+    "latest_checkpoint_step": "trainer",
+    "save_lm": "trainer",
+    "load_lm": "trainer",
+    "plot_learning_curve": "trainer",
 }
 
-__all__ = ["TrainConfig", "RESUME_MAY_CHANGE", "BidirectionalLM", "DirectionalNLL", "Trainer", "TrainingError",
-           "StepResult", "build_trainer", "save_lm", "load_lm", "latest_checkpoint_step", "plot_learning_curve",
-           "evaluate_perplexity", "score_sentences", "unigram_perplexity"]
+__all__ = [
+    "TrainConfig",
+    "RESUME_MAY_CHANGE",
+    "BidirectionalLM",
+    "DirectionalNLL",
+    "Trainer",
+    "TrainingError",
+    "StepResult",
+    "build_trainer",
+    "save_lm",
+    "load_lm",
+    "latest_checkpoint_step",
+    "plot_learning_curve",
+    "evaluate_perplexity",
+    "score_sentences",
+    "unigram_perplexity",
+]
 
 
 def __getattr__(name: str) -> object:

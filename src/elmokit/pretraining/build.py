@@ -6,6 +6,7 @@ data parts, the vocabularies, the model (from ``init_from`` when given), the opt
 step that may fail on one process only is shared (:meth:`~elmokit.pretraining.distributed.DistContext.agree`), so all
 processes raise the same error.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,15 +19,20 @@ from elmokit.characters import CharVocabulary
 from elmokit.config import ElmoConfig
 from elmokit.data.corpus import TextCorpus
 from elmokit.errors import MissingFileError, UsageError
-from elmokit.vocabulary import Vocabulary
 from elmokit.pretraining.config import TrainConfig
-from elmokit.pretraining.data import (TrainingData, char_vocabulary_from_counts, parts_of_process, read_sentences,
-                                      vocabulary_from_counts)
+from elmokit.pretraining.data import (
+    TrainingData,
+    char_vocabulary_from_counts,
+    parts_of_process,
+    read_sentences,
+    vocabulary_from_counts,
+)
 from elmokit.pretraining.distributed import DistContext, single_process
 from elmokit.pretraining.init_from import InitModel, apply_init_model, check_architecture, load_init_model
 from elmokit.pretraining.objective import BidirectionalLM
 from elmokit.pretraining.resume import one_line
 from elmokit.pretraining.run_folder import check_outside_patterns
+from elmokit.vocabulary import Vocabulary
 
 __all__ = ["TrainerParts", "build_parts", "make_optimizer"]
 
@@ -113,8 +119,9 @@ def _check_valid_patterns(patterns) -> None:
             raise MissingFileError(f"the held-out text (valid_files, --valid-files): {exc}") from None
 
 
-def _vocabularies(config: TrainConfig, data: TrainingData, dist: DistContext,
-                  init: InitModel | None) -> tuple[Vocabulary, CharVocabulary | None, ElmoConfig]:
+def _vocabularies(
+    config: TrainConfig, data: TrainingData, dist: DistContext, init: InitModel | None
+) -> tuple[Vocabulary, CharVocabulary | None, ElmoConfig]:
     """The word vocabulary (``vocab_file``, or counted part by part and added up over the processes), the character
     vocabulary (the init model's, counted so in ``char_vocab`` mode, else ``None``) and the model's config (with the
     character vocabulary's size)."""
@@ -136,8 +143,14 @@ def _vocabularies(config: TrainConfig, data: TrainingData, dist: DistContext,
     return vocab, char_vocab, model_config
 
 
-def _make_model(config: TrainConfig, model_config: ElmoConfig, vocab: Vocabulary, char_vocab: CharVocabulary | None,
-                init: InitModel | None, device: torch.device) -> tuple[BidirectionalLM, bool]:
+def _make_model(
+    config: TrainConfig,
+    model_config: ElmoConfig,
+    vocab: Vocabulary,
+    char_vocab: CharVocabulary | None,
+    init: InitModel | None,
+    device: torch.device,
+) -> tuple[BidirectionalLM, bool]:
     """The model, initialised from ``config.seed`` without touching the global RNG, then given the init model's
     weights (when there is one), on ``device``; and whether the init model's softmax was kept.
 
@@ -150,6 +163,7 @@ def _make_model(config: TrainConfig, model_config: ElmoConfig, vocab: Vocabulary
     try:
         lm.to(device)
     except RuntimeError as exc:  # e.g. "mps" on a build without MPS support
-        raise UsageError(f"device {config.device!r} cannot be used here ({one_line(exc)}): use auto, cpu, cuda "
-                         "or cuda:N") from None
+        raise UsageError(
+            f"device {config.device!r} cannot be used here ({one_line(exc)}): use auto, cpu, cuda or cuda:N"
+        ) from None
     return lm, kept_softmax

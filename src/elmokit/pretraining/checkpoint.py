@@ -27,6 +27,7 @@ Test hook: :func:`write_checkpoint` calls ``at_point(point, step)`` (the trainer
 manifest not) and ``after_manifest`` (manifest written, older files not yet deleted). ``tests/test_kill.py`` kills its
 process with ``SIGKILL`` there to show that a resume after each of these kills continues exactly.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,9 +36,10 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -77,8 +79,10 @@ RUN_FILE_NAMES = ("checkpoint.json", "metrics.jsonl", "learning_curve.png", "tra
 
 _CKPT_RE = re.compile(r"^ckpt-(\d+)\.(safetensors|state\.pt)$")
 # atomic_path's temporaries: ".<name>.<random><suffix>.tmp" (and the best/ model's temporary folders)
-_TMP_RE = re.compile(r"^\.(ckpt-\d+\.(?:safetensors|state\.pt)|checkpoint\.json|metrics\.jsonl|learning_curve\.png|"
-                     r"train_config\.json|best)\..+\.tmp$")
+_TMP_RE = re.compile(
+    r"^\.(ckpt-\d+\.(?:safetensors|state\.pt)|checkpoint\.json|metrics\.jsonl|learning_curve\.png|"
+    r"train_config\.json|best)\..+\.tmp$"
+)
 
 
 def tensor_file_name(step: int) -> str:
@@ -146,8 +150,12 @@ class Manifest:
         return self.checkpoints[-1] if self.checkpoints else None
 
     def to_text(self) -> str:
-        data = {"format": MANIFEST_FORMAT, "step": self.checkpoints[-1].step,
-                "checkpoints": [e.to_json() for e in self.checkpoints], **self.run}
+        data = {
+            "format": MANIFEST_FORMAT,
+            "step": self.checkpoints[-1].step,
+            "checkpoints": [e.to_json() for e in self.checkpoints],
+            **self.run,
+        }
         return json.dumps(data, indent=1) + "\n"
 
 
@@ -166,16 +174,19 @@ def read_manifest(out_dir: str | os.PathLike) -> Manifest | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is not a readable checkpoint manifest ({exc}); "
-                              "start the run again with --overwrite") from None
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint manifest ({exc}); start the run again with --overwrite"
+        ) from None
     try:
         if isinstance(data, dict) and "checkpoints" in data:
             entries = []
             for item in data["checkpoints"]:
                 files = item["files"]
                 if files is not None:
-                    files = {str(name): {"size": int(info["size"]), "sha256": str(info["sha256"])}
-                             for name, info in files.items()}
+                    files = {
+                        str(name): {"size": int(info["size"]), "sha256": str(info["sha256"])}
+                        for name, info in files.items()
+                    }
                 entries.append(CheckpointEntry(_as_step(item["step"]), files))
             if not entries:
                 raise ValueError("no checkpoint listed")
@@ -185,8 +196,9 @@ def read_manifest(out_dir: str | os.PathLike) -> Manifest | None:
             return Manifest([CheckpointEntry(_as_step(data["step"]))], {}, 1)
         raise ValueError("neither 'checkpoints' nor 'step'")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointError(f"{path} does not have the shape of a checkpoint manifest ({exc}); "
-                              "start the run again with --overwrite") from None
+        raise CheckpointError(
+            f"{path} does not have the shape of a checkpoint manifest ({exc}); start the run again with --overwrite"
+        ) from None
 
 
 def _as_step(value: Any) -> int:
@@ -200,9 +212,17 @@ def _nothing(point: str, step: int) -> None:
     """The ``at_point`` of a write without hook."""
 
 
-def write_checkpoint(out_dir: str | os.PathLike, step: int, tensors: dict[str, torch.Tensor], state: dict[str, Any],
-                     *, previous: list[CheckpointEntry], keep: int, run: dict[str, Any],
-                     at_point: Callable[[str, int], None] | None = None) -> list[CheckpointEntry]:
+def write_checkpoint(
+    out_dir: str | os.PathLike,
+    step: int,
+    tensors: dict[str, torch.Tensor],
+    state: dict[str, Any],
+    *,
+    previous: list[CheckpointEntry],
+    keep: int,
+    run: dict[str, Any],
+    at_point: Callable[[str, int], None] | None = None,
+) -> list[CheckpointEntry]:
     """Write the checkpoint of ``step``, then the manifest naming it and the newest ``keep - 1`` of ``previous`` with a
     smaller step, then delete every ``ckpt-*`` file the manifest does not name (and leftover temporaries).
 
@@ -230,7 +250,7 @@ def write_checkpoint(out_dir: str | os.PathLike, step: int, tensors: dict[str, t
         s_info = file_digest(tmp, fsync=True)
     point("before_manifest", step)
     older = [e for e in previous if e.step < step]
-    kept = (older[-(keep - 1):] if keep > 1 else []) + [CheckpointEntry(step, {t_name: t_info, s_name: s_info})]
+    kept = (older[-(keep - 1) :] if keep > 1 else []) + [CheckpointEntry(step, {t_name: t_info, s_name: s_info})]
     atomic_write_text(out_dir / MANIFEST_NAME, Manifest(kept, run).to_text())
     point("after_manifest", step)
     _prune(out_dir, kept)
@@ -241,7 +261,8 @@ def _prune(out_dir: Path, kept: list[CheckpointEntry]) -> None:
     names = {n for e in kept for n in e.file_names}
     for path in out_dir.iterdir():
         if (_CKPT_RE.match(path.name) and path.name not in names) or (
-                path.name.startswith(".ckpt-") and _TMP_RE.match(path.name)):
+            path.name.startswith(".ckpt-") and _TMP_RE.match(path.name)
+        ):
             path.unlink(missing_ok=True)
 
 
@@ -324,11 +345,16 @@ def load_latest(out_dir: str | os.PathLike) -> LoadedCheckpoint | None:
             else:
                 return LoadedCheckpoint(entry, tensors, state, manifest)
         failures.append(f"step {entry.step}: {'; '.join(problems)}")
-        then = (f"falling back to the checkpoint of step {entries[i + 1].step}" if i + 1 < len(entries)
-                else "no older checkpoint is kept")
+        then = (
+            f"falling back to the checkpoint of step {entries[i + 1].step}"
+            if i + 1 < len(entries)
+            else "no older checkpoint is kept"
+        )
         logger.warning("checkpoint of step %d is damaged: %s; %s", entry.step, "; ".join(problems), then)
-    raise CheckpointError(f"no checkpoint in {out_dir} can be used ({' | '.join(failures)}): start the run again "
-                          f"with {option_wording('--overwrite', 'overwrite=True')}, or into another folder")
+    raise CheckpointError(
+        f"no checkpoint in {out_dir} can be used ({' | '.join(failures)}): start the run again "
+        f"with {option_wording('--overwrite', 'overwrite=True')}, or into another folder"
+    )
 
 
 def latest_valid_step(out_dir: str | os.PathLike) -> int | None:
@@ -360,8 +386,9 @@ def run_files(out_dir: str | os.PathLike) -> list[Path]:
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
-    return sorted((p for p in out_dir.iterdir() if p.name in RUN_FILE_NAMES or _CKPT_RE.match(p.name)),
-                  key=lambda p: p.name)
+    return sorted(
+        (p for p in out_dir.iterdir() if p.name in RUN_FILE_NAMES or _CKPT_RE.match(p.name)), key=lambda p: p.name
+    )
 
 
 def remove_run_files(out_dir: str | os.PathLike) -> list[Path]:

@@ -9,6 +9,7 @@ Resume rules (:data:`RESUME_MAY_CHANGE`, :meth:`TrainConfig.resumed`): a field t
 how often to save, log or evaluate may change on ``--resume``; every other field fixes what the run computes (its data,
 model, vocabulary, optimiser, randomness) and may be repeated but not changed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,17 @@ from typing import Any, Literal
 from elmokit.config import ElmoConfig
 from elmokit.errors import CheckpointError, ConfigError, UsageError
 
-__all__ = ["TrainConfig", "Batching", "OptimizerName", "DecodeErrors", "DeviceName", "RESUME_MAY_CHANGE",
-           "MAX_LEARNING_RATE", "literal_choices", "default_learning_rate"]
+__all__ = [
+    "TrainConfig",
+    "Batching",
+    "OptimizerName",
+    "DecodeErrors",
+    "DeviceName",
+    "RESUME_MAY_CHANGE",
+    "MAX_LEARNING_RATE",
+    "literal_choices",
+    "default_learning_rate",
+]
 
 Batching = Literal["sentences", "windows"]
 OptimizerName = Literal["adagrad", "adam"]
@@ -37,10 +47,22 @@ MAX_LEARNING_RATE = 1e4
 
 #: The fields that may change when a run is resumed (:meth:`TrainConfig.resumed`): how long, where and how often to
 #: save, log and evaluate. Every other field fixes what the run computes.
-RESUME_MAY_CHANGE: frozenset[str] = frozenset({
-    "out_dir", "max_steps", "device", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "log_every",
-    "progress", "deterministic", "valid_files", "valid_every", "valid_minutes",
-})
+RESUME_MAY_CHANGE: frozenset[str] = frozenset(
+    {
+        "out_dir",
+        "max_steps",
+        "device",
+        "checkpoint_every",
+        "checkpoint_minutes",
+        "keep_checkpoints",
+        "log_every",
+        "progress",
+        "deterministic",
+        "valid_files",
+        "valid_every",
+        "valid_minutes",
+    }
+)
 
 
 def literal_choices(tp: Any) -> tuple[str, ...]:
@@ -156,7 +178,7 @@ class TrainConfig:
             self.valid_files = [str(self.valid_files)]
 
     # ------------------------------------------------------------------ checks
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         """Check every value; return ``self``.
 
         Raises:
@@ -168,8 +190,9 @@ class TrainConfig:
             if getattr(self, name) not in choices:
                 raise ConfigError(f"TrainConfig.{name} must be {_one_of(choices)}, got {getattr(self, name)!r}")
         if not isinstance(self.device, str) or not self.device:
-            raise ConfigError(f"TrainConfig.device must be a device name (auto, cpu, cuda, cuda:N), "
-                              f"got {self.device!r}")
+            raise ConfigError(
+                f"TrainConfig.device must be a device name (auto, cpu, cuda, cuda:N), got {self.device!r}"
+            )
         for name in ("batch_size", "unroll_steps", "n_epochs", "checkpoint_every", "log_every", "keep_checkpoints"):
             _check_int(name, getattr(self, name), 1)
         _check_int("n_negative_samples", self.n_negative_samples, 0, "(0 = full softmax)")
@@ -186,38 +209,52 @@ class TrainConfig:
         if not _is_number(self.dropout) or not 0 <= self.dropout < 1:
             raise ConfigError(f"TrainConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if self.lr is not None and (not _is_number(self.lr) or not 0 < self.lr <= MAX_LEARNING_RATE):
-            raise ConfigError(f"TrainConfig.lr must be > 0 (--lr) and at most {MAX_LEARNING_RATE:g} (or None for the "
-                              f"optimiser's default), got {self.lr!r}")
+            raise ConfigError(
+                f"TrainConfig.lr must be > 0 (--lr) and at most {MAX_LEARNING_RATE:g} (or None for the "
+                f"optimiser's default), got {self.lr!r}"
+            )
         for name in ("checkpoint_minutes", "valid_minutes"):
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or not 0 < value < math.inf):
                 raise ConfigError(f"TrainConfig.{name} must be > 0 minutes (or None), got {value!r}")
-        if self.valid_files is not None and (not isinstance(self.valid_files, list) or not self.valid_files
-                                             or not all(isinstance(p, str) and p for p in self.valid_files)):
-            raise ConfigError(f"TrainConfig.valid_files must be a non-empty list of file patterns (or None), got "
-                              f"{self.valid_files!r}")
+        if self.valid_files is not None and (
+            not isinstance(self.valid_files, list)
+            or not self.valid_files
+            or not all(isinstance(p, str) and p for p in self.valid_files)
+        ):
+            raise ConfigError(
+                f"TrainConfig.valid_files must be a non-empty list of file patterns (or None), got {self.valid_files!r}"
+            )
         if self.valid_files is None and (self.valid_every is not None or self.valid_minutes is not None):
-            raise ConfigError("--valid-every / --valid-minutes (valid_every / valid_minutes) need "
-                              "valid_files (--valid-files): the held-out text to evaluate")
+            raise ConfigError(
+                "--valid-every / --valid-minutes (valid_every / valid_minutes) need "
+                "valid_files (--valid-files): the held-out text to evaluate"
+            )
         if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
-            raise ConfigError(f"TrainConfig.init_from must be a model name or folder (or None), got "
-                              f"{self.init_from!r}")
+            raise ConfigError(f"TrainConfig.init_from must be a model name or folder (or None), got {self.init_from!r}")
         if self.freeze_bilm_steps and self.init_from is None:
-            raise ConfigError(f"freeze_bilm_steps={self.freeze_bilm_steps} (--freeze-bilm-steps) needs a model to "
-                              "start from (--init-from): a freshly initialised biLM would stay random while frozen")
+            raise ConfigError(
+                f"freeze_bilm_steps={self.freeze_bilm_steps} (--freeze-bilm-steps) needs a model to "
+                "start from (--init-from): a freshly initialised biLM would stay random while frozen"
+            )
         if self.model is None and self.init_from is None:
-            raise ConfigError("TrainConfig.model is missing: give an architecture (an ElmoConfig or options dict, "
-                              "--preset/--options) or a model to start from (init_from, --init-from)")
+            raise ConfigError(
+                "TrainConfig.model is missing: give an architecture (an ElmoConfig or options dict, "
+                "--preset/--options) or a model to start from (init_from, --init-from)"
+            )
         if self.model is not None and not isinstance(self.model, ElmoConfig):
-            raise ConfigError(f"TrainConfig.model must be an ElmoConfig or an options dict, got "
-                              f"{type(self.model).__name__}")
+            raise ConfigError(
+                f"TrainConfig.model must be an ElmoConfig or an options dict, got {type(self.model).__name__}"
+            )
         if self.model is not None:
             self.model.validate("TrainConfig.model")
         if self.data_parts is not None and self.batch_size < self.data_parts:
-            raise ConfigError(f"batch_size={self.batch_size} (--batch-size) is smaller than data_parts="
-                              f"{self.data_parts} (--data-parts, or the number of processes): every data part "
-                              "(one per process unless --data-parts) needs at least one sentence (window row) per "
-                              "step; use a larger --batch-size")
+            raise ConfigError(
+                f"batch_size={self.batch_size} (--batch-size) is smaller than data_parts="
+                f"{self.data_parts} (--data-parts, or the number of processes): every data part "
+                "(one per process unless --data-parts) needs at least one sentence (window row) per "
+                "step; use a larger --batch-size"
+            )
         return self
 
     @property
@@ -247,22 +284,23 @@ class TrainConfig:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "train_config.json") -> "TrainConfig":
+    def from_dict(cls, data: Any, source: str = "train_config.json") -> TrainConfig:
         """Build from :meth:`to_dict`'s data (older files, without the newer fields, get their defaults).
 
         Raises:
             CheckpointError: not an object, unknown or missing fields, or an invalid model (names ``source``).
         """
         if not isinstance(data, dict):
-            raise CheckpointError(f"{source} is not a readable training configuration (a JSON object expected, got "
-                                  f"{type(data).__name__})")
+            raise CheckpointError(
+                f"{source} is not a readable training configuration (a JSON object expected, got {type(data).__name__})"
+            )
         try:
             return cls(**data)
         except (TypeError, ConfigError) as exc:
             raise CheckpointError(f"{source} is not a readable training configuration ({exc})") from None
 
     @classmethod
-    def from_json_file(cls, path: str | Path) -> "TrainConfig":
+    def from_json_file(cls, path: str | Path) -> TrainConfig:
         """Read ``train_config.json``.
 
         Raises:
@@ -296,7 +334,7 @@ class TrainConfig:
             return str(Path(value)) == str(Path(mine))
         return value == mine
 
-    def resumed(self, changes: dict[str, Any], describe=lambda name: f"TrainConfig.{name}") -> "TrainConfig":
+    def resumed(self, changes: dict[str, Any], describe=lambda name: f"TrainConfig.{name}") -> TrainConfig:
         """This (saved) run's config with ``changes`` (field → value, as given for the resume) applied.
 
         A field in :data:`RESUME_MAY_CHANGE` takes its new value; any other may be given only with the run's own
@@ -309,14 +347,19 @@ class TrainConfig:
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise UsageError(f"unknown TrainConfig field(s): {', '.join(unknown)}")
-        changed = [name for name, value in changes.items()
-                   if name not in RESUME_MAY_CHANGE and not self.same_value(name, value)]
+        changed = [
+            name
+            for name, value in changes.items()
+            if name not in RESUME_MAY_CHANGE and not self.same_value(name, value)
+        ]
         if changed:
             allowed = ", ".join(sorted({describe(n) for n in RESUME_MAY_CHANGE if describe(n)}))
             names = list(dict.fromkeys(describe(n) for n in changed))
-            raise UsageError(f"{', '.join(names)}: {'differs' if len(names) == 1 else 'differ'} from the run being "
-                             f"resumed (see {Path(self.out_dir) / 'train_config.json'}); only {allowed} may change on "
-                             "--resume. Start a new --out-dir to change the others")
+            raise UsageError(
+                f"{', '.join(names)}: {'differs' if len(names) == 1 else 'differ'} from the run being "
+                f"resumed (see {Path(self.out_dir) / 'train_config.json'}); only {allowed} may change on "
+                "--resume. Start a new --out-dir to change the others"
+            )
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if k in RESUME_MAY_CHANGE})
 
 

@@ -21,6 +21,7 @@ sha256 ran at 1,494–1,564 MB/s (median 1,522) over a 1 GB, 4-shard text corpus
 (``flock /tmp/elmokit-cpu.lock python bench/corpus_fingerprint.py --size-mb 1024 --work /tmp/fp``; BLAKE2b, the other
 candidate, 674 MB/s there) — plus the disk's read time for files not cached (e.g. 2 s per GB at 500 MB/s).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -36,12 +37,23 @@ from typing import Any
 from elmokit.characters import CharVocabulary
 from elmokit.data.corpus import SentenceBatcher, StreamBatch, StreamWindows, TextCorpus
 from elmokit.errors import CheckpointError, DataError, UsageError
-from elmokit.vocabulary import Vocabulary
 from elmokit.pretraining.config import TrainConfig
+from elmokit.vocabulary import Vocabulary
 
-__all__ = ["PartBatch", "StepBatch", "TrainingData", "part_batch_size", "parts_of_process", "vocabulary_from_counts",
-           "char_vocabulary_from_counts", "PartCounts", "read_sentences", "corpus_fingerprint", "corpus_changes",
-           "check_corpus_unchanged"]
+__all__ = [
+    "PartBatch",
+    "StepBatch",
+    "TrainingData",
+    "part_batch_size",
+    "parts_of_process",
+    "vocabulary_from_counts",
+    "char_vocabulary_from_counts",
+    "PartCounts",
+    "read_sentences",
+    "corpus_fingerprint",
+    "corpus_changes",
+    "check_corpus_unchanged",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +71,11 @@ def parts_of_process(rank: int, world_size: int, n_parts: int) -> list[int]:
         UsageError: more processes than data parts (a process would have nothing to compute).
     """
     if world_size > n_parts:
-        raise UsageError(f"{world_size} processes but the run's data is in {n_parts} part(s) (data_parts, set by the "
-                         f"number of processes the run started with, or --data-parts): run it on 1 to {n_parts} "
-                         "processes; more would change the global batch")
+        raise UsageError(
+            f"{world_size} processes but the run's data is in {n_parts} part(s) (data_parts, set by the "
+            f"number of processes the run started with, or --data-parts): run it on 1 to {n_parts} "
+            "processes; more would change the global batch"
+        )
     return [d for d in range(n_parts) if d % world_size == rank]
 
 
@@ -124,8 +138,14 @@ class TrainingData:
         self.corpora: dict[int, TextCorpus] = {}
         self.batchers: dict[int, SentenceBatcher | StreamWindows] = {}
         for d in self.parts:
-            corpus = TextCorpus(config.train_files, shuffle=config.shuffle, seed=config.seed,
-                                errors=config.decode_errors, part=d, parts=n_parts)
+            corpus = TextCorpus(
+                config.train_files,
+                shuffle=config.shuffle,
+                seed=config.seed,
+                errors=config.decode_errors,
+                part=d,
+                parts=n_parts,
+            )
             size = part_batch_size(config.batch_size, n_parts, d)
             self.corpora[d] = corpus
             if config.batching == "windows":
@@ -182,8 +202,9 @@ class TrainingData:
         """
         for d in self.parts:
             if d not in states:
-                raise CheckpointError(f"{source}: no saved data position for data part {d} (it holds parts "
-                                      f"{sorted(states)})")
+                raise CheckpointError(
+                    f"{source}: no saved data position for data part {d} (it holds parts {sorted(states)})"
+                )
             self.batchers[d].load_state_dict(states[d])
 
 
@@ -268,16 +289,21 @@ def corpus_changes(saved: dict[str, dict[str, Any]], now: dict[str, dict[str, An
             changes.append(f"{name} vanished (the training patterns no longer match it)")
         elif (before.get("size"), before.get("sha256")) != (after["size"], after["sha256"]):
             if before.get("size") == after["size"] and _when(before) == _when(after):  # size and time kept
-                changes.append(f"{name} was edited (the same size, {after['size']} bytes, and modification time, "
-                               "but other contents: its sha256 differs)")
+                changes.append(
+                    f"{name} was edited (the same size, {after['size']} bytes, and modification time, "
+                    "but other contents: its sha256 differs)"
+                )
             else:
-                changes.append(f"{name} was edited ({before.get('size')} bytes, modified {_when(before)} when the "
-                               f"run started; {after['size']} bytes, modified {_when(after)} now)")
+                changes.append(
+                    f"{name} was edited ({before.get('size')} bytes, modified {_when(before)} when the "
+                    f"run started; {after['size']} bytes, modified {_when(after)} now)"
+                )
     return changes
 
 
-def check_corpus_unchanged(saved: dict[str, Any] | None, files: Sequence[str | os.PathLike],
-                           out_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
+def check_corpus_unchanged(
+    saved: dict[str, Any] | None, files: Sequence[str | os.PathLike], out_dir: str | os.PathLike
+) -> dict[str, dict[str, Any]]:
     """Fingerprint ``files`` and compare with ``saved`` (the ``"corpus"`` record of the run's manifest; ``None`` for a
     run written before corpora were fingerprinted: nothing to compare). Returns the new fingerprint.
 
@@ -290,7 +316,9 @@ def check_corpus_unchanged(saved: dict[str, Any] | None, files: Sequence[str | o
     changes = corpus_changes(saved["files"], now)
     if changes:
         shown = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
-        raise DataError(f"the training text changed since the run in {Path(out_dir)} started: {shown}. Its checkpoints "
-                        "hold positions in the old text, so --resume would go on in other text: put back the files "
-                        "the run started with, or start a new run (--overwrite, or another --out-dir)")
+        raise DataError(
+            f"the training text changed since the run in {Path(out_dir)} started: {shown}. Its checkpoints "
+            "hold positions in the old text, so --resume would go on in other text: put back the files "
+            "the run started with, or start a new run (--overwrite, or another --out-dir)"
+        )
     return now

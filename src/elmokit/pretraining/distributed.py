@@ -16,21 +16,34 @@ It is the one torchrun layer of elmokit: ``torchrun … -m elmokit embed`` (:mod
 rank with :func:`torchrun_rank`, joins with :func:`init_from_env` (``command="embed"``) and shares process 0's outcome
 with :meth:`DistContext.on_main`, so an error of another process is rebuilt one way (:func:`_remote_error`) for both.
 """
+
 from __future__ import annotations
 
 import contextlib
 import datetime
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from elmokit.devices import resolve_device
-from elmokit.errors import (CheckpointError, ConfigError, DataError, ElmoError, EmbedWorkerError, FolderInUseError,
-                            InputError, MissingFileError, TrainingError, UsageError, WeightsError)
+from elmokit.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    ElmoError,
+    EmbedWorkerError,
+    FolderInUseError,
+    InputError,
+    MissingFileError,
+    TrainingError,
+    UsageError,
+    WeightsError,
+)
 
 __all__ = ["DistContext", "init_from_env", "single_process", "torchrun_rank"]
 
@@ -99,13 +112,17 @@ class DistContext:
         if text == "auto" and not torch.cuda.is_available():
             return torch.device("cpu")
         if text not in ("auto", "cuda"):
-            raise UsageError(f"--device {text!r} with {self.world_size} processes: each process uses its own GPU "
-                             "(cuda:LOCAL_RANK); pass --device cuda, auto or cpu")
+            raise UsageError(
+                f"--device {text!r} with {self.world_size} processes: each process uses its own GPU "
+                "(cuda:LOCAL_RANK); pass --device cuda, auto or cpu"
+            )
         resolve_device("cuda")  # a clear error where CUDA is missing
         if self.local_rank >= torch.cuda.device_count():
-            raise UsageError(f"process {self.rank} has LOCAL_RANK {self.local_rank} but this machine has "
-                             f"{torch.cuda.device_count()} CUDA device(s): start at most that many processes per node "
-                             "(torchrun --nproc-per-node)")
+            raise UsageError(
+                f"process {self.rank} has LOCAL_RANK {self.local_rank} but this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s): start at most that many processes per node "
+                "(torchrun --nproc-per-node)"
+            )
         return torch.device("cuda", self.local_rank)
 
     # ------------------------------------------------------------------ collectives
@@ -190,8 +207,10 @@ def torchrun_rank(command: str = "train") -> tuple[int, int]:
             return 0, 1
         rank = int(os.environ["RANK"])
     except (KeyError, ValueError):
-        raise UsageError(f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} but RANK={os.environ.get('RANK')!r} is missing "
-                         f"or not a number: {_how_to_start(command)}") from None
+        raise UsageError(
+            f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} but RANK={os.environ.get('RANK')!r} is missing "
+            f"or not a number: {_how_to_start(command)}"
+        ) from None
     if not 0 <= rank < world:
         raise UsageError(f"RANK={rank} is outside 0..{world - 1}: {_how_to_start(command)}")
     return rank, world
@@ -202,8 +221,9 @@ def _how_to_start(command: str) -> str:
     return f"start several {what} processes with torchrun (torchrun --nproc-per-node N -m elmokit {command} …)"
 
 
-def init_from_env(device: str | None = "auto", *, command: str = "train",
-                  timeout: datetime.timedelta | None = None) -> DistContext:
+def init_from_env(
+    device: str | None = "auto", *, command: str = "train", timeout: datetime.timedelta | None = None
+) -> DistContext:
     """Join the process group that ``torchrun`` describes in the environment (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``,
     ``MASTER_ADDR``, ``MASTER_PORT``), or return a single-process context when ``WORLD_SIZE`` is missing or 1. A
     process group that already exists (made by the caller) is used as it is.
@@ -219,8 +239,13 @@ def init_from_env(device: str | None = "auto", *, command: str = "train",
     """
     if dist.is_available() and dist.is_initialized():
         backend = str(dist.get_backend())
-        ctx = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                          local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0), backend=backend, command=command)
+        ctx = DistContext(
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0),
+            backend=backend,
+            command=command,
+        )
         if backend == "nccl":
             ctx.comm_device = torch.device("cuda", torch.cuda.current_device())
         return ctx
@@ -230,8 +255,9 @@ def init_from_env(device: str | None = "auto", *, command: str = "train",
     try:
         local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
     except ValueError:
-        raise UsageError(f"LOCAL_RANK={os.environ.get('LOCAL_RANK')!r} is not a number: "
-                         f"{_how_to_start(command)}") from None
+        raise UsageError(
+            f"LOCAL_RANK={os.environ.get('LOCAL_RANK')!r} is not a number: {_how_to_start(command)}"
+        ) from None
     missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
     if missing:
         raise UsageError(f"WORLD_SIZE={world} but {', '.join(missing)} not set: {_how_to_start(command)}")
@@ -251,8 +277,21 @@ def init_from_env(device: str | None = "auto", *, command: str = "train",
 
 
 # ---------------------------------------------------------------------------------------------- shared errors
-_SIMPLE = {c.__name__: c for c in (UsageError, ConfigError, InputError, MissingFileError, WeightsError,
-                                   CheckpointError, DataError, FolderInUseError, TrainingError, EmbedWorkerError)}
+_SIMPLE = {
+    c.__name__: c
+    for c in (
+        UsageError,
+        ConfigError,
+        InputError,
+        MissingFileError,
+        WeightsError,
+        CheckpointError,
+        DataError,
+        FolderInUseError,
+        TrainingError,
+        EmbedWorkerError,
+    )
+}
 
 
 def _describe_error(exc: BaseException) -> dict[str, Any]:

@@ -4,6 +4,7 @@ is read from, and the best model so far kept in ``best/``.
 :class:`HeldoutMixin` holds :class:`~elmokit.pretraining.trainer.Trainer`'s evaluation methods. Evaluations do not
 touch the training's randomness, so they do not change what is trained.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,7 +36,7 @@ class HeldoutMixin:
         :func:`elmokit.pretraining.perplexity.evaluate_perplexity`): ``{"forward", "backward", "average", "tokens",
         "sentences"}``. Collective: each process scores its share and the sums are added up."""
         was_training = self.lm.training
-        mine = (self.valid or [])[self.dist.rank::self.dist.world_size]
+        mine = (self.valid or [])[self.dist.rank :: self.dist.world_size]
         try:
             sums = perplexity_sums(self.lm, mine, VALID_BATCH_SENTENCES) if mine else (0.0, 0.0, 0, 0)
         finally:
@@ -56,9 +57,11 @@ class HeldoutMixin:
         corpus = TextCorpus(list(self.config.train_files), errors=self.config.decode_errors)
         state, samples = mean_start_state(self.lm, corpus.sentences(0))
         if state is None and self.dist.is_main:
-            logger.warning("batching='windows' but the training text has too few sentences for a start state "
-                           "(%d sentence start(s) seen after the first of a stream): the model is read from zeros",
-                           samples)
+            logger.warning(
+                "batching='windows' but the training text has too few sentences for a start state "
+                "(%d sentence start(s) seen after the first of a stream): the model is read from zeros",
+                samples,
+            )
         self.lm.bilm.set_start_state(state, describe(samples))
         self._start_state_step = self.step
 
@@ -67,15 +70,28 @@ class HeldoutMixin:
         self.dist.agree(self.refresh_start_state)
         ppl = self.evaluate_heldout()
         better = self.best is None or ppl["average"] < self.best["valid_ppl"]
-        record = {"kind": "valid", "step": self.step, "valid_ppl_fwd": ppl["forward"],
-                  "valid_ppl_bwd": ppl["backward"], "valid_ppl": ppl["average"], "valid_tokens": ppl["tokens"],
-                  "valid_sentences": ppl["sentences"], "best": bool(better)}
+        record = {
+            "kind": "valid",
+            "step": self.step,
+            "valid_ppl_fwd": ppl["forward"],
+            "valid_ppl_bwd": ppl["backward"],
+            "valid_ppl": ppl["average"],
+            "valid_tokens": ppl["tokens"],
+            "valid_sentences": ppl["sentences"],
+            "best": bool(better),
+        }
         if better:
             self.best = {**record, "valid_files": list(self.config.valid_files or [])}
             self.dist.on_main(lambda: self.run.save_best(lambda folder: save_lm(self.lm, folder), self.best))
         self.run.log(record)
         self._last_valid_step = self.step
         self._last_valid_time = self._now()
-        logger.info("held-out perplexity at step %d: forward %.2f, backward %.2f, average %.2f%s", self.step,
-                    ppl["forward"], ppl["backward"], ppl["average"], " (best so far)" if better else "")
+        logger.info(
+            "held-out perplexity at step %d: forward %.2f, backward %.2f, average %.2f%s",
+            self.step,
+            ppl["forward"],
+            ppl["backward"],
+            ppl["average"],
+            " (best so far)" if better else "",
+        )
         return record

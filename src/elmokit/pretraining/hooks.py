@@ -7,6 +7,7 @@ not build itself (the CLI in a subprocess, a zoo build), sets :attr:`elmokit.pre
 compares the processes' weights), a SIGINT at a given process and step, a SIGKILL at a point of a checkpoint write
 (``tests/test_kill.py``). Nothing in the training loop reads the environment for them.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -12,6 +12,7 @@ when ``elmokit train`` wrote it). What the run keeps (:func:`apply_init_model`):
 * the softmax only when the init model is a native LM whose ``vocab.txt`` is exactly the run's vocabulary; otherwise a
   new softmax over the run's vocabulary is initialised (the released models' softmax is not part of their HDF5).
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,10 +26,10 @@ from elmokit.characters import CharVocabulary
 from elmokit.config import ElmoConfig
 from elmokit.errors import ConfigError, UsageError, WeightsError
 from elmokit.modules.bilm import BiLM
+from elmokit.pretraining.objective import BidirectionalLM
 from elmokit.vocabulary import Vocabulary
 from elmokit.weights import check_state_fits
 from elmokit.weights.native import CONFIG_NAME, WEIGHTS_NAME, load_pretrained_bilm, resolve_model_name
-from elmokit.pretraining.objective import BidirectionalLM
 
 __all__ = ["InitModel", "load_init_model", "check_architecture", "apply_init_model", "describe_architecture"]
 
@@ -82,8 +83,10 @@ def load_init_model(name_or_path: str) -> InitModel:
             shape = tuple(init.softmax["weight"].shape)
             want = (len(init.vocab), bilm.config.lstm.projection_dim)
             if shape != want or tuple(init.softmax["bias"].shape) != (want[0],):
-                raise WeightsError(f"--init-from {folder}: softmax.weight has shape {shape} but vocab.txt and "
-                                   f"config.json imply {want}: the folder's files do not belong together")
+                raise WeightsError(
+                    f"--init-from {folder}: softmax.weight has shape {shape} but vocab.txt and "
+                    f"config.json imply {want}: the folder's files do not belong together"
+                )
     return init
 
 
@@ -91,8 +94,10 @@ def describe_architecture(config: ElmoConfig) -> str:
     """A one-line summary: LSTM cell/projection, layers, filters, highway layers, character scheme."""
     cc, ls = config.char_cnn, config.lstm
     scheme = "UTF-8 bytes" if cc.char_vocab_size is None else f"a character vocabulary of {cc.char_vocab_size}"
-    return (f"LSTM {ls.dim}/{ls.projection_dim} × {ls.n_layers} layers, {cc.n_filters} char filters, "
-            f"{cc.n_highway} highway, {cc.max_characters_per_token} characters a token, {scheme}")
+    return (
+        f"LSTM {ls.dim}/{ls.projection_dim} × {ls.n_layers} layers, {cc.n_filters} char filters, "
+        f"{cc.n_highway} highway, {cc.max_characters_per_token} characters a token, {scheme}"
+    )
 
 
 def _architecture_key(config: ElmoConfig) -> dict:
@@ -115,11 +120,13 @@ def check_architecture(init: InitModel, model: ElmoConfig | None, char_vocab: bo
         raise UsageError(
             f"the model options (--preset/--options, TrainConfig.model: {describe_architecture(model)}) conflict "
             f"with --init-from {init.source} ({describe_architecture(init.config)}): continued pretraining keeps the "
-            "init model's architecture; drop --preset/--options")
+            "init model's architecture; drop --preset/--options"
+        )
     if char_vocab and init.char_vocab is None:
         raise UsageError(
             f"--char-vocab (TrainConfig.char_vocab) asks for a character vocabulary, but --init-from {init.source} "
-            "reads UTF-8 bytes (the original character scheme) and was not trained with one: drop --char-vocab")
+            "reads UTF-8 bytes (the original character scheme) and was not trained with one: drop --char-vocab"
+        )
 
 
 def apply_init_model(lm: BidirectionalLM, init: InitModel) -> bool:
@@ -133,17 +140,23 @@ def apply_init_model(lm: BidirectionalLM, init: InitModel) -> bool:
         ConfigError: ``lm`` reads another character vocabulary than the init model.
     """
     if (lm.char_vocab is None) != (init.char_vocab is None) or (
-            lm.char_vocab is not None and list(lm.char_vocab.characters) != list(init.char_vocab.characters)):
+        lm.char_vocab is not None and list(lm.char_vocab.characters) != list(init.char_vocab.characters)
+    ):
         raise ConfigError(f"--init-from {init.source}: the run's character vocabulary is not the init model's")
     state = init.bilm.state_dict()
-    check_state_fits(lm.bilm.state_dict(), state, f"--init-from {init.source}",
-                     advice="the run's model was not built with the init model's architecture")
+    check_state_fits(
+        lm.bilm.state_dict(),
+        state,
+        f"--init-from {init.source}",
+        advice="the run's model was not built with the init model's architecture",
+    )
     lm.bilm.load_state_dict(state)
     if init.softmax is not None and init.vocab is not None and init.vocab == lm.vocab:
         lm.softmax.load_state_dict(init.softmax)
         logger.info("--init-from %s: biLM and softmax kept (the same vocabulary of %d)", init.source, len(lm.vocab))
         return True
-    why = ("its vocabulary differs" if init.vocab is not None else "it has no softmax")
-    logger.info("--init-from %s: biLM kept; a new softmax over the run's vocabulary of %d (%s)", init.source,
-                len(lm.vocab), why)
+    why = "its vocabulary differs" if init.vocab is not None else "it has no softmax"
+    logger.info(
+        "--init-from %s: biLM kept; a new softmax over the run's vocabulary of %d (%s)", init.source, len(lm.vocab), why
+    )
     return False

@@ -7,6 +7,7 @@ perplexity is ``exp(0.5 · (NLL_fwd + NLL_bwd))`` with the full softmax.
 :meth:`BidirectionalLM.forward` runs one batch of either batching mode and returns plain tensors, so the model can be
 wrapped in :class:`torch.nn.parallel.DistributedDataParallel` (which hooks ``forward``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,15 +64,20 @@ class BidirectionalLM(nn.Module):
         ConfigError: ``config.char_cnn.char_vocab_size`` and ``char_vocab`` disagree (or one is missing).
     """
 
-    def __init__(self, config: ElmoConfig, vocab: Vocabulary, *, dropout: float = 0.1,
-                 char_vocab: CharVocabulary | None = None) -> None:
+    def __init__(
+        self, config: ElmoConfig, vocab: Vocabulary, *, dropout: float = 0.1, char_vocab: CharVocabulary | None = None
+    ) -> None:
         super().__init__()
         if char_vocab is not None and config.char_cnn.char_vocab_size != char_vocab.vocab_size:
-            raise ConfigError(f"config.char_cnn.char_vocab_size={config.char_cnn.char_vocab_size} but the character "
-                              f"vocabulary has {char_vocab.vocab_size} ids")
+            raise ConfigError(
+                f"config.char_cnn.char_vocab_size={config.char_cnn.char_vocab_size} but the character "
+                f"vocabulary has {char_vocab.vocab_size} ids"
+            )
         if char_vocab is None and config.char_cnn.char_vocab_size is not None:
-            raise ConfigError(f"config.char_cnn.char_vocab_size={config.char_cnn.char_vocab_size}: pass the character "
-                              "vocabulary (char_vocab=) that its ids come from")
+            raise ConfigError(
+                f"config.char_cnn.char_vocab_size={config.char_cnn.char_vocab_size}: pass the character "
+                "vocabulary (char_vocab=) that its ids come from"
+            )
         self.bilm = BiLM(config, dropout=dropout)
         self.bilm.char_vocab = char_vocab
         self.softmax = SoftmaxLM(config.lstm.projection_dim, len(vocab))
@@ -84,9 +90,16 @@ class BidirectionalLM(nn.Module):
     def config(self) -> ElmoConfig:
         return self.bilm.config
 
-    def forward(self, batch: Any, *, batching: str = "sentences", state: LSTMState | None = None,
-                num_samples: int = 0, generator: torch.Generator | None = None, freeze_bilm: bool = False,
-                ) -> tuple[torch.Tensor, torch.Tensor, LSTMState | None]:
+    def forward(
+        self,
+        batch: Any,
+        *,
+        batching: str = "sentences",
+        state: LSTMState | None = None,
+        num_samples: int = 0,
+        generator: torch.Generator | None = None,
+        freeze_bilm: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, LSTMState | None]:
         """NLL of one training batch: ``(forward (N,), backward (N,), new LSTM state or None)``, float32 nats.
 
         Args:
@@ -100,9 +113,15 @@ class BidirectionalLM(nn.Module):
         self._frozen_bilm = bool(freeze_bilm)
         try:
             if batching == "windows":
-                nll, new_state = self.window_nll(batch.forward_inputs, batch.forward_targets, batch.backward_inputs,
-                                                 batch.backward_targets, state, num_samples=num_samples,
-                                                 generator=generator)
+                nll, new_state = self.window_nll(
+                    batch.forward_inputs,
+                    batch.forward_targets,
+                    batch.backward_inputs,
+                    batch.backward_targets,
+                    state,
+                    num_samples=num_samples,
+                    generator=generator,
+                )
                 return nll.forward, nll.backward, new_state
             nll = self.sentence_nll(batch, num_samples=num_samples, generator=generator)
             return nll.forward, nll.backward, None
@@ -125,8 +144,9 @@ class BidirectionalLM(nn.Module):
                 out[i, : len(s)] = torch.tensor(self.vocab.encode(s), dtype=torch.long)
         return out.to(self.softmax.weight.device)
 
-    def _nll(self, h: torch.Tensor, targets: torch.Tensor, num_samples: int,
-             generator: torch.Generator | None) -> torch.Tensor:
+    def _nll(
+        self, h: torch.Tensor, targets: torch.Tensor, num_samples: int, generator: torch.Generator | None
+    ) -> torch.Tensor:
         if self.training and self.dropout > 0:
             h = F.dropout(h, self.dropout, True)
         if num_samples and self.training:
@@ -134,10 +154,17 @@ class BidirectionalLM(nn.Module):
         return self.softmax.full_nll(h, targets)
 
     # ------------------------------------------------------------------ bilm-tf stream windows
-    def window_nll(self, forward_inputs: Sequence[Sequence[str]], forward_targets: Sequence[Sequence[str]],
-                   backward_inputs: Sequence[Sequence[str]], backward_targets: Sequence[Sequence[str]],
-                   state: LSTMState | None, *, num_samples: int = 0, generator: torch.Generator | None = None,
-                   ) -> tuple[DirectionalNLL, LSTMState]:
+    def window_nll(
+        self,
+        forward_inputs: Sequence[Sequence[str]],
+        forward_targets: Sequence[Sequence[str]],
+        backward_inputs: Sequence[Sequence[str]],
+        backward_targets: Sequence[Sequence[str]],
+        state: LSTMState | None,
+        *,
+        num_samples: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[DirectionalNLL, LSTMState]:
         """NLL of one step of stream windows (:class:`elmokit.data.corpus.StreamBatch`), carrying LSTM state.
 
         Inputs/targets are B rows of up to T tokens (rows may be shorter in final partial batches). ``state`` is the
@@ -159,13 +186,15 @@ class BidirectionalLM(nn.Module):
         nll = DirectionalNLL(
             self._nll(fwd_top[mask], f_t, num_samples, generator),
             self._nll(bwd_top[mask], b_t, num_samples, generator),
-            rows, rows,
+            rows,
+            rows,
         )
         return nll, (new_state[0].detach(), new_state[1].detach())
 
     # ------------------------------------------------------------------ independent sentences
-    def sentence_nll(self, sentences: Sequence[Sequence[str]], *, num_samples: int = 0,
-                     generator: torch.Generator | None = None) -> DirectionalNLL:
+    def sentence_nll(
+        self, sentences: Sequence[Sequence[str]], *, num_samples: int = 0, generator: torch.Generator | None = None
+    ) -> DirectionalNLL:
         """NLL of whole sentences, each wrapped ``<S> w1 … wn </S>`` and read from a zero state.
 
         Forward targets are ``w1 … wn </S>`` (from ``<S> … wn``); backward targets ``<S> w1 … wn`` (from ``w1 … </S>``
@@ -176,8 +205,13 @@ class BidirectionalLM(nn.Module):
             out = self.bilm(ids, keep_sentence_boundaries=True)
         mask = out.mask_with_boundaries  # (B, T+2)
         t2 = mask.shape[1]
-        words = self.word_ids([[self.vocab.id_to_token(self.vocab.bos_id), *s,
-                                self.vocab.id_to_token(self.vocab.eos_id)] for s in sentences], t2)
+        words = self.word_ids(
+            [
+                [self.vocab.id_to_token(self.vocab.bos_id), *s, self.vocab.id_to_token(self.vocab.eos_id)]
+                for s in sentences
+            ],
+            t2,
+        )
         target_mask = mask[:, 1:]
         b = mask.shape[0]
         rows = torch.arange(b, device=mask.device).unsqueeze(1).expand(b, t2 - 1)[target_mask]

@@ -1,4 +1,5 @@
 """Held-out perplexity (full softmax) and per-sentence scores of a trained biLM, plus a unigram baseline."""
+
 from __future__ import annotations
 
 import math
@@ -9,8 +10,8 @@ import torch
 
 from elmokit.data.text_checks import unk_targets
 from elmokit.errors import DataError, UsageError
-from elmokit.vocabulary import Vocabulary
 from elmokit.pretraining.objective import BidirectionalLM
+from elmokit.vocabulary import Vocabulary
 
 __all__ = ["evaluate_perplexity", "perplexity_sums", "unigram_perplexity", "score_sentences"]
 
@@ -31,8 +32,11 @@ def _batches(sentences: Iterable[Sequence[str]], batch_size: int):
         yield batch
 
 
-def evaluate_perplexity(lm: BidirectionalLM, sentences: Iterable[Sequence[str]], batch_size: int = 64,
-                        ) -> dict[str, float]:
+def evaluate_perplexity(
+    lm: BidirectionalLM,
+    sentences: Iterable[Sequence[str]],
+    batch_size: int = 64,
+) -> dict[str, float]:
     """Perplexity of held-out sentences with the full softmax, each sentence read independently from a zero state.
 
     Per direction: ``exp(mean NLL)`` over its n + 1 targets per sentence (forward ``w1 … wn </S>``, backward
@@ -60,16 +64,24 @@ def evaluate_perplexity(lm: BidirectionalLM, sentences: Iterable[Sequence[str]],
 def perplexities(total_f: float, total_b: float, n_tok: int, n_sent: int) -> dict[str, float]:
     """:func:`evaluate_perplexity`'s dict from :func:`perplexity_sums`' figures (possibly added up over processes)."""
     f, b = total_f / n_tok, total_b / n_tok
-    return {"forward": _exp(f), "backward": _exp(b), "average": _exp(0.5 * (f + b)), "tokens": int(n_tok),
-            "sentences": int(n_sent)}
+    return {
+        "forward": _exp(f),
+        "backward": _exp(b),
+        "average": _exp(0.5 * (f + b)),
+        "tokens": int(n_tok),
+        "sentences": int(n_sent),
+    }
 
 
 def _exp(x: float) -> float:
     return math.exp(x) if x < 700 else float("inf")
 
 
-def perplexity_sums(lm: BidirectionalLM, sentences: Iterable[Sequence[str]], batch_size: int = 64,
-                    ) -> tuple[float, float, int, int]:
+def perplexity_sums(
+    lm: BidirectionalLM,
+    sentences: Iterable[Sequence[str]],
+    batch_size: int = 64,
+) -> tuple[float, float, int, int]:
     """The sums behind :func:`evaluate_perplexity`: ``(NLL_fwd, NLL_bwd, targets, sentences)``, NLLs in nats summed in
     float64 over every target (full softmax, eval mode, no autograd). Sums of disjoint sets of sentences add up, so
     processes that each evaluate their share can add theirs. The model is left in eval mode.
@@ -91,8 +103,9 @@ def perplexity_sums(lm: BidirectionalLM, sentences: Iterable[Sequence[str]], bat
     return total_f, total_b, n_tok, n_sent
 
 
-def unigram_perplexity(train_sentences: Iterable[Sequence[str]], test_sentences: Iterable[Sequence[str]],
-                       vocab: Vocabulary) -> float:
+def unigram_perplexity(
+    train_sentences: Iterable[Sequence[str]], test_sentences: Iterable[Sequence[str]], vocab: Vocabulary
+) -> float:
     """Perplexity of an add-one-smoothed unigram model over ``vocab`` (same targets as :func:`evaluate_perplexity`:
     every word, mapped to ``<UNK>`` when unknown, plus one sentence boundary per sentence).
 
@@ -114,8 +127,11 @@ def unigram_perplexity(train_sentences: Iterable[Sequence[str]], test_sentences:
     return math.exp(nll / n)
 
 
-def score_sentences(lm: BidirectionalLM, sentences: Sequence[Sequence[str]], batch_size: int = 64,
-                    ) -> list[tuple[float, float]]:
+def score_sentences(
+    lm: BidirectionalLM,
+    sentences: Sequence[Sequence[str]],
+    batch_size: int = 64,
+) -> list[tuple[float, float]]:
     """Per-sentence (log p_fwd, log p_bwd) in nats, see :meth:`BidirectionalLM.score`; ``batch_size`` sentences per
     forward pass (each sentence is read independently, so the scores do not depend on it).
 

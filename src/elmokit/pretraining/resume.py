@@ -5,6 +5,7 @@ checkpoints that make a resume exact (what they hold, writing them, loading and 
 file format and its verification are :mod:`elmokit.pretraining.checkpoint`, every other file of the run folder
 :mod:`elmokit.pretraining.run_folder`.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,9 @@ import torch
 
 from elmokit import interrupts
 from elmokit.errors import CheckpointError, UsageError
-from elmokit.weights import check_state_fits
 from elmokit.pretraining import checkpoint as ckpt
 from elmokit.pretraining.data import check_corpus_unchanged, corpus_fingerprint
+from elmokit.weights import check_state_fits
 
 __all__ = ["ResumeMixin", "latest_checkpoint_step", "one_line"]
 
@@ -54,7 +55,6 @@ def _describe_run(out_dir: Path, found: list[Path]) -> str:
     return "; ".join(parts)
 
 
-
 class ResumeMixin:
     """:class:`~elmokit.pretraining.trainer.Trainer`'s checkpoints and run folder.
 
@@ -72,8 +72,10 @@ class ResumeMixin:
         if self._corpus is not None:
             run["corpus"] = {"files": self._corpus}
         if self.char_vocab is not None:
-            run["char_vocab"] = {"size": self.char_vocab.vocab_size,
-                                 "sha256": ckpt.text_digest(list(self.char_vocab.characters))}
+            run["char_vocab"] = {
+                "size": self.char_vocab.vocab_size,
+                "sha256": ckpt.text_digest(list(self.char_vocab.characters)),
+            }
         return run
 
     def save_checkpoint(self) -> Path:
@@ -90,12 +92,16 @@ class ResumeMixin:
                 would replace its manifest and delete its checkpoints): call :meth:`load_checkpoint` or :meth:`train`.
         """
         if not self._owns_out_dir and (self.out_dir / ckpt.MANIFEST_NAME).is_file():
-            raise UsageError(f"{self.out_dir} holds the checkpoints of another run: load them first "
-                             "(load_checkpoint(), train(resume=True)) or replace them (train(overwrite=True))")
+            raise UsageError(
+                f"{self.out_dir} holds the checkpoints of another run: load them first "
+                "(load_checkpoint(), train(resume=True)) or replace them (train(overwrite=True))"
+            )
         with interrupts.deferred():
             step = self.step
-            mine = ({str(d): s for d, s in self.data.state_dict().items()},
-                    {str(d): [t.detach().cpu() for t in s] for d, s in self.lstm_states.items() if s is not None})
+            mine = (
+                {str(d): s for d, s in self.data.state_dict().items()},
+                {str(d): [t.detach().cpu() for t in s] for d, s in self.lstm_states.items() if s is not None},
+            )
             gathered = self.dist.all_gather_object(mine)
             data_states = {k: v for g in gathered for k, v in g[0].items()}
             lstm_states = {k: v for g in gathered for k, v in g[1].items()}
@@ -110,13 +116,22 @@ class ResumeMixin:
                     "lstm_state": lstm_states or None,
                     "best": json.dumps(self.best),
                     # the held-out text already evaluated at this step (a resume of a finished run adds no record)
-                    "valid_step": json.dumps(self._last_valid_step == step and {
-                        "step": step, "valid_files": list(self.config.valid_files or [])}),
+                    "valid_step": json.dumps(
+                        self._last_valid_step == step
+                        and {"step": step, "valid_files": list(self.config.valid_files or [])}
+                    ),
                     "randomness": "per-step seeds",
                 }
-                self._kept = ckpt.write_checkpoint(self.out_dir, step, tensors, state, previous=self._kept,
-                                                   keep=self.config.keep_checkpoints, run=self._run_identity(),
-                                                   at_point=self.hooks.checkpoint_point)
+                self._kept = ckpt.write_checkpoint(
+                    self.out_dir,
+                    step,
+                    tensors,
+                    state,
+                    previous=self._kept,
+                    keep=self.config.keep_checkpoints,
+                    run=self._run_identity(),
+                    at_point=self.hooks.checkpoint_point,
+                )
 
             self.dist.on_main(write)
             self._saved_step = step
@@ -146,31 +161,38 @@ class ResumeMixin:
             raise CheckpointError(f"{t_path} cannot be loaded into the model ({one_line(exc)})") from None
         saved_optimizer = state.get("optimizer_name", self.config.optimizer)  # first-format states do not say
         if saved_optimizer != self.config.optimizer:
-            raise CheckpointError(f"{s_path} holds the state of the optimizer {saved_optimizer!r}, this run uses "
-                                  f"{self.config.optimizer!r}: resume with the options the run was started with, or "
-                                  "start a new run with --overwrite")
+            raise CheckpointError(
+                f"{s_path} holds the state of the optimizer {saved_optimizer!r}, this run uses "
+                f"{self.config.optimizer!r}: resume with the options the run was started with, or "
+                "start a new run with --overwrite"
+            )
         try:
             self.optimizer.load_state_dict(state["optimizer"])
         except (KeyError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(f"{s_path}: the optimiser state does not fit this run ({one_line(exc)}): it was "
-                                  f"written with other options (optimizer {self.config.optimizer!r}?); resume with "
-                                  "the options the run was started with, or start a new run with --overwrite") from None
+            raise CheckpointError(
+                f"{s_path}: the optimiser state does not fit this run ({one_line(exc)}): it was "
+                f"written with other options (optimizer {self.config.optimizer!r}?); resume with "
+                "the options the run was started with, or start a new run with --overwrite"
+            ) from None
         data_states, lstm_states = self._parts_of_state(state, s_path)
         try:
             self.data.load_state_dict(data_states, str(s_path))
         except (KeyError, TypeError, ValueError) as exc:  # UsageError (another corpus or options) is a ValueError
-            raise CheckpointError(f"{s_path}: the saved data position does not fit this run: "
-                                  f"{one_line(exc)}") from None
-        self.lstm_states = {d: tuple(t.to(self.device) for t in s) for d, s in lstm_states.items()
-                            if d in self.data.parts}
+            raise CheckpointError(f"{s_path}: the saved data position does not fit this run: {one_line(exc)}") from None
+        self.lstm_states = {
+            d: tuple(t.to(self.device) for t in s) for d, s in lstm_states.items() if d in self.data.parts
+        }
         try:
             best = json.loads(state.get("best", "null"))
         except (TypeError, ValueError):
             best = None
         if best is not None and best.get("valid_files") != list(self.config.valid_files or []):
-            logger.warning("the held-out files changed since the best model (step %s, held-out perplexity %.2f) was "
-                           "kept: the best is chosen anew on the new held-out text", best.get("step"),
-                           best.get("valid_ppl", float("nan")))
+            logger.warning(
+                "the held-out files changed since the best model (step %s, held-out perplexity %.2f) was "
+                "kept: the best is chosen anew on the new held-out text",
+                best.get("step"),
+                best.get("valid_ppl", float("nan")),
+            )
             best = None
         self.best = best
         self.step = loaded.entry.step
@@ -181,8 +203,11 @@ class ResumeMixin:
             evaluated = json.loads(state.get("valid_step", "false"))
         except (TypeError, ValueError):
             evaluated = False
-        if (isinstance(evaluated, dict) and evaluated.get("step") == self.step
-                and evaluated.get("valid_files") == list(self.config.valid_files or [])):
+        if (
+            isinstance(evaluated, dict)
+            and evaluated.get("step") == self.step
+            and evaluated.get("valid_files") == list(self.config.valid_files or [])
+        ):
             self._last_valid_step = self.step
         self._owns_out_dir = True
         self.run.truncate_metrics(self.step)
@@ -208,15 +233,19 @@ class ResumeMixin:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointError(f"{s_path}: the saved data position cannot be read ({one_line(exc)})") from None
         if saved_parts != self.data.n_parts:
-            raise CheckpointError(f"{s_path} was written by a run with {saved_parts} data part(s), this run has "
-                                  f"{self.data.n_parts} (--data-parts, or one per process): resume it on 1 to "
-                                  f"{saved_parts} process(es) with its own --data-parts")
+            raise CheckpointError(
+                f"{s_path} was written by a run with {saved_parts} data part(s), this run has "
+                f"{self.data.n_parts} (--data-parts, or one per process): resume it on 1 to "
+                f"{saved_parts} process(es) with its own --data-parts"
+            )
         return positions, lstm_states
 
     def _check_run_identity(self, manifest: ckpt.Manifest) -> None:
         c = self.config
-        for key, now, what in (("vocab", self._vocab_fingerprint, "vocabulary"),
-                               ("char_vocab", self._run_identity().get("char_vocab"), "character vocabulary")):
+        for key, now, what in (
+            ("vocab", self._vocab_fingerprint, "vocabulary"),
+            ("char_vocab", self._run_identity().get("char_vocab"), "character vocabulary"),
+        ):
             saved = manifest.run.get(key)
             if not isinstance(saved, dict) or now is None:
                 continue  # a first-format manifest records none: the tensor shapes are checked instead
@@ -233,20 +262,25 @@ class ResumeMixin:
             raise CheckpointError(
                 f"{source} {how} (checkpoints in {self.out_dir}): it was edited since. To --resume, put back the "
                 f"{what} the run started with; to train with the new one, start a new run (--overwrite, or another "
-                "--out-dir)")
+                "--out-dir)"
+            )
 
     def _check_fits(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
         """The checkpoint's tensors must be exactly the model's (names and shapes), else a message naming the first
         one that differs (``load_state_dict`` would raise a long torch error listing them all)."""
-        advice = ("it was written for another model (options, vocabulary or character vocabulary): resume with the "
-                  "options the run was started with (see train_config.json), or start a new run with --overwrite")
+        advice = (
+            "it was written for another model (options, vocabulary or character vocabulary): resume with the "
+            "options the run was started with (see train_config.json), or start a new run with --overwrite"
+        )
         check_state_fits(self.lm.state_dict(), tensors, str(path), error=CheckpointError, advice=advice)
 
     def _recovery_hint(self) -> str:
         step = self._saved_step if self._saved_step is not None else latest_checkpoint_step(self.out_dir)
         if step is not None:
-            return (f"The last good checkpoint (step {step}) in {self.out_dir} is intact: check the data and --resume, "
-                    "or start a new run with a lower learning rate")
+            return (
+                f"The last good checkpoint (step {step}) in {self.out_dir} is intact: check the data and --resume, "
+                "or start a new run with a lower learning rate"
+            )
         return "No checkpoint was written yet: start a new run with a lower learning rate, or check the data"
 
     # ------------------------------------------------------------------ the output folder
@@ -256,13 +290,16 @@ class ResumeMixin:
         found = ckpt.run_files(self.out_dir)
         if found and not overwrite:
             resumable = latest_checkpoint_step(self.out_dir) is not None
-            raise UsageError(f"{self.out_dir} already holds a training run ({_describe_run(self.out_dir, found)}): "
-                             "pass --overwrite to replace it" + (", or --resume to continue it" if resumable else
-                                                                 " (it has no checkpoint to --resume from)"))
+            raise UsageError(
+                f"{self.out_dir} already holds a training run ({_describe_run(self.out_dir, found)}): "
+                "pass --overwrite to replace it"
+                + (", or --resume to continue it" if resumable else " (it has no checkpoint to --resume from)")
+            )
         if found:
             removed = self.run.remove_run()
-            logger.warning("overwrite: removed the previous run from %s (%s)", self.out_dir,
-                           ", ".join(p.name for p in removed))
+            logger.warning(
+                "overwrite: removed the previous run from %s (%s)", self.out_dir, ", ".join(p.name for p in removed)
+            )
         self.run.make()
 
     def _prepare(self, resume: bool, overwrite: bool) -> None:
@@ -275,10 +312,12 @@ class ResumeMixin:
             if not d.agree(self.load_checkpoint):
                 orphans = sorted(p.name for p in self.out_dir.iterdir() if ckpt._CKPT_RE.match(p.name))
                 if orphans:
-                    raise CheckpointError(f"{self.out_dir} has checkpoint files ({', '.join(orphans[:4])}"
-                                          f"{', …' if len(orphans) > 4 else ''}) but no checkpoint.json naming them "
-                                          "(deleted or never written): it cannot be told which are complete. Restore "
-                                          "checkpoint.json, or start again with --overwrite")
+                    raise CheckpointError(
+                        f"{self.out_dir} has checkpoint files ({', '.join(orphans[:4])}"
+                        f"{', …' if len(orphans) > 4 else ''}) but no checkpoint.json naming them "
+                        "(deleted or never written): it cannot be told which are complete. Restore "
+                        "checkpoint.json, or start again with --overwrite"
+                    )
                 if d.is_main:
                     logger.warning("no checkpoint in %s yet: starting from step 0", self.out_dir)
                 self.run.delete_metrics()
@@ -303,4 +342,3 @@ class ResumeMixin:
     def _reset_to_start(self) -> None:
         self._kept, self._saved_step = [], None
         self.best, self._last_valid_step = None, None
-

@@ -16,6 +16,7 @@ every process. Layout (see also :mod:`elmokit.pretraining.checkpoint`)::
     model/              the final model: config.json, model.safetensors (biLM + softmax), vocab.txt [, chars.txt]
     learning_curve.png  training perplexity per logged step and, with held-out text, held-out perplexity
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -26,9 +27,9 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from elmokit.errors import MissingExtraError, UsageError, import_optional
 from elmokit.io import atomic_path, atomic_write_text
@@ -143,9 +144,21 @@ class RunFolder:
 
 # ---------------------------------------------------------------------------------------------- patterns
 #: Files a run writes (relative to its folder), for :func:`check_outside_patterns`.
-_RUN_WRITES = ("train_config.json", "checkpoint.json", "metrics.jsonl", "learning_curve.png", "ckpt-1.safetensors",
-               "ckpt-1.state.pt", "model/config.json", "model/model.safetensors", "model/vocab.txt", "model/chars.txt",
-               f"{BEST_DIR}/{BEST_RECORD}", f"{BEST_DIR}/model.safetensors", f"{BEST_DIR}/vocab.txt")
+_RUN_WRITES = (
+    "train_config.json",
+    "checkpoint.json",
+    "metrics.jsonl",
+    "learning_curve.png",
+    "ckpt-1.safetensors",
+    "ckpt-1.state.pt",
+    "model/config.json",
+    "model/model.safetensors",
+    "model/vocab.txt",
+    "model/chars.txt",
+    f"{BEST_DIR}/{BEST_RECORD}",
+    f"{BEST_DIR}/model.safetensors",
+    f"{BEST_DIR}/vocab.txt",
+)
 _MAGIC = re.compile(r"[*?[]")
 
 
@@ -191,7 +204,8 @@ def check_outside_patterns(out_dir: str | os.PathLike, patterns: Sequence[str | 
                     raise UsageError(
                         f"the {what} {os.fspath(pattern)!r} would match the files of the run folder {out_dir} (e.g. "
                         f"{Path(out_dir) / name}), which would then be read as text: put the run folder (--out-dir) "
-                        "outside the corpus folder, or narrow the pattern")
+                        "outside the corpus folder, or narrow the pattern"
+                    )
 
 
 def _read_records(metrics_path: Path) -> list[dict[str, Any]]:
@@ -229,21 +243,41 @@ def plot_learning_curve(metrics_path: Path, out_png: Path) -> Path | None:
     colours = {"forward": "tab:blue", "backward": "tab:orange", "average": "tab:green"}
     for suffix, name in (("_fwd", "forward"), ("_bwd", "backward"), ("", "average")):
         if train:
-            ax.plot([r["step"] for r in train], [r["train_ppl" + suffix] for r in train], color=colours[name],
-                    label=f"training, {name}", linewidth=1.2)
+            ax.plot(
+                [r["step"] for r in train],
+                [r["train_ppl" + suffix] for r in train],
+                color=colours[name],
+                label=f"training, {name}",
+                linewidth=1.2,
+            )
         if valid:
-            ax.plot([r["step"] for r in valid], [r["valid_ppl" + suffix] for r in valid], color=colours[name],
-                    linestyle="--", marker="o", markersize=3, label=f"held-out, {name}")
+            ax.plot(
+                [r["step"] for r in valid],
+                [r["valid_ppl" + suffix] for r in valid],
+                color=colours[name],
+                linestyle="--",
+                marker="o",
+                markersize=3,
+                label=f"held-out, {name}",
+            )
     best = [r for r in valid if r.get("best")]
     if best:
         b = min(best, key=lambda r: r["valid_ppl"])
-        ax.plot([b["step"]], [b["valid_ppl"]], marker="*", markersize=12, color="black", linestyle="none",
-                label=f"best held-out: {b['valid_ppl']:.1f} at step {b['step']}")
+        ax.plot(
+            [b["step"]],
+            [b["valid_ppl"]],
+            marker="*",
+            markersize=12,
+            color="black",
+            linestyle="none",
+            label=f"best held-out: {b['valid_ppl']:.1f} at step {b['step']}",
+        )
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("perplexity")
-    ax.set_title("training: per logged batch, with dropout, sampled softmax if used; held-out: full softmax",
-                 fontsize=8)
+    ax.set_title(
+        "training: per logged batch, with dropout, sampled softmax if used; held-out: full softmax", fontsize=8
+    )
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -13,6 +13,7 @@ Each sentence is read as one window row — forward inputs ``<S> w1 … wn``, ba
 :class:`elmokit.data.corpus.StreamWindows` feeds it, so the state after a sentence is the one after its last input, as
 in training (the pair ``</S>`` → next ``<S>`` is never read).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -32,8 +33,9 @@ START_STATE_SENTENCES = 2048
 START_STATE_STREAMS = 32
 
 
-def window_rows(sentences: Sequence[Sequence[str]]) -> tuple[list[list[str]], list[list[str]], list[list[str]],
-                                                               list[list[str]]]:
+def window_rows(
+    sentences: Sequence[Sequence[str]],
+) -> tuple[list[list[str]], list[list[str]], list[list[str]], list[list[str]]]:
     """Each sentence as one window row: (forward inputs ``<S> w1 … wn``, forward targets ``w1 … wn </S>``, backward
     inputs ``</S> wn … w1``, backward targets ``wn … w1 <S>``), the arguments of
     :meth:`BidirectionalLM.window_nll`."""
@@ -49,8 +51,13 @@ def describe(samples: int) -> str:
     return f"mean carried LSTM state at {samples} sentence starts of the training text"
 
 
-def mean_start_state(lm: BidirectionalLM, sentences: Iterable[Sequence[str]], *, streams: int = START_STATE_STREAMS,
-                     max_sentences: int | None = START_STATE_SENTENCES) -> tuple[LSTMState | None, int]:
+def mean_start_state(
+    lm: BidirectionalLM,
+    sentences: Iterable[Sequence[str]],
+    *,
+    streams: int = START_STATE_STREAMS,
+    max_sentences: int | None = START_STATE_SENTENCES,
+) -> tuple[LSTMState | None, int]:
     """The mean LSTM state at sentence starts when ``sentences`` are read as ``streams`` contiguous streams with the
     state carried from sentence to sentence (windows training's condition), the first sentence of each stream from
     zeros.
@@ -77,7 +84,7 @@ def mean_start_state(lm: BidirectionalLM, sentences: Iterable[Sequence[str]], *,
     per = len(picked) // streams
     if per < 2:
         return None, 0
-    runs = [picked[i * per:(i + 1) * per] for i in range(streams)]
+    runs = [picked[i * per : (i + 1) * per] for i in range(streams)]
     was_training = lm.training
     lm.eval()
     sum_c = sum_h = None

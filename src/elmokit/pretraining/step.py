@@ -6,6 +6,7 @@ the dropout masks of data part ``d`` at step ``s`` and the sampled softmax negat
 :func:`step_seed` of ``(seed, s, d)`` and ``(seed, s)``, not from a stream carried from step to step (see the
 trainer's module docstring).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,7 +42,6 @@ class StepResult:
     nll_backward: float
     tokens: int
     grad_norm: float
-
 
 
 class StepMixin:
@@ -93,11 +93,19 @@ class StepMixin:
             last = i == len(batch.parts) - 1
             sync = contextlib.nullcontext() if self._ddp is None or last else self._ddp.no_sync()
             with sync:
-                fwd, bwd, state = model(part.data, batching=c.batching, state=self._state_for(part),
-                                        num_samples=c.n_negative_samples, generator=self.sampler, freeze_bilm=frozen)
+                fwd, bwd, state = model(
+                    part.data,
+                    batching=c.batching,
+                    state=self._state_for(part),
+                    num_samples=c.n_negative_samples,
+                    generator=self.sampler,
+                    freeze_bilm=frozen,
+                )
                 if fwd.numel() != part.n_tokens or bwd.numel() != part.n_tokens:
-                    raise TrainingError(f"internal: part {part.part} of step {step} has {part.n_tokens} targets, "
-                                        f"the model scored {fwd.numel()}/{bwd.numel()}")
+                    raise TrainingError(
+                        f"internal: part {part.part} of step {step} has {part.n_tokens} targets, "
+                        f"the model scored {fwd.numel()}/{bwd.numel()}"
+                    )
                 ((fwd.sum() + bwd.sum()) * scale).backward()
             if state is not None:
                 self.lstm_states[part.part] = state
@@ -111,11 +119,12 @@ class StepMixin:
         if frozen:
             for p in self.lm.bilm.parameters():
                 p.grad = None
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.lm.parameters() if p.grad is not None],
-                                                   c.clip_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.lm.parameters() if p.grad is not None], c.clip_norm)
         if not torch.isfinite(grad_norm):
-            raise TrainingError(f"non-finite gradient norm at step {step} (loss {loss:.4f}); stopping before the "
-                                "update. " + self._recovery_hint())
+            raise TrainingError(
+                f"non-finite gradient norm at step {step} (loss {loss:.4f}); stopping before the "
+                "update. " + self._recovery_hint()
+            )
         self.optimizer.step()
         self.step = step
         return StepResult(step, loss, sum_f / n, sum_b / n, int(batch.total_tokens), float(grad_norm))
@@ -133,8 +142,13 @@ class StepMixin:
         parts = batch.parts if isinstance(batch, StepBatch) else batch
         fwd, bwd, rows = [], [], []
         for part in parts:
-            f, b, state = self.lm(part.data, batching=self.config.batching, state=self._state_for(part),
-                                  num_samples=self.config.n_negative_samples, generator=self.sampler)
+            f, b, state = self.lm(
+                part.data,
+                batching=self.config.batching,
+                state=self._state_for(part),
+                num_samples=self.config.n_negative_samples,
+                generator=self.sampler,
+            )
             if state is not None:
                 self.lstm_states[part.part] = state
             fwd.append(f)
@@ -142,4 +156,3 @@ class StepMixin:
             rows.append(torch.zeros(f.numel(), dtype=torch.long, device=f.device))
         r = torch.cat(rows)
         return DirectionalNLL(torch.cat(fwd), torch.cat(bwd), r, r)
-

@@ -67,15 +67,17 @@ Nothing is lost (see :mod:`elmokit.pretraining.checkpoint` for the file format):
 * Resume checks that the vocabulary (size and sha256 of its tokens) and the model's tensor shapes are those of the run,
   and says which file differs (:class:`~elmokit.errors.CheckpointError`) instead of failing inside ``torch``.
 """
+
 from __future__ import annotations
 
 import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -98,9 +100,21 @@ from elmokit.pretraining.resume import ResumeMixin, latest_checkpoint_step, one_
 from elmokit.pretraining.run_folder import RunFolder, plot_learning_curve
 from elmokit.pretraining.step import StepMixin, StepResult, step_seed
 
-__all__ = ["TrainConfig", "Trainer", "TrainingError", "StepResult", "build_trainer", "make_optimizer", "save_lm",
-           "load_lm", "latest_checkpoint_step", "plot_learning_curve", "step_seed", "VALID_BATCH_SENTENCES",
-           "TrainHooks"]
+__all__ = [
+    "TrainConfig",
+    "Trainer",
+    "TrainingError",
+    "StepResult",
+    "build_trainer",
+    "make_optimizer",
+    "save_lm",
+    "load_lm",
+    "latest_checkpoint_step",
+    "plot_learning_curve",
+    "step_seed",
+    "VALID_BATCH_SENTENCES",
+    "TrainHooks",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -149,14 +163,23 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
     #: the CLI in a subprocess, a zoo build).
     default_hooks: TrainHooks = TrainHooks()
 
-    def __init__(self, config: TrainConfig, lm: BidirectionalLM | None = None,
-                 optimizer: torch.optim.Optimizer | None = None, data: TrainingData | None = None, *,
-                 dist: DistContext | None = None, valid: list[list[str]] | None = None,
-                 hooks: TrainHooks | None = None) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        lm: BidirectionalLM | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        data: TrainingData | None = None,
+        *,
+        dist: DistContext | None = None,
+        valid: list[list[str]] | None = None,
+        hooks: TrainHooks | None = None,
+    ) -> None:
         if lm is None or optimizer is None or data is None:
             if not (lm is None and optimizer is None and data is None):
-                raise UsageError("Trainer: give the model, the optimiser and the data together, or none of them "
-                                 "(then build_trainer(config) makes them)")
+                raise UsageError(
+                    "Trainer: give the model, the optimiser and the data together, or none of them "
+                    "(then build_trainer(config) makes them)"
+                )
             built = build_trainer(config, dist, hooks=hooks)
             self.__dict__.update(built.__dict__)
             return
@@ -194,7 +217,7 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
         self.say: Callable[[str], None] = logger.info
 
     @classmethod
-    def from_config(cls, config: TrainConfig, dist: DistContext | None = None) -> "Trainer":
+    def from_config(cls, config: TrainConfig, dist: DistContext | None = None) -> Trainer:
         """:func:`build_trainer`."""
         return build_trainer(config, dist)
 
@@ -216,52 +239,80 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
 
     def _valid_time_due(self) -> bool:
         c = self.config
-        return (self.valid is not None and c.valid_minutes is not None
-                and _clock() - self._last_valid_time >= 60.0 * c.valid_minutes)
+        return (
+            self.valid is not None
+            and c.valid_minutes is not None
+            and _clock() - self._last_valid_time >= 60.0 * c.valid_minutes
+        )
 
     def _decide(self) -> tuple[bool, bool, bool]:
         """After a step: (checkpoint by time, evaluate by time, interrupted). The main process's clock decides the
         first two, any process's signal the third; one collective shares them."""
         main = self.dist.is_main
-        flags = self.dist.all_reduce([main and self._checkpoint_time_due(), main and self._valid_time_due(),
-                                      interrupts.requested()], op="max")
+        flags = self.dist.all_reduce(
+            [main and self._checkpoint_time_due(), main and self._valid_time_due(), interrupts.requested()], op="max"
+        )
         return bool(flags[0]), bool(flags[1]), bool(flags[2])
 
     def _on_interrupt(self, mid_step: bool) -> None:
         """Ctrl-C/SIGTERM reached the loop: write a checkpoint at the current step when it is consistent (the signal
         landed between steps) and newer than the last one, and say where the run stands."""
         why = interrupts.signal_name() or (
-            "an interrupt of another process" if self.dist.enabled and self._interrupt_handled else "KeyboardInterrupt")
+            "an interrupt of another process" if self.dist.enabled and self._interrupt_handled else "KeyboardInterrupt"
+        )
         last = self._saved_step
         if mid_step or (self.dist.enabled and not self._interrupt_handled):
             # only without interrupts.handling_signals() (or on a second Ctrl-C): the step was cut, its state is torn
-            logger.warning("%s in the middle of a step: nothing saved (a cut step cannot be resumed); %s", why,
-                           f"the latest checkpoint is step {last}" if last is not None else "no checkpoint yet")
+            logger.warning(
+                "%s in the middle of a step: nothing saved (a cut step cannot be resumed); %s",
+                why,
+                f"the latest checkpoint is step {last}" if last is not None else "no checkpoint yet",
+            )
             return
         if self.step == 0 or self.step == last:
             if self.dist.is_main:
-                logger.warning("%s at step %d: %s", why, self.step, f"the checkpoint of step {last} is the latest, "
-                               "resume continues from there" if last is not None else "nothing trained yet")
+                logger.warning(
+                    "%s at step %d: %s",
+                    why,
+                    self.step,
+                    f"the checkpoint of step {last} is the latest, resume continues from there"
+                    if last is not None
+                    else "nothing trained yet",
+                )
             return
         try:
             self.save_checkpoint()
         except KeyboardInterrupt:
             pass  # deferred() re-raises the signal being handled at the end of a complete write; a second one cuts it
         except Exception as exc:  # e.g. disk full: say so, and still stop as interrupted
-            logger.error("%s at step %d: writing its checkpoint failed (%s); %s", why, self.step, one_line(exc),
-                         f"the latest checkpoint is step {last}" if last is not None else "no checkpoint written")
+            logger.error(
+                "%s at step %d: writing its checkpoint failed (%s); %s",
+                why,
+                self.step,
+                one_line(exc),
+                f"the latest checkpoint is step {last}" if last is not None else "no checkpoint written",
+            )
             return
         if self._saved_step == self.step:
             if self.dist.is_main:
-                logger.warning("%s: stopped after step %d, checkpoint written (%s); resume continues from step %d",
-                               why, self.step, self.out_dir / ckpt.tensor_file_name(self.step), self.step)
+                logger.warning(
+                    "%s: stopped after step %d, checkpoint written (%s); resume continues from step %d",
+                    why,
+                    self.step,
+                    self.out_dir / ckpt.tensor_file_name(self.step),
+                    self.step,
+                )
             try:  # the learning curve so far (best effort: the interrupt is what matters)
                 self.dist.on_main(self.run.plot)
             except Exception as exc:  # noqa: BLE001
                 logger.warning("learning curve not drawn after the interrupt: %s", one_line(exc))
         else:  # a second Ctrl-C cut the write: the previous checkpoint is still the latest
-            logger.warning("%s again while writing the checkpoint of step %d: %s", why, self.step,
-                           f"the latest checkpoint is step {last}" if last is not None else "no checkpoint written")
+            logger.warning(
+                "%s again while writing the checkpoint of step %d: %s",
+                why,
+                self.step,
+                f"the latest checkpoint is step {last}" if last is not None else "no checkpoint written",
+            )
 
     def _wrap(self):
         """DistributedDataParallel around the model when there are several processes (made at each :meth:`train`,
@@ -303,8 +354,10 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
             KeyboardInterrupt: Ctrl-C / SIGTERM, after the checkpoint at the interrupt was written.
         """
         if resume and overwrite:
-            raise UsageError(f"resume and overwrite exclude each other: --resume continues the run in {self.out_dir}, "
-                             "--overwrite replaces it")
+            raise UsageError(
+                f"resume and overwrite exclude each other: --resume continues the run in {self.out_dir}, "
+                "--overwrite replaces it"
+            )
         self.dist.on_main(self.run.check_is_folder)
         lock = self.dist.on_main(lambda: lock_folder(self.out_dir, "run folder (--out-dir)"))
         try:
@@ -345,17 +398,28 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
         the metrics and the progress bar, start the clocks."""
         c, d = self.config, self.dist
         if d.is_main and c.n_negative_samples and c.n_negative_samples >= len(self.vocab) - 1:
-            logger.warning("the vocabulary has %d tokens, not more than n_negative_samples=%d (--negatives) + 1: "
-                           "training uses the full softmax (exact; pass 0 negatives to ask for it)",
-                           len(self.vocab), c.n_negative_samples)
+            logger.warning(
+                "the vocabulary has %d tokens, not more than n_negative_samples=%d (--negatives) + 1: "
+                "training uses the full softmax (exact; pass 0 negatives to ask for it)",
+                len(self.vocab),
+                c.n_negative_samples,
+            )
         self._ddp = self._wrap()
-        determinism = (torch.are_deterministic_algorithms_enabled(),
-                       torch.is_deterministic_algorithms_warn_only_enabled())
+        determinism = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
         if c.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.run.open_metrics()
-        bar = tqdm(total=c.max_steps, initial=self.step, unit="step", disable=not (c.progress and d.is_main),
-                   desc="training", mininterval=0.1 if sys.stderr.isatty() else 30.0)
+        bar = tqdm(
+            total=c.max_steps,
+            initial=self.step,
+            unit="step",
+            disable=not (c.progress and d.is_main),
+            desc="training",
+            mininterval=0.1 if sys.stderr.isatty() else 30.0,
+        )
         start = time.perf_counter()
         self._last_checkpoint_time = self._last_valid_time = self._now()
         self._interrupt_handled = False
@@ -409,9 +473,18 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
             n = max(1, sum(k for *_, k in loop.window))
             f = sum(a * k for a, _, k in loop.window) / n
             b = sum(bb * k for _, bb, k in loop.window) / n
-            self.run.log({"kind": "train", "step": self.step, "loss": round(loop.last_loss, 6),
-                          "train_ppl_fwd": _exp(f), "train_ppl_bwd": _exp(b), "train_ppl": _exp(0.5 * (f + b)),
-                          "tokens_per_s": tokens_per_s, "lr": c.learning_rate})
+            self.run.log(
+                {
+                    "kind": "train",
+                    "step": self.step,
+                    "loss": round(loop.last_loss, 6),
+                    "train_ppl_fwd": _exp(f),
+                    "train_ppl_bwd": _exp(b),
+                    "train_ppl": _exp(0.5 * (f + b)),
+                    "tokens_per_s": tokens_per_s,
+                    "lr": c.learning_rate,
+                }
+            )
             loop.window = []
         loop.bar.update(1)
         # refresh=False: the bar redraws at its own interval (30 s when stderr is not a terminal)
@@ -440,7 +513,8 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
                 f"no training step could be made: the data yields no batch (batching={c.batching!r}, batch "
                 f"size {c.batch_size}{', unroll steps ' + str(c.unroll_steps) if c.batching == 'windows' else ''}"
                 f", {c.n_epochs} epoch(s), max_steps={c.max_steps}); use a smaller batch size, more epochs or "
-                "more data")
+                "more data"
+            )
 
     def _finish_steps(self, loop: LoopState) -> None:
         """After the last step: the held-out evaluation and the checkpoint of the last step, unless already made."""
@@ -471,17 +545,32 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
     def _summary(self, loop: LoopState, model_dir: Path, curve: Path | None) -> dict[str, Any]:
         """What :meth:`train` returns (see there)."""
         seconds = time.perf_counter() - loop.start
-        summary = {"steps": self.step, "tokens": loop.tokens_seen, "seconds": seconds,
-                   "loop_seconds": loop.loop_seconds,
-                   "final_loss": loop.last_loss if math.isfinite(loop.last_loss) else None,
-                   "tokens_per_s": loop.tokens_seen / max(seconds, 1e-9), "model_dir": str(model_dir),
-                   "learning_curve": str(curve) if curve else None}
+        summary = {
+            "steps": self.step,
+            "tokens": loop.tokens_seen,
+            "seconds": seconds,
+            "loop_seconds": loop.loop_seconds,
+            "final_loss": loop.last_loss if math.isfinite(loop.last_loss) else None,
+            "tokens_per_s": loop.tokens_seen / max(seconds, 1e-9),
+            "model_dir": str(model_dir),
+            "learning_curve": str(curve) if curve else None,
+        }
         if self.valid is not None:
             last_valid = loop.last_valid
-            summary["valid"] = None if last_valid is None else {k: last_valid[k] for k in (
-                "step", "valid_ppl_fwd", "valid_ppl_bwd", "valid_ppl")}
-            summary["best"] = None if self.best is None else {
-                "step": self.best["step"], "valid_ppl": self.best["valid_ppl"], "model_dir": str(self.out_dir / "best")}
+            summary["valid"] = (
+                None
+                if last_valid is None
+                else {k: last_valid[k] for k in ("step", "valid_ppl_fwd", "valid_ppl_bwd", "valid_ppl")}
+            )
+            summary["best"] = (
+                None
+                if self.best is None
+                else {
+                    "step": self.best["step"],
+                    "valid_ppl": self.best["valid_ppl"],
+                    "model_dir": str(self.out_dir / "best"),
+                }
+            )
         if self.dist.world_size > 1:
             summary["processes"] = self.dist.world_size
         return summary
@@ -502,8 +591,9 @@ def build_trainer(config: TrainConfig, dist: DistContext | None = None, *, hooks
         WeightsError: an init model whose files cannot be read or do not fit.
     """
     parts = build_parts(config, dist)
-    trainer = Trainer(parts.config, parts.lm, parts.optimizer, parts.data, dist=parts.dist, valid=parts.valid,
-                      hooks=hooks)
+    trainer = Trainer(
+        parts.config, parts.lm, parts.optimizer, parts.data, dist=parts.dist, valid=parts.valid, hooks=hooks
+    )
     trainer.init_softmax_kept = parts.init_softmax_kept
     return trainer
 

@@ -3,6 +3,7 @@
 
 Both loaders end in :func:`load_state_checked`, so a mismatch reads the same whatever the file format.
 """
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,14 @@ from elmokit.modules.bilm import BiLM
 __all__ = ["check_state_fits", "load_state_checked"]
 
 
-def check_state_fits(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], source: str, *,
-                     error: type[Exception] = WeightsError, advice: str = "") -> None:
+def check_state_fits(
+    expected: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
+    source: str,
+    *,
+    error: type[Exception] = WeightsError,
+    advice: str = "",
+) -> None:
     """Check that ``state`` holds exactly the tensors of ``expected`` (a model's ``state_dict()``), same names and
     shapes; raise ``error`` naming ``source`` and the first tensor that differs (``load_state_dict`` would raise a long
     torch error listing them all), followed by ``advice`` when given.
@@ -26,8 +33,10 @@ def check_state_fits(expected: dict[str, torch.Tensor], state: dict[str, torch.T
     tail = f": {advice}" if advice else ""
     for name, tensor in expected.items():  # in the model's order, so the first layer that differs is named
         if name in state and tuple(state[name].shape) != tuple(tensor.shape):
-            raise error(f"{source}: tensor {name!r} has shape {tuple(state[name].shape)}, the model's config implies "
-                        f"{tuple(tensor.shape)}{tail}")
+            raise error(
+                f"{source}: tensor {name!r} has shape {tuple(state[name].shape)}, the model's config implies "
+                f"{tuple(tensor.shape)}{tail}"
+            )
     extra = [name for name in state if name not in expected]
     if extra:
         raise error(f"{source}: tensor {extra[0]!r} has no place in the model{tail}")

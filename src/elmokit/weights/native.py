@@ -10,6 +10,7 @@
 * a directory in the native format (``config.json`` + ``model.safetensors``);
 * a directory holding an original ``options.json`` (or ``*options*.json``) and one ``*.hdf5`` weight file.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,8 @@ import os
 import re
 import struct
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors import safe_open
@@ -33,8 +34,20 @@ from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text
 from elmokit.modules.bilm import BiLM, StatefulBiLM
 from elmokit.weights import load_state_checked
 
-__all__ = ["save_pretrained", "load_native", "load_pretrained_bilm", "cache_dir", "download", "RELEASED",
-           "ZOO_MODELS", "zoo_model_dir", "resolve_model_name", "known_model_names", "CONFIG_NAME", "WEIGHTS_NAME"]
+__all__ = [
+    "save_pretrained",
+    "load_native",
+    "load_pretrained_bilm",
+    "cache_dir",
+    "download",
+    "RELEASED",
+    "ZOO_MODELS",
+    "zoo_model_dir",
+    "resolve_model_name",
+    "known_model_names",
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +99,9 @@ def zoo_model_name(lang_or_name: str) -> str:
     for name, lang in ZOO_MODELS.items():
         if key in (name, lang):
             return name
-    raise UsageError(f"not a zoo model: {lang_or_name!r}; expected one of "
-                     f"{', '.join(sorted([*ZOO_MODELS.values(), *ZOO_MODELS]))}")
+    raise UsageError(
+        f"not a zoo model: {lang_or_name!r}; expected one of {', '.join(sorted([*ZOO_MODELS.values(), *ZOO_MODELS]))}"
+    )
 
 
 def zoo_model_dir(lang_or_name: str, cache: str | os.PathLike | None = None) -> Path:
@@ -124,10 +138,15 @@ def resolve_model_name(name_or_path: str | os.PathLike) -> str | os.PathLike | P
     command = f"elmokit zoo build {ZOO_MODELS[key]}"
     if not (folder / "card.json").is_file() or not (folder / CONFIG_NAME).is_file():
         started = folder.is_dir() and any(p.name != LOCK_NAME for p in folder.iterdir())  # not a lone writer lock
-        state = ("its build is unfinished (no card.json): continue it with `" + command + " --resume`"
-                 if started else f"run `{command}` (about 25 minutes on 2 cores)")
-        raise MissingFileError(f"zoo model {key!r} is not built: no {folder / 'card.json'} (the cache is "
-                               f"$ELMOKIT_CACHE, default ~/.cache/elmokit): {state}")
+        state = (
+            "its build is unfinished (no card.json): continue it with `" + command + " --resume`"
+            if started
+            else f"run `{command}` (about 25 minutes on 2 cores)"
+        )
+        raise MissingFileError(
+            f"zoo model {key!r} is not built: no {folder / 'card.json'} (the cache is "
+            f"$ELMOKIT_CACHE, default ~/.cache/elmokit): {state}"
+        )
     return folder
 
 
@@ -151,8 +170,10 @@ def download(url: str, dest: str | os.PathLike, *, opener: Callable | None = Non
         with opener(url) as response, atomic_path(dest) as tmp:
             total = int(response.headers.get("Content-Length", 0) or 0) if hasattr(response, "headers") else 0
             written = 0
-            with open(tmp, "wb") as fh, tqdm(total=total or None, unit="B", unit_scale=True, desc=dest.name,
-                                             disable=not progress) as bar:
+            with (
+                open(tmp, "wb") as fh,
+                tqdm(total=total or None, unit="B", unit_scale=True, desc=dest.name, disable=not progress) as bar,
+            ):
                 while True:
                     chunk = response.read(1 << 20)
                     if not chunk:
@@ -167,8 +188,13 @@ def download(url: str, dest: str | os.PathLike, *, opener: Callable | None = Non
     return dest
 
 
-def save_pretrained(model: BiLM, out_dir: str | os.PathLike, *, vocab_lines: list[str] | None = None,
-                    extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+def save_pretrained(
+    model: BiLM,
+    out_dir: str | os.PathLike,
+    *,
+    vocab_lines: list[str] | None = None,
+    extra_tensors: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (+ ``vocab.txt``) into ``out_dir``, each atomically.
 
     ``extra_tensors`` (e.g. an LM softmax under ``softmax.*``) are stored beside the biLM tensors. A stored start state
@@ -212,9 +238,10 @@ def _sort_metadata(path: Path) -> None:
         match = _METADATA.search(header)
         if match is None:
             return
-        meta = json.loads(match.group()[len(b'"__metadata__":'):])
-        sorted_bytes = b'"__metadata__":' + json.dumps(dict(sorted(meta.items())), separators=(",", ":"),
-                                                       ensure_ascii=False).encode("utf-8")
+        meta = json.loads(match.group()[len(b'"__metadata__":') :])
+        sorted_bytes = b'"__metadata__":' + json.dumps(
+            dict(sorted(meta.items())), separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8")
         if len(sorted_bytes) != len(match.group()) or sorted_bytes == match.group():
             return  # another layout than safetensors' compact one: leave the file as written
         fh.seek(8 + match.start())
@@ -235,11 +262,13 @@ def load_native(path: str | os.PathLike, *, stateful: bool = False, **bilm_kwarg
     """
     path = Path(path)
     if not path.is_dir():
-        raise MissingFileError(f"model folder {path}: " + ("is a file, not a folder" if path.exists()
-                                                           else "no such folder"))
+        raise MissingFileError(
+            f"model folder {path}: " + ("is a file, not a folder" if path.exists() else "no such folder")
+        )
     if not (path / CONFIG_NAME).is_file():
-        raise MissingFileError(f"{path / CONFIG_NAME} not found: a native model folder holds {CONFIG_NAME} and "
-                               f"{WEIGHTS_NAME}")
+        raise MissingFileError(
+            f"{path / CONFIG_NAME} not found: a native model folder holds {CONFIG_NAME} and {WEIGHTS_NAME}"
+        )
     config = ElmoConfig.from_json_file(path / CONFIG_NAME)
     weights = path / WEIGHTS_NAME
     if not weights.is_file():
@@ -249,8 +278,9 @@ def load_native(path: str | os.PathLike, *, stateful: bool = False, **bilm_kwarg
     except Exception as exc:  # safetensors raises its own error type for truncated or foreign files
         raise WeightsError(f"{weights} is not a readable safetensors file ({exc}): re-save or re-download it") from None
     model = BiLM(config, **bilm_kwargs)
-    load_state_checked(model, {k: v for k, v in tensors.items() if not k.startswith(("softmax.", "start_state."))},
-                       str(weights))
+    load_state_checked(
+        model, {k: v for k, v in tensors.items() if not k.startswith(("softmax.", "start_state."))}, str(weights)
+    )
     if START_C in tensors or START_H in tensors:
         if not (START_C in tensors and START_H in tensors):
             raise WeightsError(f"{weights} holds only one of {START_C} and {START_H}: a start state needs both")
@@ -263,12 +293,16 @@ def load_native(path: str | os.PathLike, *, stateful: bool = False, **bilm_kwarg
     if config.char_cnn.char_vocab_size is not None:
         chars = path / CHARS_NAME
         if not chars.is_file():
-            raise MissingFileError(f"{chars} not found: the config says this model reads a character vocabulary of "
-                                    f"{config.char_cnn.char_vocab_size} ids, and its ids come from that file")
+            raise MissingFileError(
+                f"{chars} not found: the config says this model reads a character vocabulary of "
+                f"{config.char_cnn.char_vocab_size} ids, and its ids come from that file"
+            )
         model.char_vocab = CharVocabulary.from_file(chars, config.char_cnn.max_characters_per_token)
         if model.char_vocab.vocab_size != config.char_cnn.char_vocab_size:
-            raise WeightsError(f"{chars} gives {model.char_vocab.vocab_size} character ids but config.json says "
-                               f"char_vocab_size={config.char_cnn.char_vocab_size}")
+            raise WeightsError(
+                f"{chars} gives {model.char_vocab.vocab_size} character ids but config.json says "
+                f"char_vocab_size={config.char_cnn.char_vocab_size}"
+            )
     return StatefulBiLM(model) if stateful else model
 
 
@@ -286,12 +320,16 @@ def _original_pair(directory: Path) -> tuple[Path, Path]:
     if len(options) == 1 and len(weights) == 1:
         return options[0], weights[0]
     names = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
-    found = (", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")) if names \
+    found = (
+        (", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else ""))
+        if names
         else "nothing (an empty folder)"
+    )
     raise MissingFileError(
         f"{directory} is not a model folder: a model folder holds {CONFIG_NAME} + {WEIGHTS_NAME} (native) or exactly "
         f"one *options*.json and one weight *.hdf5 (original); found {found}. Pass the files explicitly, e.g. "
-        "`elmokit convert OPTIONS WEIGHTS OUT_DIR`, then use OUT_DIR")
+        "`elmokit convert OPTIONS WEIGHTS OUT_DIR`, then use OUT_DIR"
+    )
 
 
 def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | None = None, **bilm_kwargs) -> BiLM:
@@ -311,8 +349,10 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
     from elmokit.weights.original import load_original  # lazy: CLI start-up (it imports h5py)
 
     if not isinstance(name_or_path, (str, os.PathLike)):
-        raise UsageTypeError(f"model must be a folder path, a released model name or a zoo model name "
-                         f"{known_model_names()}, got {type(name_or_path).__name__}")
+        raise UsageTypeError(
+            f"model must be a folder path, a released model name or a zoo model name "
+            f"{known_model_names()}, got {type(name_or_path).__name__}"
+        )
     resolved = resolve_model_name(name_or_path)
     if resolved is not name_or_path:  # a zoo model: its native folder
         return load_native(resolved, **bilm_kwargs)
@@ -335,10 +375,14 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
     if key not in RELEASED:
         text = os.fspath(name_or_path)
         if os.sep in text or (os.altsep and os.altsep in text) or text.startswith((".", "~")):
-            raise MissingFileError(f"model folder {text}: no such folder (and not a released or zoo model name: "
-                                   f"{', '.join(known_model_names())})")
-        raise UsageError(f"unknown model {text!r}: not a folder here, and not a released or zoo model name "
-                         f"({', '.join(known_model_names())})")
+            raise MissingFileError(
+                f"model folder {text}: no such folder (and not a released or zoo model name: "
+                f"{', '.join(known_model_names())})"
+            )
+        raise UsageError(
+            f"unknown model {text!r}: not a folder here, and not a released or zoo model name "
+            f"({', '.join(known_model_names())})"
+        )
     options_url, weights_url = RELEASED[key]
     folder = cache_dir() / key
     options = download(options_url, folder / "options.json", opener=opener)

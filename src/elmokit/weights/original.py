@@ -5,12 +5,13 @@ transform between the two layouts; loading checks every shape and the set of dat
 exporting applies the inverse transforms, so HDF5 → model → HDF5 is bit-exact (transforms are transposes and
 slices only; the LSTM forget bias of 1.0 is added at run time, never stored).
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import h5py
 import numpy as np
@@ -63,18 +64,22 @@ def conversion_table(config: ElmoConfig) -> list[Entry]:
     for i, (w, n) in enumerate(cc.filters):
         # TF conv2d kernel (1, width, in, out) ⇄ torch Conv1d weight (out, in, width)
         name = f"token_encoder.char_cnn.convolutions.{i}.weight"
-        table.append(Entry(
-            f"CNN/W_cnn_{i}", (1, w, d, n),
-            lambda a, name=name: {(name, None): np.ascontiguousarray(a[0].transpose(2, 1, 0))},
-            lambda dd, name=name: np.ascontiguousarray(dd[(name, None)].transpose(2, 1, 0)[None]),
-        ))
+        table.append(
+            Entry(
+                f"CNN/W_cnn_{i}",
+                (1, w, d, n),
+                lambda a, name=name: {(name, None): np.ascontiguousarray(a[0].transpose(2, 1, 0))},
+                lambda dd, name=name: np.ascontiguousarray(dd[(name, None)].transpose(2, 1, 0)[None]),
+            )
+        )
         table.append(Entry(f"CNN/b_cnn_{i}", (n,), *_ident(f"token_encoder.char_cnn.convolutions.{i}.bias")))
     for k in range(cc.n_highway):
         # W_carry computes the gate (it multiplies the transformed value); x·W layout → Linear (out, in)
         table.append(Entry(f"CNN_high_{k}/W_carry", (f, f), *_transpose(f"token_encoder.highway.gates.{k}.weight")))
         table.append(Entry(f"CNN_high_{k}/b_carry", (f,), *_ident(f"token_encoder.highway.gates.{k}.bias")))
-        table.append(Entry(f"CNN_high_{k}/W_transform", (f, f),
-                           *_transpose(f"token_encoder.highway.transforms.{k}.weight")))
+        table.append(
+            Entry(f"CNN_high_{k}/W_transform", (f, f), *_transpose(f"token_encoder.highway.transforms.{k}.weight"))
+        )
         table.append(Entry(f"CNN_high_{k}/b_transform", (f,), *_ident(f"token_encoder.highway.transforms.{k}.bias")))
     table.append(Entry("CNN_proj/W_proj", (f, p), *_transpose("token_encoder.projection.weight")))
     table.append(Entry("CNN_proj/b_proj", (p,), *_ident("token_encoder.projection.bias")))
@@ -83,11 +88,14 @@ def conversion_table(config: ElmoConfig) -> list[Entry]:
             prefix = f"RNN_{direction}/RNN/MultiRNNCell/Cell{k}/LSTMCell"
             ih, hh = f"bilstm.weight_ih.{k}", f"bilstm.weight_hh.{k}"
             # W_0 rows are [input; h_prev]: split into the input and recurrent matrices (x·W layout kept)
-            table.append(Entry(
-                f"{prefix}/W_0", (p + p, 4 * h),
-                lambda a, ih=ih, hh=hh, dr=direction: {(ih, dr): a[:p], (hh, dr): a[p:]},
-                lambda dd, ih=ih, hh=hh, dr=direction: np.concatenate([dd[(ih, dr)], dd[(hh, dr)]], axis=0),
-            ))
+            table.append(
+                Entry(
+                    f"{prefix}/W_0",
+                    (p + p, 4 * h),
+                    lambda a, ih=ih, hh=hh, dr=direction: {(ih, dr): a[:p], (hh, dr): a[p:]},
+                    lambda dd, ih=ih, hh=hh, dr=direction: np.concatenate([dd[(ih, dr)], dd[(hh, dr)]], axis=0),
+                )
+            )
             table.append(Entry(f"{prefix}/B", (4 * h,), *_ident(f"bilstm.bias.{k}", direction)))
             table.append(Entry(f"{prefix}/W_P_0", (h, p), *_ident(f"bilstm.weight_proj.{k}", direction)))
     return table
@@ -101,19 +109,25 @@ def _read_datasets(weight_file: Path) -> dict[str, np.ndarray]:
     with open(weight_file, "rb") as fh:
         head = fh.read(8)
     if head.lstrip()[:1] in (b"{", b"["):
-        raise WeightsError(f"{weight_file} is a JSON file, not an HDF5 weight file: pass the options.json as the "
-                           "options file and the .hdf5 as the weight file")
+        raise WeightsError(
+            f"{weight_file} is a JSON file, not an HDF5 weight file: pass the options.json as the "
+            "options file and the .hdf5 as the weight file"
+        )
     out: dict[str, np.ndarray] = {}
     try:
         with h5py.File(weight_file, "r") as fh:
+
             def visit(name: str, obj) -> None:
                 if isinstance(obj, h5py.Dataset):
                     out[name] = obj[...]
+
             fh.visititems(visit)
     except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
         # h5py: OSError for a foreign or truncated file, others for damaged internals
-        raise WeightsError(f"{weight_file} is not a readable HDF5 weight file (truncated or damaged? "
-                           f"{type(exc).__name__}: {exc}); re-download or re-export it") from None
+        raise WeightsError(
+            f"{weight_file} is not a readable HDF5 weight file (truncated or damaged? "
+            f"{type(exc).__name__}: {exc}); re-download or re-export it"
+        ) from None
     return out
 
 
@@ -173,8 +187,9 @@ def load_original_state(config: ElmoConfig, weight_file: str | os.PathLike) -> d
     return state
 
 
-def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLike, *, stateful: bool = False,
-                  **bilm_kwargs) -> BiLM:
+def load_original(
+    options_file: str | os.PathLike, weight_file: str | os.PathLike, *, stateful: bool = False, **bilm_kwargs
+) -> BiLM:
     """Build a :class:`BiLM` from an original ``options.json`` + HDF5 pair (``bilm_kwargs`` go to BiLM, e.g.
     ``dropout``); ``stateful=True`` returns it wrapped in :class:`~elmokit.modules.bilm.StatefulBiLM` (the original's
     carried-state inference). Raises as :func:`load_original_state` and :meth:`ElmoConfig.from_json_file`."""
@@ -185,8 +200,9 @@ def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLik
     return StatefulBiLM(model) if stateful else model
 
 
-def export_original(model: BiLM, out_dir: str | os.PathLike, *, options_name: str = "options.json",
-                    weights_name: str = "weights.hdf5") -> tuple[Path, Path]:
+def export_original(
+    model: BiLM, out_dir: str | os.PathLike, *, options_name: str = "options.json", weights_name: str = "weights.hdf5"
+) -> tuple[Path, Path]:
     """Write ``model`` as an original ``options.json`` + HDF5 pair (atomically), readable by bilm-tf, AllenNLP and
     :func:`load_original`. Returns the two paths.
 
@@ -198,15 +214,19 @@ def export_original(model: BiLM, out_dir: str | os.PathLike, *, options_name: st
     """
     config = model.config
     if config.char_cnn.char_vocab_size is not None:
-        raise ConfigError("this model reads a character vocabulary (char_vocab_size="
-                          f"{config.char_cnn.char_vocab_size}), which the original options.json + HDF5 format cannot "
-                          "express: share the native folder (config.json + model.safetensors + chars.txt) instead")
+        raise ConfigError(
+            "this model reads a character vocabulary (char_vocab_size="
+            f"{config.char_cnn.char_vocab_size}), which the original options.json + HDF5 format cannot "
+            "express: share the native folder (config.json + model.safetensors + chars.txt) instead"
+        )
     if getattr(model, "start_state", None) is not None:
         source = getattr(model, "start_state_source", None)
-        raise ConfigError(f"this model starts every sentence from a stored non-zero LSTM start state"
-                          f"{f' ({source})' if source else ''}, which the original options.json + HDF5 format cannot "
-                          "hold (its readers start from zeros and would give other vectors): share the native folder "
-                          "(config.json + model.safetensors) instead")
+        raise ConfigError(
+            f"this model starts every sentence from a stored non-zero LSTM start state"
+            f"{f' ({source})' if source else ''}, which the original options.json + HDF5 format cannot "
+            "hold (its readers start from zeros and would give other vectors): share the native folder "
+            "(config.json + model.safetensors) instead"
+        )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}

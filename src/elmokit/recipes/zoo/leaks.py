@@ -3,6 +3,7 @@
 that finds them inside running text across sentence boundaries (:class:`_KeptOutIndex`); :func:`leak_check` verifies
 a written corpus (no held-out sentence in train, no kept-out sentence or long kept-out span in train).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -49,12 +50,19 @@ class _KeptOutIndex:
             for s in ko.read(data_dir / ko.folder, stats):
                 self.keys.setdefault(sentence_key(s), ko.name)
                 n += 1
-            self.info.append({"name": ko.name, "folder": ko.folder, "files": list(ko.files), "sentences": n,
-                              **({"decoded_cp1252": stats["decoded_cp1252"]} if "decoded_cp1252" in stats else {})})
+            self.info.append(
+                {
+                    "name": ko.name,
+                    "folder": ko.folder,
+                    "files": list(ko.files),
+                    "sentences": n,
+                    **({"decoded_cp1252": stats["decoded_cp1252"]} if "decoded_cp1252" in stats else {}),
+                }
+            )
         self.long: dict[int, list[str]] = {}
         for k in self.keys:
             if len(k) >= self.min_chars and not k.startswith("\0"):
-                self.long.setdefault(int(self._hashes(k[:self.min_chars])[0]), []).append(k)
+                self.long.setdefault(int(self._hashes(k[: self.min_chars])[0]), []).append(k)
         self.max_len = max((len(k) for v in self.long.values() for k in v), default=0)
 
     def _hashes(self, text: str):
@@ -67,7 +75,7 @@ class _KeptOutIndex:
             pw = np.concatenate([[np.uint64(1)], np.cumprod(np.full(n - 1, base, dtype=np.uint64))])  # B^0 … B^(n-1)
             ipw = np.concatenate([[np.uint64(1)], np.cumprod(np.full(n - 1, inv, dtype=np.uint64))])
             s = np.concatenate([[np.uint64(0)], np.cumsum(c * ipw)])  # S[i] = Σ_{k<i} c_k B^-k
-            return pw[w - 1:] * (s[w:] - s[:n - w + 1])  # Σ_{k=i}^{i+W-1} c_k B^(i+W-1-k)
+            return pw[w - 1 :] * (s[w:] - s[: n - w + 1])  # Σ_{k=i}^{i+W-1} c_k B^(i+W-1-k)
 
     def contained(self, keys: list[str], chunk_chars: int = 2_000_000) -> dict[int, str]:
         """Indices of the sentences (given by their keys, in running order) that overlap a long kept-out sentence
@@ -88,7 +96,7 @@ class _KeptOutIndex:
             text = "".join(pieces[start:stop])
             if len(text) >= self.min_chars:
                 for pos in np.flatnonzero(np.isin(self._hashes(text), wanted)):
-                    window = text[pos:pos + self.min_chars]
+                    window = text[pos : pos + self.min_chars]
                     for k in self.long[int(self._hashes(window)[0])]:
                         if text.startswith(k, pos):
                             g = offsets[start] + int(pos)
@@ -122,8 +130,13 @@ def _check_leaks(train: list[str], held: Iterable[str], index: _KeptOutIndex) ->
             held_in_train += 1
             if len(examples) < 7:
                 examples.append(f"heldout: {line[:80]!r} occurs in train")
-    return {"heldout_in_train": held_in_train, "kept_out_in_train": sum(kept_hits.values()),
-            "kept_out_in_train_by_set": kept_hits, "kept_out_spans_in_train": len(spans), "examples": examples}
+    return {
+        "heldout_in_train": held_in_train,
+        "kept_out_in_train": sum(kept_hits.values()),
+        "kept_out_in_train_by_set": kept_hits,
+        "kept_out_spans_in_train": len(spans),
+        "examples": examples,
+    }
 
 
 def leak_check(corpus_dir: str | os.PathLike, recipe: str, data_dir: str | os.PathLike | None = None) -> dict:
@@ -152,8 +165,9 @@ def leak_check(corpus_dir: str | os.PathLike, recipe: str, data_dir: str | os.Pa
 
 def _raise_on_leak(result: dict, where) -> None:
     if result["heldout_in_train"] or result["kept_out_in_train"] or result["kept_out_spans_in_train"]:
-        raise DataError(f"leak in {where}: {result['heldout_in_train']} held-out sentence(s) occur in train.txt; "
-                        f"{result['kept_out_in_train']} train sentence(s) are sentences of kept-out sets "
-                        f"{result['kept_out_in_train_by_set']}; {result['kept_out_spans_in_train']} are part of a "
-                        "kept-out sentence; e.g. " + "; ".join(result["examples"]))
-
+        raise DataError(
+            f"leak in {where}: {result['heldout_in_train']} held-out sentence(s) occur in train.txt; "
+            f"{result['kept_out_in_train']} train sentence(s) are sentences of kept-out sets "
+            f"{result['kept_out_in_train_by_set']}; {result['kept_out_spans_in_train']} are part of a "
+            "kept-out sentence; e.g. " + "; ".join(result["examples"])
+        )

