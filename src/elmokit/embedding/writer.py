@@ -35,7 +35,6 @@ Test hook: ``ELMOKIT_TEST_EMBED_KILL_AT=<point>:<part>`` kills the process writi
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
@@ -61,6 +60,7 @@ from elmokit.checks import positive_int
 from elmokit.data.tokenizers import TOKENIZERS, word_tokenizer
 from elmokit.embedding.reader import FORMATS, INDEX_NAME, LAYOUT_NAME, LAYOUT_VERSION, part_name, sentence_key, work_folder
 from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text, lock_folder
+from elmokit.weights.fingerprint import bilm_fingerprint
 
 __all__ = ["EmbedJob", "EmbedWorkerError", "scan_input", "model_fingerprint", "torchrun_rank"]
 
@@ -170,15 +170,9 @@ def read_part(scan: InputScan, k: int, decode_errors: str) -> list[str | None]:
 
 
 def model_fingerprint(bilm) -> str:
-    """BLAKE2b of the model's configuration and parameter bytes (compared on resume)."""
-    import torch
-
-    digest = hashlib.blake2b(digest_size=20)
-    digest.update(json.dumps(dataclasses.asdict(bilm.config), sort_keys=True, default=str).encode())
-    for name, tensor in bilm.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()
+    """The biLM fingerprint (:func:`elmokit.weights.fingerprint.bilm_fingerprint`: configuration, character
+    vocabulary and weights), compared on resume."""
+    return bilm_fingerprint(bilm)
 
 
 # ---------------------------------------------------------------------------------------------- one part
