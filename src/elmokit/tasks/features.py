@@ -15,15 +15,15 @@ float16 storage adds a relative rounding error of at most 2^-11 (≈ 4.9e-4 rela
 outputs → ≤ 2e-3 absolute). Values beyond float16's range (65,504) are refused rather than stored as inf.
 
 **Cache files** (safetensors, written atomically): tensors ``layers`` (total_tokens, L+1, D) float16 and ``offsets``
-(N+1,) int64, metadata the biLM's name and sha256 (:func:`bilm_sha256`, over its configuration, character
-vocabulary and weights) and the sha256 of the sentences (:func:`sentences_sha256`). A cache made by another biLM or
-for other sentences is refused by :meth:`LayerFeatures.load` and recomputed by :func:`compute_layer_features`.
+(N+1,) int64, metadata the biLM's name and sha256 (:func:`bilm_sha256`: the package's one biLM fingerprint,
+:func:`elmokit.weights.fingerprint.bilm_fingerprint`, over its configuration, character vocabulary and weights) and
+the sha256 of the sentences (:func:`sentences_sha256`). A cache made by another biLM or for other sentences is refused
+by :meth:`LayerFeatures.load` and recomputed by :func:`compute_layer_features`.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import hashlib
 import json
 import logging
@@ -33,9 +33,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.numpy import save_file
+from tqdm.auto import tqdm
 
+from elmokit.data.tokenizers import load_tokenizer
+from elmokit.embedding import Embedder, resolve_model
 from elmokit.errors import DataError, InputError, MissingFileError, UsageError
 from elmokit.io import atomic_path
+from elmokit.modules.bilm import BiLM
+from elmokit.weights.fingerprint import bilm_fingerprint
 
 __all__ = ["LayerFeatures", "compute_layer_features", "char_features_from_words", "segment_characters",
            "zoo_segmenter", "random_bilm_like", "bilm_sha256", "sentences_sha256", "FORMAT"]
@@ -49,21 +56,13 @@ _FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 # ============================================================================================ fingerprints
 def bilm_sha256(bilm) -> str:
-    """Hex sha256 of a biLM's configuration, character vocabulary (if any) and weights (names and float bytes, in
-    state-dict order): equal for two models exactly when their features are. ``bilm``: a :class:`~elmokit.BiLM`,
-    an :class:`~elmokit.Elmo` or anything :func:`elmokit.embedding.resolve_model` accepts."""
-    from elmokit.embedding import resolve_model
+    """The biLM fingerprint (:func:`elmokit.weights.fingerprint.bilm_fingerprint`: hex sha256 of its configuration,
+    character vocabulary and weights): equal for two models exactly when their features are. ``bilm``: a
+    :class:`~elmokit.BiLM`, an :class:`~elmokit.Elmo` or anything :func:`elmokit.embedding.resolve_model` accepts.
 
-    bilm = resolve_model(bilm)
-    h = hashlib.sha256()
-    h.update(json.dumps(dataclasses.asdict(bilm.config), sort_keys=True, default=str).encode())
-    vocab = getattr(bilm, "char_vocab", None)
-    if vocab is not None:
-        h.update(b"\0chars\0" + "".join(vocab.characters).encode("utf-8"))
-    for name, tensor in bilm.state_dict().items():
-        h.update(b"\0" + name.encode() + b"\0")
-        h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    Raises:
+        UsageError / MissingFileError / WeightsError: ``bilm`` cannot be resolved to a model."""
+    return bilm_fingerprint(resolve_model(bilm))
 
 
 def _token_lists(sentences: Iterable) -> list[list[str]]:
@@ -185,8 +184,6 @@ class LayerFeatures:
     def save(self, path: str | os.PathLike) -> Path:
         """Write a safetensors file atomically (``layers`` float16, ``offsets`` int64, :attr:`meta` + ``format``).
         Returns ``path``."""
-        from safetensors.numpy import save_file
-
         path = Path(path)
         meta = {**{k: str(v) for k, v in self.meta.items()}, "format": FORMAT}
         with atomic_path(path, suffix=".safetensors") as tmp:
@@ -203,8 +200,6 @@ class LayerFeatures:
             MissingFileError: no such file.
             DataError: not a layer-features file (or damaged), or stale (the message names the file and what
                 differs)."""
-        from safetensors import safe_open
-
         path = Path(path)
         if not path.is_file():
             raise MissingFileError(f"{path}: " + ("is a folder, not a features file" if path.is_dir()
@@ -280,8 +275,6 @@ def _try_cache(cache_path: str | os.PathLike | None, bilm_sha: str, sent_sha: st
 def _embed_flat(embedder, sentences: list[list[str]], batch_size: int, progress: bool | str,
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(total_tokens, L+1, D) float16 and (N+1,) offsets of ``sentences`` through ``embedder``."""
-    from tqdm.auto import tqdm
-
     lengths = np.array([len(s) for s in sentences], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     data = np.empty((int(offsets[-1]), embedder.num_layers, embedder.output_dim), dtype=np.float16)
@@ -321,8 +314,6 @@ def compute_layer_features(model: object, sentences: Sequence, *, batch_size: in
         InputError: a malformed sentence or token (from the Embedder, naming it). UsageError / MissingFileError /
         WeightsError: the model cannot be loaded. DataError: a value beyond float16's range.
     """
-    from elmokit.embedding import Embedder
-
     _check_threads(num_threads)
     sents = _token_lists(sentences)
     embedder = Embedder(model, batch_size=batch_size)
@@ -344,8 +335,6 @@ def compute_layer_features(model: object, sentences: Sequence, *, batch_size: in
 def zoo_segmenter(name_or_dir: str | os.PathLike = "elmokit-zh") -> Callable[[str], list[str]]:
     """The zoo model's tokeniser (:func:`elmokit.data.tokenizers.load_tokenizer`: text → sentences of words) as
     ``text → words`` (the sentences concatenated), for :func:`char_features_from_words`."""
-    from elmokit.data.tokenizers import load_tokenizer
-
     tokenize = load_tokenizer(name_or_dir)
     return lambda text: [w for sentence in tokenize(text) for w in sentence]
 
@@ -417,8 +406,6 @@ def char_features_from_words(model: object, char_sentences: Sequence, segment: C
 
     Raises: DataError / UsageError from :func:`segment_characters`; the errors of :func:`compute_layer_features`.
     """
-    from elmokit.embedding import Embedder
-
     _check_threads(num_threads)
     chars = _token_lists(char_sentences)
     segmented = segment_characters(char_sentences, segment)
@@ -456,9 +443,6 @@ def random_bilm_like(name_or_model: object, seed: int):
     and dtype.
 
     ``name_or_model``: anything :class:`elmokit.Embedder` accepts. Raises the loaders' errors for a bad model."""
-    from elmokit.embedding import resolve_model
-    from elmokit.modules.bilm import BiLM
-
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise UsageError(f"seed must be an int, got {seed!r}")
     source = resolve_model(name_or_model)

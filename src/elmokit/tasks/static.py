@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from elmokit.baselines.word2vec import VECTORS_FILE, load_word2vec
 from elmokit.errors import DataError, MissingFileError, UsageError
+from elmokit.weights.native import ZOO_MODELS, zoo_model_dir
 
 __all__ = ["StaticVectors", "build_vocab", "PAD", "UNK"]
 
@@ -62,9 +64,6 @@ class StaticVectors:
         Raises:
             MissingFileError: the vectors are not there (for a zoo name: says to build it with ``elmokit zoo build``).
             DataError: the file is not a readable word2vec binary."""
-        from elmokit.baselines.word2vec import VECTORS_FILE, load_word2vec
-        from elmokit.weights.native import ZOO_MODELS, zoo_model_dir
-
         if not isinstance(name_or_path, (str, os.PathLike)):
             raise UsageError(f"StaticVectors.load takes a zoo model name or a path, got {type(name_or_path).__name__}")
         text = os.fspath(name_or_path)
