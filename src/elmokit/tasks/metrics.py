@@ -47,7 +47,7 @@ def entity_scores(gold: list[list[str]], pred: list[list[str]], scheme: str = "B
     if scheme not in SCHEMES:
         raise UsageError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
     _check_aligned(gold, pred)
-    from seqeval.metrics import classification_report
+    from seqeval.metrics import classification_report  # optional: seqeval
 
     gold = [list(s) for s in gold]
     pred = [list(s) for s in pred]
@@ -57,7 +57,7 @@ def entity_scores(gold: list[list[str]], pred: list[list[str]], scheme: str = "B
         pred = [convert_tags(s, "BMES", "BIOES") for s in pred]
         scheme = "BIOES"
     if scheme == "BIOES":
-        from seqeval.scheme import IOBES
+        from seqeval.scheme import IOBES  # optional: seqeval
 
         kwargs = {"mode": "strict", "scheme": IOBES}
     with warnings.catch_warnings():
@@ -105,6 +105,6 @@ def macro_f1(gold: Sequence, pred: Sequence) -> float:
     g, p = _flatten(gold, pred)
     if not g:
         raise InputError("macro F1 of nothing: no gold items")
-    from sklearn.metrics import f1_score
+    from sklearn.metrics import f1_score  # optional: scikit-learn
 
     return float(f1_score(g, p, average="macro", zero_division=0))

@@ -329,7 +329,7 @@ class SequenceTagger(_Encoder):
     def __init__(self, inputs: TokenInputs, num_tags: int, *, hidden: int = 128, layers: int = 1,
                  dropout: float = 0.5) -> None:
         super().__init__(inputs, hidden, layers, dropout)
-        from torchcrf import CRF
+        from torchcrf import CRF  # optional: pytorch-crf
 
         if num_tags < 1:
             raise UsageError(f"num_tags must be >= 1, got {num_tags}")

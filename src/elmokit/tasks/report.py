@@ -169,8 +169,8 @@ def plot_layer_weights(weights: dict[str, list[float]], gammas: dict[str, float]
     sizes = {len(v) for v in weights.values()}
     if len(sizes) != 1 or 0 in sizes:
         raise UsageError(f"plot_layer_weights: every row needs the same number of layers, got {sorted(sizes)}")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # optional: matplotlib
+    from matplotlib.figure import Figure  # optional: matplotlib
 
     n_layers = sizes.pop()
     names = list(weights)
