@@ -32,6 +32,7 @@ the seeded, stratified split where one review never feeds both the memory and th
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import re
@@ -43,11 +44,13 @@ from pathlib import Path
 
 import numpy as np
 
+from elmokit.analysis.polysemy import Occurrence, find_spans, occurrence_vectors
 from elmokit.errors import DataError, InputError, MissingFileError, UsageError
-from elmokit.analysis.polysemy import find_spans
+from elmokit.io import atomic_path
 
 __all__ = ["SenseExample", "CASINGS", "read_coarsewsd", "coarsewsd_words", "coarsewsd_senses",
-           "read_coarsewsd_baselines", "APPLE_CATEGORIES", "AppleSet", "build_apple_set", "group_split", "recase", "truecase_table",
+           "read_coarsewsd_baselines", "APPLE_CATEGORIES", "AppleSet", "build_apple_set", "group_split", "recase",
+           "truecase_table",
            "nn1_predict", "centroid_predict", "accuracy", "macro_f1", "scores", "mfs_scores", "layer_scores",
            "static_context_vectors", "STATIC_GRID", "choose_static_settings", "cv_folds", "cv_score",
            "example_vectors", "TIE_TOLERANCE"]
@@ -234,8 +237,8 @@ def build_apple_set(csv_path: str | Path, tokenize: Callable[[str], list[list[st
                     categories: dict[str, str] | None = None) -> AppleSet:
     """Read ``online_shopping_10_cats.csv`` (``cat,label,review``) and keep, in the categories of
     :data:`APPLE_CATEGORIES`, the reviews holding ``word``; segment each with ``tokenize`` (raw text → sentences of
-    words: ``elmokit.data.tokenizers.load_tokenizer('elmokit-zh')``) and take every sentence position where ``word`` is a
-    whole word token. A review where ``word`` only appears inside longer tokens (苹果手机, 苹果醋) is counted in
+    words: ``elmokit.data.tokenizers.load_tokenizer('elmokit-zh')``) and take every sentence position where ``word``
+    is a whole word token. A review where ``word`` only appears inside longer tokens (苹果手机, 苹果醋) is counted in
     ``stats["reviews_only_inside_other_token"]`` and contributes nothing.
 
     Raises: MissingFileError (no file), DataError (not the expected CSV header)."""
@@ -387,7 +390,7 @@ def macro_f1(y_true: Sequence[str], y_pred: Sequence[str], senses: Sequence[str]
     undefined (scikit-learn ``f1_score(average="macro", zero_division=0)``).
 
     Raises: InputError: lengths differ."""
-    from sklearn.metrics import f1_score
+    from sklearn.metrics import f1_score  # optional: scikit-learn
 
     t, p = list(y_true), list(y_pred)
     if len(t) != len(p):
@@ -490,7 +493,7 @@ def cv_folds(labels: Sequence[str], groups: Sequence[str], folds: int = 5, seed:
     Raises:
         UsageError: ``folds`` < 2, or ``labels`` and ``groups`` of different lengths.
         DataError: not even 2 folds are possible: fewer than 2 groups, or no label with 2 or more examples."""
-    from sklearn.model_selection import StratifiedGroupKFold
+    from sklearn.model_selection import StratifiedGroupKFold  # optional: scikit-learn
 
     if folds < 2:
         raise UsageError(f"cross-validation needs folds >= 2, got folds={folds}")
@@ -550,17 +553,14 @@ def choose_static_settings(kv, memory: Sequence[SenseExample], senses: Sequence[
 def example_vectors(embedder, examples: Sequence[SenseExample], *, context: int | None = None,
                     cache_dir: str | Path | None = None, model_key: str = "", batch_size: int | None = None
                     ) -> np.ndarray:
-    """(N, L+1, 2P) float32 contextual vectors of the examples' spans (:func:`elmokit.analysis.polysemy.occurrence_vectors`,
-    each sentence cut to ``context`` tokens on each side of the span).
+    """(N, L+1, 2P) float32 contextual vectors of the examples' spans
+    (:func:`elmokit.analysis.polysemy.occurrence_vectors`, each sentence cut to ``context`` tokens on each side of the
+    span).
 
     With ``cache_dir`` the array is kept as ``<cache_dir>/<sha256 key>.npy`` (written atomically) and reused: the
     key covers ``model_key`` (say, the weight file's sha256), ``context`` and every example's tokens and span, so a
     changed input is never served stale vectors.
     """
-    import hashlib
-
-    from elmokit.analysis.polysemy import Occurrence, occurrence_vectors
-
     path = None
     if cache_dir is not None:
         h = hashlib.sha256(f"{model_key}\t{context}\n".encode())
@@ -575,8 +575,6 @@ def example_vectors(embedder, examples: Sequence[SenseExample], *, context: int 
     occs = [Occurrence(i, e.start, e.end) for i, e in enumerate(examples)]
     arr = occurrence_vectors(embedder, sentences, occs, context=context, batch_size=batch_size)
     if path is not None:
-        from elmokit.io import atomic_path
-
         with atomic_path(path, suffix=".npy") as tmp:
             with open(tmp, "wb") as fh:
                 np.save(fh, arr, allow_pickle=False)
