@@ -36,7 +36,7 @@ import torch  # noqa: E402
 import elmokit  # noqa: E402,F401  (before torch: elmokit's OpenMP wait setting applies, see elmokit.threads)
 from elmokit.tasks.config import load_task_config  # noqa: E402
 from elmokit.tasks.report import mean_std, plot_layer_weights, results_table, write_results  # noqa: E402
-from elmokit.tasks.training import train_from_config  # noqa: E402
+from elmokit.tasks.training import prepare_task, train_from_config  # noqa: E402
 from elmokit.threads import default_threads  # noqa: E402
 
 TASKS = {
@@ -63,12 +63,17 @@ def say(text: str) -> None:
 
 
 def run_row(config, name: str, seeds: list[int]) -> dict:
-    reuse: dict = {}
     start = time.perf_counter()
+    prepared = prepare_task(config, log=lambda m: say(f"  {name}: {m}"))  # data, biLM, vectors, layers: once a row
     runs = []
     for seed in seeds:
         t0 = time.perf_counter()
-        model = train_from_config(config, seed=seed, reuse=reuse, log=lambda m: say(f"  {name} seed {seed}: {m}"))  # noqa: B023 (called in this iteration)
+        model = train_from_config(
+            config,
+            seed=seed,
+            prepared=prepared,
+            log=lambda m: say(f"  {name} seed {seed}: {m}"),  # noqa: B023
+        )
         r = model.results
         runs.append(
             {
@@ -89,7 +94,7 @@ def run_row(config, name: str, seeds: list[int]) -> dict:
         )
     seconds = time.perf_counter() - start
     say(f"row {name!r}: {seconds / 60:.1f} min for {len(seeds)} seeds")
-    return {"name": name, "runs": runs, "seconds": seconds, "bilm": reuse.get("record")}
+    return {"name": name, "runs": runs, "seconds": seconds, "bilm": prepared.bilm_record}
 
 
 def plot_rows(task: str, rows: list[dict], out: Path, n_seeds: int) -> None:
@@ -279,24 +284,24 @@ def main(argv=None) -> int:
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "config": f"configs/tasks/{config_file}",
         "model": (
-            ("BiLSTM-CRF tagger" if config.task == "tag" else f"BiLSTM classifier, {config.model['pooling']} pooling")
-            + f", {config.model['layers']} x {config.model['hidden']} cells per direction, dropout "
-            f"{config.model['dropout']}; ELMo: one ScalarMix at the input (L2 {config.bilm['l2']} on s, dropout "
-            f"{config.bilm['dropout']}), biLM frozen, layers cached"
+            ("BiLSTM-CRF tagger" if config.task == "tag" else f"BiLSTM classifier, {config.model.pooling} pooling")
+            + f", {config.model.layers} x {config.model.hidden} cells per direction, dropout "
+            f"{config.model.dropout}; ELMo: one ScalarMix at the input (L2 {config.bilm.l2} on s, dropout "
+            f"{config.bilm.dropout}), biLM frozen, layers cached"
         ),
         "budget": (
-            f"at most {t['epochs']} epochs (early stopping on dev, patience {t['patience']}), Adam lr {t['lr']}, "
-            f"batch {t['batch_size']}, clip {t['clip']}; the paper trains for many more epochs with larger "
+            f"at most {t.epochs} epochs (early stopping on dev, patience {t.patience}), Adam lr {t.lr}, "
+            f"batch {t.batch_size}, clip {t.clip}; the paper trains for many more epochs with larger "
             "models — these are 2-core budgets, so absolute scores are lower"
         ),
-        "data": {k: config.data[k] for k in ("train", "dev", "test")},
+        "data": {k: getattr(config.data, k) for k in ("train", "dev", "test")},
         "train_sentences": (
-            f"the first {config.data['max_train_sentences']:,} sentences of the train file "
+            f"the first {config.data.max_train_sentences:,} sentences of the train file "
             "(data.max_train_sentences: the 2-core budget); dev and test in full"
-            if config.data["max_train_sentences"]
+            if config.data.max_train_sentences
             else "all; dev and test in full"
         ),
-        "static_vectors": config.static["vectors"],
+        "static_vectors": config.static.vectors,
         "bilms": {r["name"]: (r["bilm"] or {}).get("name") for r in rows},
         "seeds": args.seeds,
         "claims (a gain is claimed only when the difference of means exceeds the sum of the two sample stds)": claims,

@@ -1,4 +1,6 @@
-"""Polysemy tools (elmokit.analysis.polysemy) and `elmokit similar`: matching, vectors, cosines, neighbours, plots, the CLI."""
+"""Polysemy tools (elmokit.analysis.polysemy) and `elmokit similar`: matching, vectors, cosines, neighbours, plots,
+the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -9,15 +11,25 @@ import pytest
 import torch
 
 from elmokit import Embedder
+from elmokit.analysis.polysemy import (
+    Occurrence,
+    context_window,
+    cosine_matrix,
+    find_occurrences,
+    find_spans,
+    is_cjk,
+    label_similarity,
+    layer_similarities,
+    nearest_neighbours,
+    occurrence_vectors,
+    pca_2d,
+    plot_occurrences,
+)
 from elmokit.cli import main as cli_main
 from elmokit.config import elmo_tiny
 from elmokit.errors import InputError, UsageError
-from elmokit.weights.native import RELEASED
 from elmokit.modules.bilm import BiLM
-from elmokit.analysis.polysemy import (Occurrence, context_window, cosine_matrix, find_occurrences, find_spans, is_cjk,
-                              label_similarity, layer_similarities, nearest_neighbours, occurrence_vectors, pca_2d,
-                              plot_occurrences)
-from elmokit.weights.native import save_pretrained
+from elmokit.weights.native import RELEASED, save_pretrained
 from helpers import tiny_random_bilm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -89,10 +101,7 @@ def test_cosine_matrix_hand_values():
 
 
 def test_label_similarity_hand_case():
-    sim = np.array([[1.0, 0.9, 0.1, 0.2],
-                    [0.9, 1.0, 0.3, 0.4],
-                    [0.1, 0.3, 1.0, 0.7],
-                    [0.2, 0.4, 0.7, 1.0]])
+    sim = np.array([[1.0, 0.9, 0.1, 0.2], [0.9, 1.0, 0.3, 0.4], [0.1, 0.3, 1.0, 0.7], [0.2, 0.4, 0.7, 1.0]])
     s = label_similarity(sim, ["a", "a", "b", "b"])
     assert s["pairs"] == 6
     assert s["mean"] == pytest.approx((0.9 + 0.1 + 0.2 + 0.3 + 0.4 + 0.7) / 6)
@@ -111,9 +120,7 @@ def test_label_similarity_leaves_unlabelled_entries_out():
     s = label_similarity(np.ones((2, 2)), ["a", None])
     assert (s["pairs"], s["mean"]) == (1, 1.0)
     assert s["within"] is None and s["across"] is None and s["gap"] is None
-    sim = np.array([[1.0, 0.2, 0.6],
-                    [0.2, 1.0, 0.4],
-                    [0.6, 0.4, 1.0]])
+    sim = np.array([[1.0, 0.2, 0.6], [0.2, 1.0, 0.4], [0.6, 0.4, 1.0]])
     s = label_similarity(sim, ["a", None, "a"])
     assert s["within"] == pytest.approx(0.6) and s["across"] is None and s["mean"] == pytest.approx(0.4)
     # an empty-string label is a label, not "unlabelled" (numpy turned the old "\0" sentinel into "")
@@ -154,8 +161,9 @@ def test_nearest_neighbours_match_brute_force_and_exclude(embedder):
     assert got[0].score == pytest.approx(1.0, abs=1e-6)
     excluded = nearest_neighbours(embedder, q, corpus, k=4, exclude=[{(tuple(corpus[1]), 1)}])[0]
     assert (1, 1) not in [(n.sentence, n.position) for n in excluded]
-    assert [(n.sentence, n.position) for n in excluded] == [refs[i] for i in order[1:]] + \
-        [refs[np.argsort(-sims, kind="stable")[4]]]
+    assert [(n.sentence, n.position) for n in excluded] == [refs[i] for i in order[1:]] + [
+        refs[np.argsort(-sims, kind="stable")[4]]
+    ]
     with pytest.raises(UsageError, match="k"):
         nearest_neighbours(embedder, q, corpus, k=0)
     with pytest.raises(UsageError, match="queries"):
@@ -199,12 +207,33 @@ def _write(path, text):
 
 
 def test_cli_similar_end_to_end_json(tiny_model, tmp_path, capsys):
-    sents = _write(tmp_path / "s.txt", "money\tthe bank lends money\nriver\tthe bank of the river\n\n"
-                                       "money\ta bank loan\nriver\twe sat on the river bank\n")
+    sents = _write(
+        tmp_path / "s.txt",
+        "money\tthe bank lends money\nriver\tthe bank of the river\n\n"
+        "money\ta bank loan\nriver\twe sat on the river bank\n",
+    )
     corpus = _write(tmp_path / "c.txt", "the river is wide\nthe bank is open\n")
     png = tmp_path / "bank.png"
-    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "bank", "--labels", "--corpus", str(corpus),
-                     "--neighbours", "2", "--png", str(png), "--json"]) == 0
+    assert (
+        cli_main(
+            [
+                "similar",
+                str(tiny_model),
+                str(sents),
+                "--word",
+                "bank",
+                "--labels",
+                "--corpus",
+                str(corpus),
+                "--neighbours",
+                "2",
+                "--png",
+                str(png),
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert [o["line"] for o in out["occurrences"]] == [1, 2, 4, 5]  # blank line 3 skipped, numbering kept
     assert [o["label"] for o in out["occurrences"]] == ["money", "river", "money", "river"]
@@ -238,14 +267,17 @@ def test_cli_similar_summary_only_above_max_matrix(tiny_model, tmp_path, capsys)
     assert "0 (static)" in text
 
 
-@pytest.mark.parametrize("extra, status, message", [
-    (["--word", "bank"], 2, "the word 'bank' occurs in none of the 2 sentences of"),
-    (["--word", "a", "--neighbours", "3"], 2, "--neighbours needs --corpus"),
-    (["--word", "a", "--layers", "7"], 2, "--layers 7 is not a layer"),
-    (["--word", "a", "--labels"], 1, ":1: with --labels each line is 'label<TAB>sentence'"),
-    (["--word", "a", "--corpus", "/nonexistent/c.txt"], 2, "no such file"),
-    (["--word", "two words"], 2, "--word must be one word"),
-])
+@pytest.mark.parametrize(
+    "extra, status, message",
+    [
+        (["--word", "bank"], 2, "the word 'bank' occurs in none of the 2 sentences of"),
+        (["--word", "a", "--neighbours", "3"], 2, "--neighbours needs --corpus"),
+        (["--word", "a", "--layers", "7"], 2, "--layers 7 is not a layer"),
+        (["--word", "a", "--labels"], 1, ":1: with --labels each line is 'label<TAB>sentence'"),
+        (["--word", "a", "--corpus", "/nonexistent/c.txt"], 2, "no such file"),
+        (["--word", "two words"], 2, "--word must be one word"),
+    ],
+)
 def test_cli_similar_errors(tiny_model, tmp_path, capsys, extra, status, message):
     sents = _write(tmp_path / "s.txt", "a b c\nd a\n")
     assert cli_main(["similar", str(tiny_model), str(sents), *extra]) == status
@@ -307,8 +339,9 @@ def test_cli_similar_decode_errors_option(tiny_model, tmp_path, capsys):
     assert "--decode-errors" in capsys.readouterr().err  # the option the message names now exists
     assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a", "--decode-errors", "skip", "--json"]) == 0
     assert [o["line"] for o in json.loads(capsys.readouterr().out)["occurrences"]] == [1, 3]
-    assert cli_main(["similar", str(tiny_model), str(sents), "--word", "a", "--decode-errors", "replace",
-                     "--json"]) == 0
+    assert (
+        cli_main(["similar", str(tiny_model), str(sents), "--word", "a", "--decode-errors", "replace", "--json"]) == 0
+    )
     assert [o["line"] for o in json.loads(capsys.readouterr().out)["occurrences"]] == [1, 2, 3]
 
 

@@ -1,13 +1,14 @@
 """`elmokit tag …` / `elmokit classify …` end to end on temp files with a tiny biLM (a few steps)."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from helpers import tiny_random_bilm
 from elmokit import save_pretrained
 from elmokit.cli import main
+from helpers import tiny_random_bilm
 from test_tasks import class_sentences, one_thread, tag_sentences, write_conll, write_labelled  # noqa: F401
 
 
@@ -19,13 +20,19 @@ def setup(tmp_path_factory):
     write_conll(root / "ner.dev", tag_sentences(8, 2))
     write_labelled(root / "cls.train", class_sentences(30, 1))
     write_labelled(root / "cls.dev", class_sentences(8, 2))
-    common = ('[bilm]\nmodel = "bilm"\ncache = false\n[static]\nvectors = "random"\ndim = 8\n'
-              '[model]\nhidden = 8\n[train]\nepochs = 2\nbatch_size = 8\nlr = 0.01\n')
-    (root / "ner.toml").write_text('task = "tag"\n[data]\nreader = "conll2003"\ntrain = "ner.train"\n'
-                                   'dev = "ner.dev"\ntest = "ner.dev"\n' + common, encoding="utf-8")
-    (root / "cls.toml").write_text('task = "classify"\n[data]\ntrain = "cls.train"\ndev = "cls.dev"\n'
-                                   + common.replace('cache = false\n', 'cache = false\nat_output = true\n'),
-                                   encoding="utf-8")
+    common = (
+        '[bilm]\nmodel = "bilm"\ncache = false\n[static]\nvectors = "random"\ndim = 8\n'
+        "[model]\nhidden = 8\n[train]\nepochs = 2\nbatch_size = 8\nlr = 0.01\n"
+    )
+    (root / "ner.toml").write_text(
+        'task = "tag"\n[data]\nreader = "conll2003"\ntrain = "ner.train"\ndev = "ner.dev"\ntest = "ner.dev"\n' + common,
+        encoding="utf-8",
+    )
+    (root / "cls.toml").write_text(
+        'task = "classify"\n[data]\ntrain = "cls.train"\ndev = "cls.dev"\n'
+        + common.replace("cache = false\n", "cache = false\nat_output = true\n"),
+        encoding="utf-8",
+    )
     return root
 
 
@@ -36,8 +43,9 @@ def run(capsys, *argv):
 
 
 def test_tag_train_predict_evaluate(setup, tmp_path, capsys):
-    status, out, err = run(capsys, "tag", "train", setup / "ner.toml", "--out", tmp_path / "m", "--seed", "3",
-                           "--device", "cpu")
+    status, out, err = run(
+        capsys, "tag", "train", setup / "ner.toml", "--out", tmp_path / "m", "--seed", "3", "--device", "cpu"
+    )
     assert status == 0, err
     assert f"tagger saved to {tmp_path / 'm'}" in out and "test entity_f1" in out and "softmax(s) = [" in out
     assert "epoch 1: train loss" in err
@@ -48,24 +56,34 @@ def test_tag_train_predict_evaluate(setup, tmp_path, capsys):
     assert status == 0, err
     blocks = [b.splitlines() for b in out.strip("\n").split("\n\n")]
     assert [[line.split("\t")[0] for line in b] for b in blocks] == [
-        ["the", "cat", "sat", "on", "the", "mat"], ["dog", "ran"]]
+        ["the", "cat", "sat", "on", "the", "mat"],
+        ["dog", "ran"],
+    ]
     assert {line.split("\t")[1] for b in blocks for line in b} <= {"B-ANI", "B-OBJ", "O"}
     # raw text with --tokenize (sacremoses splits the full stop off)
     (tmp_path / "raw.txt").write_text("the dog sat.\n", encoding="utf-8")
-    status, out, err = run(capsys, "tag", "predict", tmp_path / "m", tmp_path / "raw.txt", "--tokenize",
-                           "--output", tmp_path / "tags.txt")
+    status, out, err = run(
+        capsys, "tag", "predict", tmp_path / "m", tmp_path / "raw.txt", "--tokenize", "--output", tmp_path / "tags.txt"
+    )
     assert status == 0, err
-    assert [line.split("\t")[0] for line in (tmp_path / "tags.txt").read_text().split()[::2]] == \
-        ["the", "dog", "sat", "."]
+    assert [line.split("\t")[0] for line in (tmp_path / "tags.txt").read_text().split()[::2]] == [
+        "the",
+        "dog",
+        "sat",
+        ".",
+    ]
     # an existing --output (here the input itself, then the earlier output) is not replaced without --overwrite
-    status, out, err = run(capsys, "tag", "predict", tmp_path / "m", tmp_path / "raw.txt", "--output",
-                           tmp_path / "raw.txt", "--overwrite")
+    status, out, err = run(
+        capsys, "tag", "predict", tmp_path / "m", tmp_path / "raw.txt", "--output", tmp_path / "raw.txt", "--overwrite"
+    )
     assert status == 2 and "is the input" in err and (tmp_path / "raw.txt").read_text() == "the dog sat.\n"
-    status, out, err = run(capsys, "tag", "predict", tmp_path / "m", tmp_path / "in.txt", "--output",
-                           tmp_path / "tags.txt")
+    status, out, err = run(
+        capsys, "tag", "predict", tmp_path / "m", tmp_path / "in.txt", "--output", tmp_path / "tags.txt"
+    )
     assert status == 2 and "already exists: pass --overwrite" in err
-    status, out, err = run(capsys, "tag", "predict", tmp_path / "m", tmp_path / "in.txt", "--output",
-                           tmp_path / "tags.txt", "--overwrite")
+    status, out, err = run(
+        capsys, "tag", "predict", tmp_path / "m", tmp_path / "in.txt", "--output", tmp_path / "tags.txt", "--overwrite"
+    )
     assert status == 0 and (tmp_path / "tags.txt").read_text().split()[::2][:2] == ["the", "cat"]
     status, out, err = run(capsys, "tag", "evaluate", tmp_path / "m", setup / "ner.dev")
     assert status == 0, err
@@ -77,8 +95,9 @@ def test_tag_train_predict_evaluate(setup, tmp_path, capsys):
 
 
 def test_classify_train_predict_evaluate(setup, tmp_path, capsys):
-    status, out, err = run(capsys, "classify", "train", setup / "cls.toml", "--out", tmp_path / "c", "--json",
-                           "--no-progress")
+    status, out, err = run(
+        capsys, "classify", "train", setup / "cls.toml", "--out", tmp_path / "c", "--json", "--no-progress"
+    )
     assert status == 0, err
     assert "biLM layers of train:" not in err and "100%" not in err  # --no-progress
     result = json.loads(out)

@@ -183,7 +183,7 @@ def test_cjk_plot_text_without_a_cjk_font_is_romanised_and_said(tmp_path, monkey
 
 
 def test_cjk_plot_text_with_a_cjk_font_is_drawn(tmp_path, caplog):
-    font = polysemy.cjk_font(polysemy._missing_glyphs("苹果水果公司"))
+    font = polysemy.cjk_font(polysemy.missing_glyphs("苹果水果公司"))
     if font is None:
         pytest.skip("no CJK font on this machine (e.g. Debian's fonts-noto-cjk): the romanised path is tested above")
     rng = np.random.default_rng(0)

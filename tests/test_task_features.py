@@ -1,5 +1,6 @@
 """Cached biLM layer features (batch independence after float16 rounding, padding, cache round trip, stale caches
 refused and recomputed), character features from words, the random-weight biLM control, and static word vectors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,16 +11,29 @@ from elmokit import Embedder
 from elmokit.characters import CharVocabulary
 from elmokit.errors import DataError, InputError, MissingFileError, UsageError
 from elmokit.tasks import features as features_module
-from elmokit.tasks.features import (LayerFeatures, bilm_sha256, char_features_from_words, compute_layer_features,
-                                    random_bilm_like, segment_characters, sentences_sha256)
+from elmokit.tasks.features import (
+    LayerFeatures,
+    bilm_sha256,
+    char_features_from_words,
+    compute_layer_features,
+    random_bilm_like,
+    segment_characters,
+    sentences_sha256,
+)
 from elmokit.tasks.readers import TaggedSentence
 from elmokit.tasks.static import StaticVectors, build_vocab
 from helpers import tiny_random_bilm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SENTENCES = [["the", "cat", "sat", "on", "the", "mat"], ["a"], ["dogs", "ran", "far", "away", "from", "the", "big",
-             "red", "tree", "today"], [], ["the", "cat"], ["x", "y", "z"]]
+SENTENCES = [
+    ["the", "cat", "sat", "on", "the", "mat"],
+    ["a"],
+    ["dogs", "ran", "far", "away", "from", "the", "big", "red", "tree", "today"],
+    [],
+    ["the", "cat"],
+    ["x", "y", "z"],
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +49,7 @@ def _close_f16(a: np.ndarray, b: np.ndarray) -> None:
     """Two float16-rounded arrays of values that differ by ≤ 1e-4 before rounding: at most 1e-4 plus one float16
     step (2^-10 relative) apart."""
     assert a.shape == b.shape
-    np.testing.assert_allclose(a, b, rtol=2 ** -10, atol=1e-4)
+    np.testing.assert_allclose(a, b, rtol=2**-10, atol=1e-4)
 
 
 def test_alone_equals_in_a_batch_and_the_embedder(bilm):
@@ -209,8 +223,9 @@ def test_static_vectors_without_unk_random_and_missing(tmp_path, monkeypatch):
     r2 = StaticVectors.random(["<pad>", "<unk>", "a", "b"], 300, seed=3)
     m = r1.matrix_for(["<pad>", "<unk>", "a", "b"])
     assert torch.equal(m, r2.matrix_for(["<pad>", "<unk>", "a", "b"])) and not m[0].any()
-    assert not torch.equal(m, StaticVectors.random(["<pad>", "<unk>", "a", "b"], 300, seed=4).matrix_for(
-        ["<pad>", "<unk>", "a", "b"]))
+    assert not torch.equal(
+        m, StaticVectors.random(["<pad>", "<unk>", "a", "b"], 300, seed=4).matrix_for(["<pad>", "<unk>", "a", "b"])
+    )
     assert float(m[1:].norm(dim=1).mean()) == pytest.approx(1.0, abs=0.1)  # std 1/√dim: norm ≈ 1
     monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path))
     with pytest.raises(MissingFileError, match="zoo model 'elmokit-en' is not built.*elmokit zoo build en"):

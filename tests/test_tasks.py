@@ -1,19 +1,33 @@
 """Downstream task models (elmokit.tasks.models / training / config): tiny biLM, tiny data, a few steps."""
+
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
 import pytest
 import torch
 
-from helpers import tiny_random_bilm
 from elmokit import Elmo, save_pretrained
 from elmokit.errors import CheckpointError, ConfigError, DataError, InputError, UsageError
-from elmokit.tasks.config import load_task_config, task_config_from_dict
+from elmokit.tasks.config import SCHEMA, BilmSection, TaskConfig, TrainSection, load_task_config, task_config_from_dict
 from elmokit.tasks.models import SentenceClassifier, SequenceTagger, TokenInputs
-from elmokit.tasks.training import (TaskData, TaskModel, aligned_segmenter, bilm_fingerprint, char_words, fit,
-                                    load_task_model, save_task_model, train_from_config)
+from elmokit.tasks.training import (
+    TaskData,
+    TaskModel,
+    aligned_segmenter,
+    bilm_fingerprint,
+    build_from_config,
+    char_words,
+    fit,
+    load_task_model,
+    prepare_task,
+    save_task_model,
+    train_from_config,
+)
+from elmokit.weights.fingerprint import FINGERPRINT_VERSION, legacy_weights_sha256
+from helpers import tiny_random_bilm
 
 ANIMALS, THINGS = ["cat", "dog", "bird"], ["mat", "tree", "car"]
 FILLER = "the a sat ran on under big small red fast slowly".split()
@@ -81,11 +95,14 @@ def base_config(tmp_path, bilm_dir, task="tag", **sections) -> dict:
         write_labelled(tmp_path / "dev.txt", class_sentences(12, 2))
         data = {"reader": "labelled"}
     data.update(train=str(tmp_path / "train.txt"), dev=str(tmp_path / "dev.txt"))
-    raw = {"task": task, "data": data,
-           "bilm": {"model": str(bilm_dir), "cache": False, "dropout": 0.0},
-           "static": {"vectors": "random", "dim": 8},
-           "model": {"hidden": 8, "dropout": 0.0},
-           "train": {"epochs": 2, "patience": 2, "batch_size": 8, "lr": 0.01, "seed": 0}}
+    raw = {
+        "task": task,
+        "data": data,
+        "bilm": {"model": str(bilm_dir), "cache": False, "dropout": 0.0},
+        "static": {"vectors": "random", "dim": 8},
+        "model": {"hidden": 8, "dropout": 0.0},
+        "train": {"epochs": 2, "patience": 2, "batch_size": 8, "lr": 0.01, "seed": 0},
+    }
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)
     return raw
@@ -102,8 +119,13 @@ def test_live_elmo_equals_cached_layers():
                 p.fill_(0.3 * k - 0.2)
             mix.gamma.fill_(1.7)
     vocab = ["<pad>", "<unk>", "the", "cat"]
-    inputs = TokenInputs(vocab, torch.randn(4, 5), elmo=elmo, elmo_at_output=True,
-                         char_cnn={"embedding_dim": 4, "filters": [[1, 4], [2, 4]], "max_characters": 8})
+    inputs = TokenInputs(
+        vocab,
+        torch.randn(4, 5),
+        elmo=elmo,
+        elmo_at_output=True,
+        char_cnn={"embedding_dim": 4, "filters": [[1, 4], [2, 4]], "max_characters": 8},
+    )
     tagger = SequenceTagger(inputs, 3, hidden=6).eval()
     sentences = [["the", "cat", "sat", "down"], ["A", "dog"], ["the"]]
     live = inputs.encode(sentences)
@@ -143,8 +165,9 @@ def test_classifier_pooling_ignores_padding():
     """A sentence's logits alone equal its logits inside a padded batch (max and attention pooling)."""
     torch.manual_seed(0)
     for pooling in ("max", "attention"):
-        inputs = TokenInputs(["<pad>", "<unk>", "a", "b"], torch.randn(4, 5),
-                             elmo=Elmo(bilm=tiny_random_bilm(1), dropout=0.0))
+        inputs = TokenInputs(
+            ["<pad>", "<unk>", "a", "b"], torch.randn(4, 5), elmo=Elmo(bilm=tiny_random_bilm(1), dropout=0.0)
+        )
         clf = SentenceClassifier(inputs, 3, hidden=4, pooling=pooling).eval()
         alone = clf.logits(inputs.encode([["a", "b"]]))
         batched = clf.logits(inputs.encode([["a", "b"], ["b", "a", "a", "b", "a"]]))
@@ -174,14 +197,17 @@ def test_frozen_by_default_and_fine_tune_trains_the_bilm():
         fit(model, data, data, epochs=1, batch_size=4, lr=0.01)
         changed = any(not torch.equal(before[k], v) for k, v in bilm.state_dict().items())
         assert changed == fine_tune
-        assert ("inputs.elmo._elmo_lstm.token_encoder.projection.weight" in
-                {f"inputs.{k}" for k in inputs.task_state_dict()}) == fine_tune
+        assert (
+            "inputs.elmo._elmo_lstm.token_encoder.projection.weight"
+            in {f"inputs.{k}" for k in inputs.task_state_dict()}
+        ) == fine_tune
 
 
 # ------------------------------------------------------------------------------------------------ training
 def test_tagger_trains_predicts_saves_and_reloads(tmp_path, bilm_dir):
-    config = task_config_from_dict(base_config(tmp_path, bilm_dir, char_cnn={"enabled": True},
-                                               bilm={"at_output": True}))
+    config = task_config_from_dict(
+        base_config(tmp_path, bilm_dir, char_cnn={"enabled": True}, bilm={"at_output": True})
+    )
     model = train_from_config(config, out_dir=tmp_path / "model")
     h = model.history
     assert len(h) == 2 and h[-1]["train_loss"] < h[0]["first_loss"]  # the loss falls
@@ -202,8 +228,11 @@ def test_tagger_trains_predicts_saves_and_reloads(tmp_path, bilm_dir):
 
 
 def test_classifier_trains_predicts_saves_and_reloads(tmp_path, bilm_dir):
-    config = task_config_from_dict(base_config(tmp_path, bilm_dir, task="classify", model={"pooling": "attention"},
-                                               train={"epochs": 6, "patience": 6}))
+    config = task_config_from_dict(
+        base_config(
+            tmp_path, bilm_dir, task="classify", model={"pooling": "attention"}, train={"epochs": 6, "patience": 6}
+        )
+    )
     model = train_from_config(config, out_dir=tmp_path / "model")
     assert model.history[-1]["train_loss"] < 0.9 * model.history[0]["train_loss"]
     assert model.labels == ["neg", "pos"]
@@ -238,6 +267,73 @@ def test_another_bilm_is_refused(tmp_path, bilm_dir):
         load_task_model(tmp_path / "model")
 
 
+def test_task_model_saved_before_the_one_fingerprint_still_loads(tmp_path, bilm_dir):
+    """A task.json of an earlier elmokit records the weights-only sha256 and no "fingerprint": checked by that."""
+    config = task_config_from_dict(base_config(tmp_path, bilm_dir, train={"epochs": 1}))
+    model = train_from_config(config, out_dir=tmp_path / "model", max_steps=1)
+    assert model.bilm_record["fingerprint"] == FINGERPRINT_VERSION
+    meta = json.loads((tmp_path / "model" / "task.json").read_text())
+    del meta["bilm"]["fingerprint"]
+    meta["bilm"]["weights_sha256"] = legacy_weights_sha256(tiny_random_bilm(0))
+    (tmp_path / "model" / "task.json").write_text(json.dumps(meta))
+    sentences = [["the", "cat", "sat"]]
+    assert load_task_model(tmp_path / "model").predict(sentences) == model.predict(sentences)
+    with pytest.raises(CheckpointError, match="but the biLM given has weights sha256"):
+        load_task_model(tmp_path / "model", bilm=tiny_random_bilm(1))
+
+
+def test_prepared_task_is_shared_by_seeds_and_gives_the_fresh_results(tmp_path, bilm_dir):
+    config = task_config_from_dict(base_config(tmp_path, bilm_dir, model={"dropout": 0.3}, train={"epochs": 1}))
+    prepared = prepare_task(config)
+    assert prepared.labels == sorted(prepared.labels) and set(prepared.data) == {"train", "dev"}
+    assert prepared.bilm_record["weights_sha256"] == bilm_fingerprint(tiny_random_bilm(0))
+    assert prepared.vocab[:2] == ["<pad>", "<unk>"] and prepared.table.shape == (len(prepared.vocab), 8)
+    fresh = [train_from_config(config, seed=s, max_steps=3) for s in (5, 6)]
+    shared = [train_from_config(config, seed=s, max_steps=3, prepared=prepared) for s in (5, 6)]
+    for a, b in zip(fresh, shared):
+        assert [r["train_loss"] for r in a.history] == [r["train_loss"] for r in b.history]
+        assert a.results["dev"]["score"] == b.results["dev"]["score"]
+    assert shared[0].inputs.elmo.bilm is shared[1].inputs.elmo.bilm is prepared.bilm  # loaded once
+    model, data = build_from_config(config.override({"train.epochs": 3}), prepared=prepared)  # [train] may differ
+    assert data is prepared.data and model.labels == prepared.labels
+    with pytest.raises(UsageError, match=r"made for another config \(static differs\)"):
+        build_from_config(config.override({"static.dim": 4}), prepared=prepared)
+    with pytest.raises(UsageError, match="either bilm or prepared"):
+        build_from_config(config, prepared=prepared, bilm=tiny_random_bilm(0))
+
+
+def test_character_ner_with_a_segmenter_builds_trains_and_reloads(tmp_path, bilm_dir):
+    """data.segmenter (jieba): each character's static string is its word, its ELMo layers its word's; the model keeps
+    the segmenter it was built with and a reloaded model makes its own."""
+    pytest.importorskip("jieba")
+    loc = ["B-LOC", "I-LOC"]
+    rows = [("我们爱北京", ["O"] * 3 + loc), ("北京很大", loc + ["O"] * 2), ("我们在上海", ["O"] * 3 + loc)]
+
+    def write(path, n):
+        lines = []
+        for i in range(n):
+            chars, tags = rows[i % len(rows)]
+            lines += [f"{c}\t{t}" for c, t in zip(chars, tags)] + [""]
+        path.write_text("\n".join(lines), encoding="utf-8")
+
+    write(tmp_path / "train.txt", 9)
+    write(tmp_path / "dev.txt", 3)
+    raw = base_config(tmp_path, bilm_dir, data={"reader": "char_ner", "segmenter": "jieba"}, train={"epochs": 1})
+    write(tmp_path / "train.txt", 9)  # base_config wrote CoNLL files over them
+    write(tmp_path / "dev.txt", 3)
+    config = task_config_from_dict(raw)
+    prepared = prepare_task(config)
+    train = prepared.data["train"]
+    assert train.tokens[0] == list("我们爱北京") and train.static_tokens[0] == ["我们", "我们", "爱", "北京", "北京"]
+    assert train.features is not None and len(train.features) == len(train)
+    model = train_from_config(config, prepared=prepared, out_dir=tmp_path / "model", max_steps=2)
+    assert model.segmenter is prepared.segmenter
+    reloaded = load_task_model(tmp_path / "model")
+    sentences = [list("北京很大")]
+    assert reloaded.predict(sentences) == model.predict(sentences)
+    assert reloaded.segmenter is not None and reloaded.segmenter("我们爱北京") == ["我们", "爱", "北京"]
+
+
 def test_unseen_dev_label_names_file_and_line_or_counts_as_wrong(tmp_path, bilm_dir):
     raw = base_config(tmp_path, bilm_dir, train={"epochs": 1})
     dev = tag_sentences(3, 9)
@@ -255,8 +351,10 @@ def test_unseen_dev_label_names_file_and_line_or_counts_as_wrong(tmp_path, bilm_
 
 
 def test_static_only_and_char_cnn_only_models(tmp_path, bilm_dir):
-    for sections in ({"bilm": {"model": "none"}}, {"bilm": {"model": "none"}, "static": {"vectors": "none"},
-                                                   "char_cnn": {"enabled": True}}):
+    for sections in (
+        {"bilm": {"model": "none"}},
+        {"bilm": {"model": "none"}, "static": {"vectors": "none"}, "char_cnn": {"enabled": True}},
+    ):
         model = train_from_config(task_config_from_dict(base_config(tmp_path, bilm_dir, **sections)), max_steps=3)
         assert model.bilm_record is None and model.mix_weights() == []
         save_task_model(model, tmp_path / "m")
@@ -264,19 +362,22 @@ def test_static_only_and_char_cnn_only_models(tmp_path, bilm_dir):
 
 
 # ------------------------------------------------------------------------------------------------ config
-@pytest.mark.parametrize("change, message", [
-    ({"bilm": {"modle": "x"}}, r"unknown key bilm\.modle"),
-    ({"trian": {}}, r"unknown key 'trian'"),
-    ({"train": {"epochs": 0}}, r"train\.epochs must be >= 1, got 0"),
-    ({"train": {"lr": "fast"}}, r"train\.lr must be a number, got 'fast'"),
-    ({"model": {"dropout": 1.0}}, r"model\.dropout must be a number in \[0, 1\)"),
-    ({"model": {"pooling": "mean"}}, r"model\.pooling must be one of 'max', 'attention'"),
-    ({"data": {"reader": "labelled"}}, r"data\.reader 'labelled' reads classify data, but task is 'tag'"),
-    ({"bilm": {"model": "random"}}, r"bilm\.random_like"),
-    ({"bilm": {"model": "none", "at_output": True}}, r"bilm\.at_output needs a biLM"),
-    ({"char_cnn": {"filters": [[3]]}}, r"char_cnn\.filters must be a non-empty list of \[width, count\]"),
-    ({"data": {"segmenter": "elmokit-zh"}}, r"data\.segmenter is for character-tagged data"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"bilm": {"modle": "x"}}, r"unknown key bilm\.modle"),
+        ({"trian": {}}, r"unknown key 'trian'"),
+        ({"train": {"epochs": 0}}, r"train\.epochs must be >= 1, got 0"),
+        ({"train": {"lr": "fast"}}, r"train\.lr must be a number, got 'fast'"),
+        ({"model": {"dropout": 1.0}}, r"model\.dropout must be a number in \[0, 1\)"),
+        ({"model": {"pooling": "mean"}}, r"model\.pooling must be one of 'max', 'attention'"),
+        ({"data": {"reader": "labelled"}}, r"data\.reader 'labelled' reads classify data, but task is 'tag'"),
+        ({"bilm": {"model": "random"}}, r"bilm\.random_like"),
+        ({"bilm": {"model": "none", "at_output": True}}, r"bilm\.at_output needs a biLM"),
+        ({"char_cnn": {"filters": [[3]]}}, r"char_cnn\.filters must be a non-empty list of \[width, count\]"),
+        ({"data": {"segmenter": "elmokit-zh"}}, r"data\.segmenter is for character-tagged data"),
+    ],
+)
 def test_bad_config_names_the_key(tmp_path, bilm_dir, change, message):
     raw = base_config(tmp_path, bilm_dir)
     for section, values in change.items():
@@ -287,11 +388,13 @@ def test_bad_config_names_the_key(tmp_path, bilm_dir, change, message):
 
 def test_config_file_paths_relative_to_the_file_and_required_keys(tmp_path):
     (tmp_path / "c").mkdir()
-    (tmp_path / "c" / "t.toml").write_text('task = "classify"\n[data]\ntrain = "../tr.txt"\ndev = "dv.txt"\n'
-                                           '[static]\nvectors = "random"\n', encoding="utf-8")
+    (tmp_path / "c" / "t.toml").write_text(
+        'task = "classify"\n[data]\ntrain = "../tr.txt"\ndev = "dv.txt"\n[static]\nvectors = "random"\n',
+        encoding="utf-8",
+    )
     config = load_task_config(tmp_path / "c" / "t.toml")
-    assert config.data["train"] == str(tmp_path / "tr.txt") and config.data["dev"] == str(tmp_path / "c" / "dv.txt")
-    assert config.metric == "accuracy" and config.train["epochs"] == 5
+    assert config.data.train == str(tmp_path / "tr.txt") and config.data.dev == str(tmp_path / "c" / "dv.txt")
+    assert config.metric == "accuracy" and config.train.epochs == 5
     (tmp_path / "bad.toml").write_text('task = "tag"\n[data]\ntrain = "a"\n', encoding="utf-8")
     with pytest.raises(ConfigError, match=r"bad.toml: data\.dev is required"):
         load_task_config(tmp_path / "bad.toml")
@@ -300,6 +403,28 @@ def test_config_file_paths_relative_to_the_file_and_required_keys(tmp_path):
         load_task_config(tmp_path / "broken.toml")
     with pytest.raises(ConfigError, match=r"override 'train\.epoch': unknown key"):
         config.override({"train.epoch": 3})
+
+
+def test_config_sections_are_typed_objects():
+    config = task_config_from_dict(
+        {"task": "tag", "data": {"train": "a", "dev": "b"}, "bilm": {"model": "m"}, "train": {"lr": 1}}
+    )
+    assert isinstance(config, TaskConfig) and isinstance(config.bilm, BilmSection)
+    assert isinstance(config.train, TrainSection) and config.train.lr == 1.0 and isinstance(config.train.lr, float)
+    assert config.data.reader == "conll2003" and config.bilm.model == "m" and config.bilm.dropout == 0.5
+    assert config.char_cnn.filters == [[1, 16], [2, 16], [3, 32]]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.train.epochs = 3
+    # every key of every section is a field with the schema's default, and to_dict round-trips
+    for section, keys in SCHEMA.items():
+        assert [f.name for f in dataclasses.fields(getattr(config, section))] == list(keys)
+    assert task_config_from_dict(config.to_dict()) == config
+    assert config.override({"train.seed": 7}).train == dataclasses.replace(config.train, seed=7)
+    # the mapping form of earlier versions still reads, with a warning naming the attribute
+    with pytest.warns(FutureWarning, match=r"read config\.data\.train instead"):
+        assert config.data["train"] == "a"
+    with pytest.raises(KeyError):
+        config.data["nope"]
 
 
 # ------------------------------------------------------------------------------------------------ characters

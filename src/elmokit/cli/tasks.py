@@ -100,9 +100,9 @@ def _tokenizer(model):
     """Raw line → tokens, for ``--tokenize``: characters for character-tagged data, else ``data.tokenizer`` or
     the biLM's zoo tokeniser (its corpus's), else sacremoses English."""
     config = model.config
-    if config.data["reader"] == "char_ner":
+    if config.data.reader == "char_ner":
         return lambda line: [c for c in line if not c.isspace()]
-    name = config.data["tokenizer"]
+    name = config.data.tokenizer
     if name is None and model.bilm_record is not None:
         candidate = model.bilm_record.get("random_like") or model.bilm_record.get("model")
         from elmokit.weights.native import resolve_model_name  # lazy: CLI start-up

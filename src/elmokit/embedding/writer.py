@@ -40,9 +40,7 @@ an ``elmokit embed`` subprocess); nothing reads the environment for it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -54,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from elmokit import interrupts
 from elmokit.checks import positive_int
@@ -75,6 +72,7 @@ from elmokit.errors import EmbedWorkerError, MissingFileError, UsageError, optio
 from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text, lock_folder
 from elmokit.pretraining import distributed
 from elmokit.pretraining.distributed import init_from_env
+from elmokit.weights.fingerprint import bilm_fingerprint
 
 __all__ = ["EmbedJob", "EmbedWorkerError", "scan_input", "model_fingerprint", "torchrun_rank"]
 
@@ -100,13 +98,9 @@ def _notify(event: str, **info: Any) -> None:
 
 
 def model_fingerprint(bilm) -> str:
-    """BLAKE2b of the model's configuration and parameter bytes (compared on resume)."""
-    digest = hashlib.blake2b(digest_size=20)
-    digest.update(json.dumps(dataclasses.asdict(bilm.config), sort_keys=True, default=str).encode())
-    for name, tensor in bilm.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()
+    """The biLM fingerprint (:func:`elmokit.weights.fingerprint.bilm_fingerprint`: configuration, character
+    vocabulary and weights), compared on resume."""
+    return bilm_fingerprint(bilm)
 
 
 def torchrun_rank() -> tuple[int, int]:

@@ -34,16 +34,22 @@ naming the file and the dotted key. Relative data paths are resolved against the
     epochs = 5
     seed = 0
 
-The section tables below (:data:`SCHEMA`) list every key, its type and its default.
+Each section is a typed, frozen dataclass (:class:`DataSection`, :class:`BilmSection`, :class:`StaticSection`,
+:class:`CharCnnSection`, :class:`ModelSection`, :class:`TrainSection`) whose fields are its keys, with their types,
+defaults and checks; :data:`SCHEMA` lists them as tables. Code reads a config through attributes
+(``config.bilm.model``, ``config.train.epochs``); the file format is unchanged.
 """
+
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 try:
     import tomllib
@@ -52,12 +58,27 @@ except ModuleNotFoundError:  # Python 3.10
 
 from elmokit.errors import ConfigError, MissingFileError
 
-__all__ = ["TaskConfig", "load_task_config", "task_config_from_dict", "SCHEMA", "READERS", "DEFAULT_METRIC"]
+__all__ = [
+    "TaskConfig",
+    "DataSection",
+    "BilmSection",
+    "StaticSection",
+    "CharCnnSection",
+    "ModelSection",
+    "TrainSection",
+    "load_task_config",
+    "task_config_from_dict",
+    "SCHEMA",
+    "SECTIONS",
+    "READERS",
+    "DEFAULT_METRIC",
+]
 
 #: The readers of :mod:`elmokit.tasks.readers` a config may name, and which task kind each serves.
 READERS = {"conll2003": "tag", "conllu": "tag", "char_ner": "tag", "labelled": "classify"}
 #: The metric used when ``data.metric`` is not given.
 DEFAULT_METRIC = {"conll2003": "entity_f1", "conllu": "accuracy", "char_ner": "entity_f1", "labelled": "accuracy"}
+
 
 # key: (type, default, check(value) -> error text or None)
 def _choice(*allowed):
@@ -81,8 +102,16 @@ def _non_negative(v):
 
 
 def _filters(v):
-    ok = (isinstance(v, list) and v and all(isinstance(f, list) and len(f) == 2 and all(
-        isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in f) for f in v))
+    ok = (
+        isinstance(v, list)
+        and v
+        and all(
+            isinstance(f, list)
+            and len(f) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in f)
+            for f in v
+        )
+    )
     return None if ok else "a non-empty list of [width, count] pairs of positive integers"
 
 
@@ -90,93 +119,214 @@ def _nonempty(v):
     return None if v.strip() else "a non-empty string"
 
 
-#: section → key → (type, default, check). ``None`` default = not set. ``data.train``/``data.dev`` are required.
+def _key(kind: type, default: Any, check: Callable[[Any], str | None] | None = None) -> Any:
+    """A section field: its TOML type, default (``None`` = not set) and check (value → what was expected, or None)."""
+    meta = {"kind": kind, "check": check}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _check_value(where: str, dotted: str, value: Any, kind, check) -> Any:
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise ConfigError(
+            f"{where}: {dotted} must be {'a number' if kind is float else 'a ' + kind.__name__}, got {value!r}"
+        )
+    if check is not None:
+        expected = check(value)
+        if expected:
+            raise ConfigError(f"{where}: {dotted} must be {expected}, got {value!r}")
+    return value
+
+
+class _Section:
+    """A config section: a frozen dataclass whose fields are the section's keys (see :func:`_key`)."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    def from_dict(cls, given: Any, source: str) -> _Section:
+        """Validate the section's table (missing keys get their defaults).
+
+        Raises:
+            ConfigError: not a table, an unknown key, or a value of the wrong type or out of range (naming ``source``
+                and the dotted key).
+        """
+        if not isinstance(given, Mapping):
+            raise ConfigError(f"{source}: [{cls.name}] must be a table, got {given!r}")
+        keys = [f.name for f in dataclasses.fields(cls)]
+        bad = sorted(set(given) - set(keys))
+        if bad:
+            raise ConfigError(f"{source}: unknown key {cls.name}.{bad[0]} (expected one of {', '.join(keys)})")
+        values = {}
+        for f in dataclasses.fields(cls):
+            if given.get(f.name) is not None:
+                values[f.name] = _check_value(
+                    source, f"{cls.name}.{f.name}", given[f.name], f.metadata["kind"], f.metadata["check"]
+                )
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{key: value}`` of the keys that are set (``None`` left out), lists copied."""
+        return {
+            f.name: copy.deepcopy(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+    def __getitem__(self, key: str) -> Any:
+        """The mapping form of earlier versions (``config.data["train"]``): warns; use the attribute."""
+        if key not in {f.name for f in dataclasses.fields(self)}:
+            raise KeyError(key)
+        warnings.warn(
+            f"TaskConfig sections are typed objects: read config.{self.name}.{key} instead of "
+            f"config.{self.name}[{key!r}]",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return getattr(self, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection(_Section):
+    """``[data]``: the data files and how to read them (paths absolute once loaded from a file)."""
+
+    name: ClassVar[str] = "data"
+    reader: str | None = _key(str, None, _choice(*READERS))
+    train: str | None = _key(str, None, _nonempty)
+    dev: str | None = _key(str, None, _nonempty)
+    test: str | None = _key(str, None, _nonempty)
+    scheme: str = _key(str, "BIO", _choice("BIO", "BIOES"))
+    field: str = _key(str, "upos", _choice("upos", "xpos", "deprel"))
+    format: str = _key(str, "auto", _choice("auto", "tsv", "space", "trec"))
+    encoding: str = _key(str, "utf-8", _nonempty)
+    metric: str | None = _key(str, None, _choice("entity_f1", "accuracy"))
+    max_train_sentences: int = _key(int, 0, _at_least(0))
+    tokenizer: str | None = _key(str, None, _nonempty)
+    segmenter: str | None = _key(str, None, _nonempty)
+
+
+@dataclasses.dataclass(frozen=True)
+class BilmSection(_Section):
+    """``[bilm]``: the biLM (zoo name / folder, ``"none"`` or ``"random"``) and its ELMo mix."""
+
+    name: ClassVar[str] = "bilm"
+    model: str = _key(str, "none", _nonempty)
+    random_like: str | None = _key(str, None, _nonempty)
+    random_seed: int = _key(int, 0, _at_least(0))
+    fine_tune: bool = _key(bool, False)
+    at_output: bool = _key(bool, False)
+    do_layer_norm: bool = _key(bool, False)
+    dropout: float = _key(float, 0.5, _rate)
+    l2: float = _key(float, 0.001, _non_negative)
+    cache: bool = _key(bool, True)
+    batch_size: int = _key(int, 64, _at_least(1))
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticSection(_Section):
+    """``[static]``: static word vectors (zoo name, vectors file, ``"random"`` or ``"none"``)."""
+
+    name: ClassVar[str] = "static"
+    vectors: str = _key(str, "none", _nonempty)
+    dim: int = _key(int, 100, _at_least(1))
+    trainable: bool = _key(bool, False)
+    seed: int = _key(int, 0, _at_least(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class CharCnnSection(_Section):
+    """``[char_cnn]``: the task-trained character CNN (``filters``: ``[width, count]`` pairs)."""
+
+    name: ClassVar[str] = "char_cnn"
+    enabled: bool = _key(bool, False)
+    embedding_dim: int = _key(int, 16, _at_least(1))
+    filters: list = _key(list, [[1, 16], [2, 16], [3, 32]], _filters)
+    max_characters: int = _key(int, 15, _at_least(3))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection(_Section):
+    """``[model]``: the task BiLSTM (cells per direction, layers, dropout) and the classifier's pooling."""
+
+    name: ClassVar[str] = "model"
+    hidden: int = _key(int, 128, _at_least(1))
+    layers: int = _key(int, 1, _at_least(1))
+    dropout: float = _key(float, 0.5, _rate)
+    pooling: str = _key(str, "max", _choice("max", "attention"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection(_Section):
+    """``[train]``: Adam's learning rate, the epoch budget and early-stopping patience, batch size, clipping, seed."""
+
+    name: ClassVar[str] = "train"
+    lr: float = _key(float, 0.001, _positive)
+    epochs: int = _key(int, 5, _at_least(1))
+    patience: int = _key(int, 2, _at_least(1))
+    batch_size: int = _key(int, 32, _at_least(1))
+    clip: float = _key(float, 5.0, _positive)
+    seed: int = _key(int, 0, _at_least(0))
+
+
+#: The section classes, in file order.
+SECTIONS: dict[str, type[_Section]] = {
+    cls.name: cls for cls in (DataSection, BilmSection, StaticSection, CharCnnSection, ModelSection, TrainSection)
+}
+#: section → key → (type, default, check), read from the section classes. ``None`` default = not set.
+#: ``data.train``/``data.dev`` are required.
 SCHEMA: dict[str, dict[str, tuple]] = {
-    "data": {
-        "reader": (str, None, _choice(*READERS)),
-        "train": (str, None, _nonempty),
-        "dev": (str, None, _nonempty),
-        "test": (str, None, _nonempty),
-        "scheme": (str, "BIO", _choice("BIO", "BIOES")),
-        "field": (str, "upos", _choice("upos", "xpos", "deprel")),
-        "format": (str, "auto", _choice("auto", "tsv", "space", "trec")),
-        "encoding": (str, "utf-8", _nonempty),
-        "metric": (str, None, _choice("entity_f1", "accuracy")),
-        "max_train_sentences": (int, 0, _at_least(0)),
-        "tokenizer": (str, None, _nonempty),
-        "segmenter": (str, None, _nonempty),
-    },
-    "bilm": {
-        "model": (str, "none", _nonempty),
-        "random_like": (str, None, _nonempty),
-        "random_seed": (int, 0, _at_least(0)),
-        "fine_tune": (bool, False, None),
-        "at_output": (bool, False, None),
-        "do_layer_norm": (bool, False, None),
-        "dropout": (float, 0.5, _rate),
-        "l2": (float, 0.001, _non_negative),
-        "cache": (bool, True, None),
-        "batch_size": (int, 64, _at_least(1)),
-    },
-    "static": {
-        "vectors": (str, "none", _nonempty),
-        "dim": (int, 100, _at_least(1)),
-        "trainable": (bool, False, None),
-        "seed": (int, 0, _at_least(0)),
-    },
-    "char_cnn": {
-        "enabled": (bool, False, None),
-        "embedding_dim": (int, 16, _at_least(1)),
-        "filters": (list, [[1, 16], [2, 16], [3, 32]], _filters),
-        "max_characters": (int, 15, _at_least(3)),
-    },
-    "model": {
-        "hidden": (int, 128, _at_least(1)),
-        "layers": (int, 1, _at_least(1)),
-        "dropout": (float, 0.5, _rate),
-        "pooling": (str, "max", _choice("max", "attention")),
-    },
-    "train": {
-        "lr": (float, 0.001, _positive),
-        "epochs": (int, 5, _at_least(1)),
-        "patience": (int, 2, _at_least(1)),
-        "batch_size": (int, 32, _at_least(1)),
-        "clip": (float, 5.0, _positive),
-        "seed": (int, 0, _at_least(0)),
-    },
+    name: {
+        f.name: (
+            f.metadata["kind"],
+            f.default if f.default is not dataclasses.MISSING else f.default_factory(),
+            f.metadata["check"],
+        )
+        for f in dataclasses.fields(cls)
+    }
+    for name, cls in SECTIONS.items()
 }
 _PATH_KEYS = ("train", "dev", "test")
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-    """A validated task configuration.
+    """A validated task configuration: typed sections, read as attributes (``config.data.train``,
+    ``config.train.epochs``).
 
     Attributes:
         task: ``"tag"`` or ``"classify"``.
-        data, bilm, static, char_cnn, model, train: the sections, every key of :data:`SCHEMA` present (defaults
-            filled in; data paths absolute).
+        data, bilm, static, char_cnn, model, train: the sections (:class:`DataSection`, :class:`BilmSection`,
+            :class:`StaticSection`, :class:`CharCnnSection`, :class:`ModelSection`, :class:`TrainSection`), every key
+            present (defaults filled in; data paths absolute when read from a file).
         source: the file it was read from (for messages), or ``"<dict>"``.
     """
 
     task: str
-    data: Mapping[str, Any]
-    bilm: Mapping[str, Any]
-    static: Mapping[str, Any]
-    char_cnn: Mapping[str, Any]
-    model: Mapping[str, Any]
-    train: Mapping[str, Any]
+    data: DataSection
+    bilm: BilmSection
+    static: StaticSection
+    char_cnn: CharCnnSection
+    model: ModelSection
+    train: TrainSection
     source: str = "<dict>"
 
     def to_dict(self) -> dict:
         """The plain-dict form (JSON/TOML-able; ``None`` values left out), which :func:`task_config_from_dict`
         reads back."""
         out: dict[str, Any] = {"task": self.task}
-        for section in SCHEMA:
-            out[section] = {k: v for k, v in getattr(self, section).items() if v is not None}
+        for section in SECTIONS:
+            out[section] = getattr(self, section).to_dict()
         return out
 
-    def override(self, changes: Mapping[str, Any]) -> "TaskConfig":
+    def override(self, changes: Mapping[str, Any]) -> TaskConfig:
         """A copy with dotted keys changed, e.g. ``{"bilm.model": "none", "train.seed": 2}``, validated again.
 
         Raises:
@@ -199,34 +349,94 @@ class TaskConfig:
     @property
     def metric(self) -> str:
         """``data.metric``, or the reader's default (:data:`DEFAULT_METRIC`)."""
-        return self.data["metric"] or DEFAULT_METRIC[self.data["reader"]]
+        return self.data.metric or DEFAULT_METRIC[self.data.reader]
 
     @property
     def uses_elmo(self) -> bool:
         """Whether the model has ELMo inputs (``bilm.model`` is not ``"none"``)."""
-        return self.bilm["model"] != "none"
+        return self.bilm.model != "none"
 
 
-def _check_value(where: str, dotted: str, value: Any, kind, check) -> Any:
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        raise ConfigError(f"{where}: {dotted} must be {'a number' if kind is float else 'a ' + kind.__name__}, got "
-                          f"{value!r}")
-    if check is not None:
-        expected = check(value)
-        if expected:
-            raise ConfigError(f"{where}: {dotted} must be {expected}, got {value!r}")
-    return value
+def _read_task(raw: Any, source: str) -> str:
+    """The top level: a table of ``task`` and the known sections; returns ``task``."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: a task config must be a table, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(SCHEMA) - {"task"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {unknown[0]!r} (expected task and the sections {', '.join(SCHEMA)})")
+    task = raw.get("task")
+    if task not in ("tag", "classify"):
+        raise ConfigError(f"{source}: task must be 'tag' or 'classify', got {task!r}")
+    return task
 
 
-def task_config_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>",
-                          base_dir: str | os.PathLike | None = None) -> TaskConfig:
+def _complete_data(data: DataSection, task: str, source: str) -> DataSection:
+    """Required files, the reader's default for the task, and the reader and metric that fit the task."""
+    for key in ("train", "dev"):
+        if getattr(data, key) is None:
+            raise ConfigError(f"{source}: data.{key} is required (the path of the {key} file)")
+    if data.reader is None:
+        data = dataclasses.replace(data, reader="labelled" if task == "classify" else "conll2003")
+    if READERS[data.reader] != task:
+        raise ConfigError(
+            f"{source}: data.reader {data.reader!r} reads {READERS[data.reader]} data, but task is {task!r}"
+        )
+    if task == "classify" and data.metric == "entity_f1":
+        raise ConfigError(f"{source}: data.metric 'entity_f1' is for tagging; a classifier is scored by accuracy")
+    return data
+
+
+def _resolve_paths(sections: dict[str, _Section], base_dir: str | os.PathLike) -> None:
+    """Relative data paths → absolute against ``base_dir``; so are model folders and vector files found there (zoo
+    names are left alone). Changes ``sections`` in place."""
+    data = sections["data"]
+    sections["data"] = dataclasses.replace(
+        data,
+        **{
+            key: os.path.normpath(os.path.join(base_dir, getattr(data, key)))
+            for key in _PATH_KEYS
+            if getattr(data, key) is not None and not os.path.isabs(getattr(data, key))
+        },
+    )
+    for section, key in (("bilm", "model"), ("bilm", "random_like"), ("static", "vectors")):
+        value = getattr(sections[section], key)
+        if (
+            value not in (None, "none", "random")
+            and not os.path.isabs(value)
+            and os.path.exists(os.path.join(base_dir, value))
+        ):
+            sections[section] = dataclasses.replace(
+                sections[section], **{key: os.path.normpath(os.path.join(base_dir, value))}
+            )
+
+
+def _check_combinations(sections: dict[str, _Section], source: str) -> None:
+    """Options that contradict each other, or a model with no input."""
+    data, bilm = sections["data"], sections["bilm"]
+    if bilm.model == "random" and bilm.random_like is None:
+        raise ConfigError(
+            f"{source}: bilm.model = 'random' needs bilm.random_like (the model whose architecture the "
+            "untrained control copies)"
+        )
+    if bilm.model == "none" and (bilm.fine_tune or bilm.at_output):
+        key = "fine_tune" if bilm.fine_tune else "at_output"
+        raise ConfigError(f"{source}: bilm.{key} needs a biLM, but bilm.model is 'none'")
+    if bilm.fine_tune and data.segmenter is not None:
+        raise ConfigError(
+            f"{source}: bilm.fine_tune cannot be combined with data.segmenter (characters get their "
+            "word's precomputed vectors, which a fine-tuned biLM would change)"
+        )
+    if data.segmenter is not None and data.reader != "char_ner":
+        raise ConfigError(
+            f"{source}: data.segmenter is for character-tagged data (data.reader = 'char_ner'), not {data.reader!r}"
+        )
+    if sections["static"].vectors == "none" and not sections["char_cnn"].enabled and bilm.model == "none":
+        raise ConfigError(f"{source}: the model has no input: set static.vectors, char_cnn.enabled or bilm.model")
+
+
+def task_config_from_dict(
+    raw: Mapping[str, Any], *, source: str = "<dict>", base_dir: str | os.PathLike | None = None
+) -> TaskConfig:
     """Validate a config given as a dict (the parsed TOML).
 
     Args:
@@ -241,67 +451,12 @@ def task_config_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>",
             a reader that does not fit the task, or contradicting options (each message names ``source`` and the
             dotted key).
     """
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{source}: a task config must be a table, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(SCHEMA) - {"task"})
-    if unknown:
-        raise ConfigError(f"{source}: unknown key {unknown[0]!r} (expected task and the sections "
-                          f"{', '.join(SCHEMA)})")
-    task = raw.get("task")
-    if task not in ("tag", "classify"):
-        raise ConfigError(f"{source}: task must be 'tag' or 'classify', got {task!r}")
-    sections: dict[str, dict[str, Any]] = {}
-    for section, keys in SCHEMA.items():
-        given = raw.get(section, {})
-        if not isinstance(given, Mapping):
-            raise ConfigError(f"{source}: [{section}] must be a table, got {given!r}")
-        bad = sorted(set(given) - set(keys))
-        if bad:
-            raise ConfigError(f"{source}: unknown key {section}.{bad[0]} (expected one of {', '.join(keys)})")
-        values = {}
-        for key, (kind, default, check) in keys.items():
-            if key in given and given[key] is not None:
-                values[key] = _check_value(source, f"{section}.{key}", given[key], kind, check)
-            else:
-                values[key] = list(default) if isinstance(default, list) else default
-        sections[section] = values
-    data = sections["data"]
-    for key in ("train", "dev"):
-        if data[key] is None:
-            raise ConfigError(f"{source}: data.{key} is required (the path of the {key} file)")
-    if data["reader"] is None:
-        data["reader"] = "labelled" if task == "classify" else "conll2003"
-    if READERS[data["reader"]] != task:
-        raise ConfigError(f"{source}: data.reader {data['reader']!r} reads {READERS[data['reader']]} data, but task is "
-                          f"{task!r}")
-    if task == "classify" and data["metric"] == "entity_f1":
-        raise ConfigError(f"{source}: data.metric 'entity_f1' is for tagging; a classifier is scored by accuracy")
+    task = _read_task(raw, source)
+    sections = {name: cls.from_dict(raw.get(name, {}), source) for name, cls in SECTIONS.items()}
+    sections["data"] = _complete_data(sections["data"], task, source)
     if base_dir is not None:
-        for key in _PATH_KEYS:
-            if data[key] is not None and not os.path.isabs(data[key]):
-                data[key] = os.path.normpath(os.path.join(base_dir, data[key]))
-    if base_dir is not None:  # model folders and vector files beside the config (zoo names are left alone)
-        for section, key in (("bilm", "model"), ("bilm", "random_like"), ("static", "vectors")):
-            value = sections[section][key]
-            if value not in (None, "none", "random") and not os.path.isabs(value) \
-                    and os.path.exists(os.path.join(base_dir, value)):
-                sections[section][key] = os.path.normpath(os.path.join(base_dir, value))
-    bilm = sections["bilm"]
-    if bilm["model"] == "random" and bilm["random_like"] is None:
-        raise ConfigError(f"{source}: bilm.model = 'random' needs bilm.random_like (the model whose architecture the "
-                          "untrained control copies)")
-    if bilm["model"] == "none":
-        if bilm["fine_tune"] or bilm["at_output"]:
-            key = "fine_tune" if bilm["fine_tune"] else "at_output"
-            raise ConfigError(f"{source}: bilm.{key} needs a biLM, but bilm.model is 'none'")
-    if bilm["fine_tune"] and data["segmenter"] is not None:
-        raise ConfigError(f"{source}: bilm.fine_tune cannot be combined with data.segmenter (characters get their "
-                          "word's precomputed vectors, which a fine-tuned biLM would change)")
-    if data["segmenter"] is not None and data["reader"] != "char_ner":
-        raise ConfigError(f"{source}: data.segmenter is for character-tagged data (data.reader = 'char_ner'), "
-                          f"not {data['reader']!r}")
-    if sections["static"]["vectors"] == "none" and not sections["char_cnn"]["enabled"] and bilm["model"] == "none":
-        raise ConfigError(f"{source}: the model has no input: set static.vectors, char_cnn.enabled or bilm.model")
+        _resolve_paths(sections, base_dir)
+    _check_combinations(sections, source)
     return TaskConfig(task=task, source=source, **sections)
 
 

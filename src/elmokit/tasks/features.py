@@ -15,15 +15,16 @@ float16 storage adds a relative rounding error of at most 2^-11 (≈ 4.9e-4 rela
 outputs → ≤ 2e-3 absolute). Values beyond float16's range (65,504) are refused rather than stored as inf.
 
 **Cache files** (safetensors, written atomically): tensors ``layers`` (total_tokens, L+1, D) float16 and ``offsets``
-(N+1,) int64, metadata the biLM's name and sha256 (:func:`bilm_sha256`, over its configuration, character
-vocabulary and weights) and the sha256 of the sentences (:func:`sentences_sha256`). A cache made by another biLM or
-for other sentences is refused by :meth:`LayerFeatures.load` and recomputed by :func:`compute_layer_features`.
+(N+1,) int64, metadata the biLM's name and sha256 (:func:`bilm_sha256`: the package's one biLM fingerprint,
+:func:`elmokit.weights.fingerprint.bilm_fingerprint`, over its configuration, character vocabulary and weights) and
+the sha256 of the sentences (:func:`sentences_sha256`). A cache made by another biLM or for other sentences is refused
+by :meth:`LayerFeatures.load` and recomputed by :func:`compute_layer_features`.
 """
+
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import hashlib
 import json
 import logging
@@ -33,12 +34,28 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.numpy import save_file
+from tqdm.auto import tqdm
 
+from elmokit.data.tokenizers import load_tokenizer
+from elmokit.embedding import Embedder, resolve_model
 from elmokit.errors import DataError, InputError, MissingFileError, UsageError
 from elmokit.io import atomic_path
+from elmokit.modules.bilm import BiLM
+from elmokit.weights.fingerprint import bilm_fingerprint
 
-__all__ = ["LayerFeatures", "compute_layer_features", "char_features_from_words", "segment_characters",
-           "zoo_segmenter", "random_bilm_like", "bilm_sha256", "sentences_sha256", "FORMAT"]
+__all__ = [
+    "LayerFeatures",
+    "compute_layer_features",
+    "char_features_from_words",
+    "segment_characters",
+    "zoo_segmenter",
+    "random_bilm_like",
+    "bilm_sha256",
+    "sentences_sha256",
+    "FORMAT",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -49,21 +66,13 @@ _FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 # ============================================================================================ fingerprints
 def bilm_sha256(bilm) -> str:
-    """Hex sha256 of a biLM's configuration, character vocabulary (if any) and weights (names and float bytes, in
-    state-dict order): equal for two models exactly when their features are. ``bilm``: a :class:`~elmokit.BiLM`,
-    an :class:`~elmokit.Elmo` or anything :func:`elmokit.embedding.resolve_model` accepts."""
-    from elmokit.embedding import resolve_model
+    """The biLM fingerprint (:func:`elmokit.weights.fingerprint.bilm_fingerprint`: hex sha256 of its configuration,
+    character vocabulary and weights): equal for two models exactly when their features are. ``bilm``: a
+    :class:`~elmokit.BiLM`, an :class:`~elmokit.Elmo` or anything :func:`elmokit.embedding.resolve_model` accepts.
 
-    bilm = resolve_model(bilm)
-    h = hashlib.sha256()
-    h.update(json.dumps(dataclasses.asdict(bilm.config), sort_keys=True, default=str).encode())
-    vocab = getattr(bilm, "char_vocab", None)
-    if vocab is not None:
-        h.update(b"\0chars\0" + "".join(vocab.characters).encode("utf-8"))
-    for name, tensor in bilm.state_dict().items():
-        h.update(b"\0" + name.encode() + b"\0")
-        h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    Raises:
+        UsageError / MissingFileError / WeightsError: ``bilm`` cannot be resolved to a model."""
+    return bilm_fingerprint(resolve_model(bilm))
 
 
 def _token_lists(sentences: Iterable) -> list[list[str]]:
@@ -107,15 +116,24 @@ class LayerFeatures:
         offsets = np.asarray(offsets, dtype=np.int64)
         if data.ndim != 3:
             raise UsageError(f"LayerFeatures data must be (total_tokens, L+1, D), got shape {tuple(data.shape)}")
-        if (offsets.ndim != 1 or len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != data.shape[0]
-                or np.any(np.diff(offsets) < 0)):
-            raise UsageError(f"LayerFeatures offsets must run from 0 to {data.shape[0]} without decreasing "
-                             f"(one more than the sentences), got {offsets[:5].tolist()}…{offsets[-2:].tolist()}")
+        if (
+            offsets.ndim != 1
+            or len(offsets) < 1
+            or offsets[0] != 0
+            or offsets[-1] != data.shape[0]
+            or np.any(np.diff(offsets) < 0)
+        ):
+            raise UsageError(
+                f"LayerFeatures offsets must run from 0 to {data.shape[0]} without decreasing "
+                f"(one more than the sentences), got {offsets[:5].tolist()}…{offsets[-2:].tolist()}"
+            )
         if data.dtype != np.float16:
             converted = data.astype(np.float16)
             if data.size and not np.isfinite(converted).all() and np.isfinite(data).all():
-                raise DataError(f"a value of {float(np.abs(data).max()):.3g} does not fit float16 (max "
-                                f"{_FLOAT16_MAX:g}); these features cannot be stored in float16")
+                raise DataError(
+                    f"a value of {float(np.abs(data).max()):.3g} does not fit float16 (max "
+                    f"{_FLOAT16_MAX:g}); these features cannot be stored in float16"
+                )
             data = converted
         self.data = data
         self.offsets = offsets
@@ -153,7 +171,7 @@ class LayerFeatures:
         if not -len(self) <= i < len(self):
             raise UsageError(f"sentence index {i} out of range for {len(self)} sentences")
         i %= len(self)
-        return self.data[self.offsets[i]:self.offsets[i + 1]].astype(np.float32).transpose(1, 0, 2)
+        return self.data[self.offsets[i] : self.offsets[i + 1]].astype(np.float32).transpose(1, 0, 2)
 
     def batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The sentences ``indices`` as a padded batch: layers (B, L+1, T, D) float32, zero at padding, and mask
@@ -179,14 +197,13 @@ class LayerFeatures:
     def matches(self, bilm_sha: str | None = None, sentences_sha: str | None = None) -> bool:
         """Whether this cache was made by the biLM with sha256 ``bilm_sha`` for the sentences with sha256
         ``sentences_sha`` (``None`` = not checked)."""
-        return ((bilm_sha is None or self.meta.get("bilm_sha256") == bilm_sha)
-                and (sentences_sha is None or self.meta.get("sentences_sha256") == sentences_sha))
+        return (bilm_sha is None or self.meta.get("bilm_sha256") == bilm_sha) and (
+            sentences_sha is None or self.meta.get("sentences_sha256") == sentences_sha
+        )
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write a safetensors file atomically (``layers`` float16, ``offsets`` int64, :attr:`meta` + ``format``).
         Returns ``path``."""
-        from safetensors.numpy import save_file
-
         path = Path(path)
         meta = {**{k: str(v) for k, v in self.meta.items()}, "format": FORMAT}
         with atomic_path(path, suffix=".safetensors") as tmp:
@@ -194,8 +211,9 @@ class LayerFeatures:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, bilm_sha256: str | None = None,
-             sentences_sha256: str | None = None) -> "LayerFeatures":
+    def load(
+        cls, path: str | os.PathLike, *, bilm_sha256: str | None = None, sentences_sha256: str | None = None
+    ) -> LayerFeatures:
         """Read a file written by :meth:`save`. With ``bilm_sha256`` / ``sentences_sha256`` given, a cache made by
         another biLM or for other sentences is refused.
 
@@ -203,18 +221,19 @@ class LayerFeatures:
             MissingFileError: no such file.
             DataError: not a layer-features file (or damaged), or stale (the message names the file and what
                 differs)."""
-        from safetensors import safe_open
-
         path = Path(path)
         if not path.is_file():
-            raise MissingFileError(f"{path}: " + ("is a folder, not a features file" if path.is_dir()
-                                                  else "no such features file"))
+            raise MissingFileError(
+                f"{path}: " + ("is a folder, not a features file" if path.is_dir() else "no such features file")
+            )
         try:
             with safe_open(str(path), framework="numpy") as fh:
                 meta = dict(fh.metadata() or {})
                 if meta.get("format") != FORMAT:
-                    raise DataError(f"{path}: not an elmokit layer-features file (format {meta.get('format')!r}, "
-                                    f"expected {FORMAT!r})")
+                    raise DataError(
+                        f"{path}: not an elmokit layer-features file (format {meta.get('format')!r}, "
+                        f"expected {FORMAT!r})"
+                    )
                 data, offsets = fh.get_tensor("layers"), fh.get_tensor("offsets")
         except DataError:
             raise
@@ -224,16 +243,20 @@ class LayerFeatures:
         for key, want in (("bilm_sha256", bilm_sha256), ("sentences_sha256", sentences_sha256)):
             if want is not None and meta.get(key) != want:
                 what = "another biLM" if key == "bilm_sha256" else "other sentences"
-                raise DataError(f"{path}: stale features cache, made for {what} ({key} {meta.get(key, 'missing')[:12]}"
-                                f"… ≠ {want[:12]}…): delete it or let compute_layer_features recompute it")
+                raise DataError(
+                    f"{path}: stale features cache, made for {what} ({key} {meta.get(key, 'missing')[:12]}"
+                    f"… ≠ {want[:12]}…): delete it or let compute_layer_features recompute it"
+                )
         try:
             return cls(data, offsets, meta)
         except UsageError as exc:
             raise DataError(f"{path}: inconsistent layer-features file ({exc})") from None
 
     def __repr__(self) -> str:
-        return (f"LayerFeatures({len(self)} sentences, {self.total_tokens} tokens, {self.num_layers} layers × "
-                f"{self.dim}, {self.nbytes / 2**20:.1f} MiB)")
+        return (
+            f"LayerFeatures({len(self)} sentences, {self.total_tokens} tokens, {self.num_layers} layers × "
+            f"{self.dim}, {self.nbytes / 2**20:.1f} MiB)"
+        )
 
 
 # ============================================================================================ computing
@@ -277,27 +300,45 @@ def _try_cache(cache_path: str | os.PathLike | None, bilm_sha: str, sent_sha: st
     return cached
 
 
-def _embed_flat(embedder, sentences: list[list[str]], batch_size: int, progress: bool | str,
-                ) -> tuple[np.ndarray, np.ndarray]:
+def _embed_flat(
+    embedder,
+    sentences: list[list[str]],
+    batch_size: int,
+    progress: bool | str,
+) -> tuple[np.ndarray, np.ndarray]:
     """(total_tokens, L+1, D) float16 and (N+1,) offsets of ``sentences`` through ``embedder``."""
-    from tqdm.auto import tqdm
-
     lengths = np.array([len(s) for s in sentences], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     data = np.empty((int(offsets[-1]), embedder.num_layers, embedder.output_dim), dtype=np.float16)
     stream = embedder.embed_sentences(sentences, batch_size=batch_size)
-    for i, arr in enumerate(tqdm(stream, total=len(sentences), disable=not progress, unit="sent",
-                                 desc=progress if isinstance(progress, str) else "biLM layers")):
+    for i, arr in enumerate(
+        tqdm(
+            stream,
+            total=len(sentences),
+            disable=not progress,
+            unit="sent",
+            desc=progress if isinstance(progress, str) else "biLM layers",
+        )
+    ):
         if arr.size and float(np.abs(arr).max()) > _FLOAT16_MAX:
-            raise DataError(f"sentence {i}: a biLM value of {float(np.abs(arr).max()):.3g} does not fit float16 "
-                            f"(max {_FLOAT16_MAX:g}); these features cannot be cached in float16")
-        data[offsets[i]:offsets[i + 1]] = arr.transpose(1, 0, 2)
+            raise DataError(
+                f"sentence {i}: a biLM value of {float(np.abs(arr).max()):.3g} does not fit float16 "
+                f"(max {_FLOAT16_MAX:g}); these features cannot be cached in float16"
+            )
+        data[offsets[i] : offsets[i + 1]] = arr.transpose(1, 0, 2)
     return data, offsets
 
 
-def compute_layer_features(model: object, sentences: Sequence, *, batch_size: int = 64,
-                           cache_path: str | os.PathLike | None = None, progress: bool | str = False,
-                           model_name: str | None = None, num_threads: int | None = None) -> LayerFeatures:
+def compute_layer_features(
+    model: object,
+    sentences: Sequence,
+    *,
+    batch_size: int = 64,
+    cache_path: str | os.PathLike | None = None,
+    progress: bool | str = False,
+    model_name: str | None = None,
+    num_threads: int | None = None,
+) -> LayerFeatures:
     """The frozen biLM's L+1 layers for every sentence, computed once (see the module docstring for memory and
     exactness).
 
@@ -321,8 +362,6 @@ def compute_layer_features(model: object, sentences: Sequence, *, batch_size: in
         InputError: a malformed sentence or token (from the Embedder, naming it). UsageError / MissingFileError /
         WeightsError: the model cannot be loaded. DataError: a value beyond float16's range.
     """
-    from elmokit.embedding import Embedder
-
     _check_threads(num_threads)
     sents = _token_lists(sentences)
     embedder = Embedder(model, batch_size=batch_size)
@@ -332,8 +371,16 @@ def compute_layer_features(model: object, sentences: Sequence, *, batch_size: in
         return cached
     with _threads(num_threads):
         data, offsets = _embed_flat(embedder, sents, batch_size, progress)
-    features = LayerFeatures(data, offsets, {"bilm_name": _model_name(model, model_name), "bilm_sha256": bilm_sha,
-                                             "sentences_sha256": sent_sha, "kind": "words"})
+    features = LayerFeatures(
+        data,
+        offsets,
+        {
+            "bilm_name": _model_name(model, model_name),
+            "bilm_sha256": bilm_sha,
+            "sentences_sha256": sent_sha,
+            "kind": "words",
+        },
+    )
     if cache_path is not None:
         features.save(cache_path)
         logger.info("layer features: wrote %s (%s)", cache_path, features)
@@ -344,14 +391,11 @@ def compute_layer_features(model: object, sentences: Sequence, *, batch_size: in
 def zoo_segmenter(name_or_dir: str | os.PathLike = "elmokit-zh") -> Callable[[str], list[str]]:
     """The zoo model's tokeniser (:func:`elmokit.data.tokenizers.load_tokenizer`: text → sentences of words) as
     ``text → words`` (the sentences concatenated), for :func:`char_features_from_words`."""
-    from elmokit.data.tokenizers import load_tokenizer
-
     tokenize = load_tokenizer(name_or_dir)
     return lambda text: [w for sentence in tokenize(text) for w in sentence]
 
 
-def segment_characters(char_sentences: Sequence, segment: Callable[[str], object]
-                       ) -> list[tuple[list[str], list[int]]]:
+def segment_characters(char_sentences: Sequence, segment: Callable[[str], object]) -> list[tuple[list[str], list[int]]]:
     """Segment character-tokenised sentences into words: for each sentence, ``(words, owner)`` where ``owner[i]`` is
     the index of the word holding token i. The tokens are joined (no separator) and given to ``segment`` (``str →
     list of words``, or → list of sentences of words, as :func:`elmokit.data.tokenizers.load_tokenizer` returns; empty
@@ -366,8 +410,11 @@ def segment_characters(char_sentences: Sequence, segment: Callable[[str], object
     out = []
     for n, record in enumerate(char_sentences):
         tokens = list(getattr(record, "tokens", record))
-        where = (f"{record.source}:{record.line}" if hasattr(record, "source") and hasattr(record, "line")
-                 else f"sentence {n}")
+        where = (
+            f"{record.source}:{record.line}"
+            if hasattr(record, "source") and hasattr(record, "line")
+            else f"sentence {n}"
+        )
         text = "".join(tokens)
         result = segment(text) if text else []
         if not isinstance(result, (list, tuple)):
@@ -384,8 +431,10 @@ def segment_characters(char_sentences: Sequence, segment: Callable[[str], object
         joined = "".join(words)
         if joined != text:
             k = next((i for i, (a, b) in enumerate(zip(joined, text)) if a != b), min(len(joined), len(text)))
-            raise DataError(f"{where}: the segmenter's words do not re-join to the sentence: they differ at character "
-                            f"{k} ({text[k:k + 8]!r} vs {joined[k:k + 8]!r}); a segmenter must keep every character")
+            raise DataError(
+                f"{where}: the segmenter's words do not re-join to the sentence: they differ at character "
+                f"{k} ({text[k : k + 8]!r} vs {joined[k : k + 8]!r}); a segmenter must keep every character"
+            )
         # owner of each character position, then of each token (the word holding its first character)
         char_owner = np.repeat(np.arange(len(words)), [len(w) for w in words]) if words else np.zeros(0, np.int64)
         owner, pos = [], 0
@@ -394,18 +443,26 @@ def segment_characters(char_sentences: Sequence, segment: Callable[[str], object
                 raise InputError(f"{where}: an empty token at position {len(owner)}")
             first, last = int(char_owner[pos]), int(char_owner[pos + len(tok) - 1])
             if first != last:
-                raise DataError(f"{where}: token {len(owner)} {tok!r} straddles the words {words[first]!r} and "
-                                f"{words[last]!r}")
+                raise DataError(
+                    f"{where}: token {len(owner)} {tok!r} straddles the words {words[first]!r} and {words[last]!r}"
+                )
             owner.append(first)
             pos += len(tok)
         out.append((words, owner))
     return out
 
 
-def char_features_from_words(model: object, char_sentences: Sequence, segment: Callable[[str], object], *,
-                             batch_size: int = 64, cache_path: str | os.PathLike | None = None,
-                             progress: bool | str = False, model_name: str | None = None,
-                             num_threads: int | None = None) -> LayerFeatures:
+def char_features_from_words(
+    model: object,
+    char_sentences: Sequence,
+    segment: Callable[[str], object],
+    *,
+    batch_size: int = 64,
+    cache_path: str | os.PathLike | None = None,
+    progress: bool | str = False,
+    model_name: str | None = None,
+    num_threads: int | None = None,
+) -> LayerFeatures:
     """Layer features for character-tagged Chinese tasks from a word-level biLM: each sentence's characters are
     joined, segmented into words with ``segment`` (see :func:`segment_characters`; for the zoo model use
     ``zoo_segmenter("elmokit-zh")``, the jieba segmentation its corpus was made with), the words are embedded, and
@@ -417,8 +474,6 @@ def char_features_from_words(model: object, char_sentences: Sequence, segment: C
 
     Raises: DataError / UsageError from :func:`segment_characters`; the errors of :func:`compute_layer_features`.
     """
-    from elmokit.embedding import Embedder
-
     _check_threads(num_threads)
     chars = _token_lists(char_sentences)
     segmented = segment_characters(char_sentences, segment)
@@ -434,12 +489,22 @@ def char_features_from_words(model: object, char_sentences: Sequence, segment: C
         return cached
     with _threads(num_threads):
         word_data, word_offsets = _embed_flat(embedder, word_sentences, batch_size, progress)
-    rows = np.concatenate([word_offsets[i] + np.asarray(owner, dtype=np.int64)
-                           for i, (_, owner) in enumerate(segmented)]) if segmented else np.zeros(0, np.int64)
+    rows = (
+        np.concatenate([word_offsets[i] + np.asarray(owner, dtype=np.int64) for i, (_, owner) in enumerate(segmented)])
+        if segmented
+        else np.zeros(0, np.int64)
+    )
     offsets = np.concatenate([[0], np.cumsum([len(c) for c in chars])]).astype(np.int64)
-    features = LayerFeatures(word_data[rows], offsets,
-                             {"bilm_name": _model_name(model, model_name), "bilm_sha256": bilm_sha,
-                              "sentences_sha256": sent_sha, "kind": "chars-from-words"})
+    features = LayerFeatures(
+        word_data[rows],
+        offsets,
+        {
+            "bilm_name": _model_name(model, model_name),
+            "bilm_sha256": bilm_sha,
+            "sentences_sha256": sent_sha,
+            "kind": "chars-from-words",
+        },
+    )
     if cache_path is not None:
         features.save(cache_path)
         logger.info("layer features: wrote %s (%s)", cache_path, features)
@@ -456,9 +521,6 @@ def random_bilm_like(name_or_model: object, seed: int):
     and dtype.
 
     ``name_or_model``: anything :class:`elmokit.Embedder` accepts. Raises the loaders' errors for a bad model."""
-    from elmokit.embedding import resolve_model
-    from elmokit.modules.bilm import BiLM
-
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise UsageError(f"seed must be an int, got {seed!r}")
     source = resolve_model(name_or_model)

@@ -4,6 +4,7 @@ All scores are fractions in [0, 1] (multiply by 100 for the usual tables). Gold 
 one to one (same number of sentences, same length each); a mismatch is an :class:`~elmokit.errors.InputError`
 naming the first sentence that differs.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -47,7 +48,8 @@ def entity_scores(gold: list[list[str]], pred: list[list[str]], scheme: str = "B
     if scheme not in SCHEMES:
         raise UsageError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
     _check_aligned(gold, pred)
-    classification_report = import_optional("seqeval.metrics", "tasks", "span F1 (seqeval)").classification_report
+    metrics = import_optional("seqeval.metrics", "tasks", "span F1 (seqeval)")  # optional: seqeval
+    classification_report = metrics.classification_report
 
     gold = [list(s) for s in gold]
     pred = [list(s) for s in pred]
@@ -57,18 +59,30 @@ def entity_scores(gold: list[list[str]], pred: list[list[str]], scheme: str = "B
         pred = [convert_tags(s, "BMES", "BIOES") for s in pred]
         scheme = "BIOES"
     if scheme == "BIOES":
-        from seqeval.scheme import IOBES
+        from seqeval.scheme import IOBES  # optional: seqeval (present: imported above)
 
         kwargs = {"mode": "strict", "scheme": IOBES}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # seqeval warns when a class has no entity at all; 0 is returned then
         report = classification_report(gold, pred, output_dict=True, zero_division=0, **kwargs)
     overall = report.get("micro avg", {"precision": 0.0, "recall": 0.0, "f1-score": 0.0, "support": 0})
-    per_type = {t: {"f1": float(v["f1-score"]), "precision": float(v["precision"]), "recall": float(v["recall"]),
-                    "support": int(v["support"])}
-                for t, v in sorted(report.items()) if t not in ("micro avg", "macro avg", "weighted avg")}
-    return {"f1": float(overall["f1-score"]), "precision": float(overall["precision"]),
-            "recall": float(overall["recall"]), "support": int(overall["support"]), "per_type": per_type}
+    per_type = {
+        t: {
+            "f1": float(v["f1-score"]),
+            "precision": float(v["precision"]),
+            "recall": float(v["recall"]),
+            "support": int(v["support"]),
+        }
+        for t, v in sorted(report.items())
+        if t not in ("micro avg", "macro avg", "weighted avg")
+    }
+    return {
+        "f1": float(overall["f1-score"]),
+        "precision": float(overall["precision"]),
+        "recall": float(overall["recall"]),
+        "support": int(overall["support"]),
+        "per_type": per_type,
+    }
 
 
 def _flatten(gold: Sequence, pred: Sequence) -> tuple[list[str], list[str]]:
@@ -78,8 +92,9 @@ def _flatten(gold: Sequence, pred: Sequence) -> tuple[list[str], list[str]]:
     nested = [not isinstance(x, str) and isinstance(x, Sequence) for x in (*gold, *pred)]
     if any(nested):
         if not all(nested):
-            raise InputError("mix of labels and lists of labels: give one label per sentence, or one list of tags per "
-                             "sentence")
+            raise InputError(
+                "mix of labels and lists of labels: give one label per sentence, or one list of tags per sentence"
+            )
         _check_aligned(gold, pred)
         return [t for s in gold for t in s], [t for s in pred for t in s]
     return list(gold), list(pred)
@@ -105,6 +120,6 @@ def macro_f1(gold: Sequence, pred: Sequence) -> float:
     g, p = _flatten(gold, pred)
     if not g:
         raise InputError("macro F1 of nothing: no gold items")
-    f1_score = import_optional("sklearn.metrics", "tasks", "macro F1 (scikit-learn)").f1_score
+    f1_score = import_optional("sklearn.metrics", "tasks", "macro F1 (scikit-learn)").f1_score  # optional
 
     return float(f1_score(g, p, average="macro", zero_division=0))

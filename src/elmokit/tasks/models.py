@@ -22,6 +22,7 @@ paths agree to 1e-4 (the cache's float16 rounding aside).
 Shapes: B sentences, T tokens (the longest of the batch), L+1 biLM layers of D = 2P, K tags or classes. Masks are
 bool, True = a real token.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,10 +64,14 @@ class TaskBatch:
     layers: torch.Tensor | None = None
     targets: torch.Tensor | None = None
 
-    def to(self, device: torch.device | str) -> "TaskBatch":
+    def to(self, device: torch.device | str) -> TaskBatch:
         """The batch with every tensor on ``device``."""
-        return TaskBatch(**{f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v)
-                            for f in dataclasses.fields(self)})
+        return TaskBatch(
+            **{
+                f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v)
+                for f in dataclasses.fields(self)
+            }
+        )
 
 
 class TokenInputs(nn.Module):
@@ -92,20 +97,30 @@ class TokenInputs(nn.Module):
             path cannot reproduce.
     """
 
-    def __init__(self, vocab: Sequence[str] | None = None, static: torch.Tensor | None = None, *,
-                 static_trainable: bool = False, char_cnn: Mapping | None = None, elmo: Elmo | None = None,
-                 elmo_at_output: bool = False) -> None:
+    def __init__(
+        self,
+        vocab: Sequence[str] | None = None,
+        static: torch.Tensor | None = None,
+        *,
+        static_trainable: bool = False,
+        char_cnn: Mapping | None = None,
+        elmo: Elmo | None = None,
+        elmo_at_output: bool = False,
+    ) -> None:
         super().__init__()
         self.vocab = list(vocab) if vocab is not None else None
         self.static: nn.Embedding | None = None
         if self.vocab is not None:
             if not self.vocab or self.vocab[0] != PAD or UNK not in self.vocab:
-                raise UsageError(f"the static vocabulary must start with {PAD!r} and contain {UNK!r} "
-                                 "(tasks.static.build_vocab makes one)")
+                raise UsageError(
+                    f"the static vocabulary must start with {PAD!r} and contain {UNK!r} "
+                    "(tasks.static.build_vocab makes one)"
+                )
             if static is None or static.dim() != 2 or static.shape[0] != len(self.vocab):
                 shape = None if static is None else tuple(static.shape)
-                raise UsageError(f"static vectors must be a ({len(self.vocab)}, dim) tensor for the vocabulary, got "
-                                 f"{shape}")
+                raise UsageError(
+                    f"static vectors must be a ({len(self.vocab)}, dim) tensor for the vocabulary, got {shape}"
+                )
             table = static.detach().float().clone()
             table[0] = 0.0
             self.static = nn.Embedding(len(self.vocab), table.shape[1], padding_idx=0)
@@ -117,8 +132,9 @@ class TokenInputs(nn.Module):
         self.char_cnn_options = dict(char_cnn) if char_cnn is not None else None
         self.char_cnn: CharCNN | None = None
         if char_cnn is not None:
-            self.char_cnn = CharCNN(_BYTE_ROWS, int(char_cnn["embedding_dim"]),
-                                    [tuple(f) for f in char_cnn["filters"]], activation="relu")
+            self.char_cnn = CharCNN(
+                _BYTE_ROWS, int(char_cnn["embedding_dim"]), [tuple(f) for f in char_cnn["filters"]], activation="relu"
+            )
         self.elmo = elmo
         self.elmo_at_output = bool(elmo_at_output)
         if elmo is not None:
@@ -126,8 +142,9 @@ class TokenInputs(nn.Module):
                 raise UsageError(f"elmo must be an elmokit.Elmo module, got {type(elmo).__name__}")
             needed = 2 if elmo_at_output else 1
             if len(elmo.scalar_mixes) < needed:
-                raise UsageError(f"elmo_at_output needs an Elmo with num_output_representations >= 2, got "
-                                 f"{len(elmo.scalar_mixes)}")
+                raise UsageError(
+                    f"elmo_at_output needs an Elmo with num_output_representations >= 2, got {len(elmo.scalar_mixes)}"
+                )
         elif elmo_at_output:
             raise UsageError("elmo_at_output needs an elmo module")
 
@@ -140,15 +157,18 @@ class TokenInputs(nn.Module):
     @property
     def output_dim(self) -> int:
         """Width of ``x_t``: static dim + character CNN filters + D."""
-        return ((self.static.embedding_dim if self.static is not None else 0)
-                + (self.char_cnn.output_dim if self.char_cnn is not None else 0) + self.elmo_dim)
+        return (
+            (self.static.embedding_dim if self.static is not None else 0)
+            + (self.char_cnn.output_dim if self.char_cnn is not None else 0)
+            + self.elmo_dim
+        )
 
     @property
     def fine_tunes_bilm(self) -> bool:
         """Whether the biLM is trained too (``Elmo(requires_grad=True)``)."""
         return self.elmo is not None and bool(self.elmo.requires_grad)
 
-    def train(self, mode: bool = True) -> "TokenInputs":
+    def train(self, mode: bool = True) -> TokenInputs:
         """As ``nn.Module.train``, but a frozen biLM stays in eval mode (no biLM dropout while it is not trained)."""
         super().train(mode)
         if self.elmo is not None and not self.fine_tunes_bilm:
@@ -163,11 +183,18 @@ class TokenInputs(nn.Module):
         index, unk = self._index, self._unk
         for i, sentence in enumerate(sentences):
             out[i, : len(sentence)] = torch.tensor(
-                [index.get(w, index.get(w.lower(), unk)) for w in sentence], dtype=torch.long)
+                [index.get(w, index.get(w.lower(), unk)) for w in sentence], dtype=torch.long
+            )
         return out
 
-    def encode(self, sentences: Sequence[Sequence[str]], *, static_tokens: Sequence[Sequence[str]] | None = None,
-               layers: torch.Tensor | None = None, layer_mask: torch.Tensor | None = None) -> TaskBatch:
+    def encode(
+        self,
+        sentences: Sequence[Sequence[str]],
+        *,
+        static_tokens: Sequence[Sequence[str]] | None = None,
+        layers: torch.Tensor | None = None,
+        layer_mask: torch.Tensor | None = None,
+    ) -> TaskBatch:
         """Tensors for B tokenised sentences (on the CPU; move them with :meth:`TaskBatch.to`).
 
         Args:
@@ -207,22 +234,26 @@ class TokenInputs(nn.Module):
                 batch.layers = layers.float()
             else:
                 bilm = self.elmo.bilm
-                batch.elmo_char_ids = batch_to_ids(sentences, bilm.config.char_cnn.max_characters_per_token,
-                                                   char_vocab=bilm.char_vocab)
+                batch.elmo_char_ids = batch_to_ids(
+                    sentences, bilm.config.char_cnn.max_characters_per_token, char_vocab=bilm.char_vocab
+                )
         return batch
 
     def _check_cached(self, layers: torch.Tensor, layer_mask: torch.Tensor | None, mask: torch.Tensor) -> None:
         if self.fine_tunes_bilm:
             raise UsageError("cached biLM layers cannot train a fine-tuned biLM (requires_grad=True): run it live")
         if any(m.do_layer_norm for m in self.elmo.scalar_mixes) and self.elmo._layer_norm_mask != "tokens":
-            raise UsageError("cached layers have no <S>/</S> positions, so layer norm over them differs from the live "
-                             "Elmo's default: build the Elmo with layer_norm_mask='tokens'")
+            raise UsageError(
+                "cached layers have no <S>/</S> positions, so layer norm over them differs from the live "
+                "Elmo's default: build the Elmo with layer_norm_mask='tokens'"
+            )
         expected = (mask.shape[0], self.elmo.bilm.num_layers, mask.shape[1], self.elmo_dim)
         if layers.dim() != 4 or tuple(layers.shape) != expected:
             raise InputError(f"cached layers must have shape (B, L+1, T, D) = {expected}, got {tuple(layers.shape)}")
         if layer_mask is not None and not torch.equal(layer_mask.bool(), mask):
-            raise InputError("the cached layers' mask does not match the sentences' lengths (features computed for "
-                             "other sentences?)")
+            raise InputError(
+                "the cached layers' mask does not match the sentences' lengths (features computed for other sentences?)"
+            )
 
     # ------------------------------------------------------------------ forward
     def _elmo_representations(self, batch: TaskBatch) -> list[torch.Tensor]:
@@ -268,9 +299,14 @@ class TokenInputs(nn.Module):
         ELMo)."""
         if self.elmo is None:
             return []
-        return [{"weights": [float(w) for w in mix.weights().detach()],
-                 "s": [float(v) for v in mix.scalar_vector.detach()], "gamma": float(mix.gamma.detach())}
-                for mix in self.elmo.scalar_mixes]
+        return [
+            {
+                "weights": [float(w) for w in mix.weights().detach()],
+                "s": [float(v) for v in mix.scalar_vector.detach()],
+                "gamma": float(mix.gamma.detach()),
+            }
+            for mix in self.elmo.scalar_mixes
+        ]
 
     def task_state_dict(self) -> dict[str, torch.Tensor]:
         """The state dict without the frozen biLM's weights (they belong to the biLM's own files); all of it when
@@ -297,8 +333,14 @@ class _Encoder(nn.Module):
         super().__init__()
         self.inputs = inputs
         self.dropout = nn.Dropout(dropout)
-        self.lstm = nn.LSTM(inputs.output_dim, hidden, num_layers=layers, batch_first=True, bidirectional=True,
-                            dropout=dropout if layers > 1 else 0.0)
+        self.lstm = nn.LSTM(
+            inputs.output_dim,
+            hidden,
+            num_layers=layers,
+            batch_first=True,
+            bidirectional=True,
+            dropout=dropout if layers > 1 else 0.0,
+        )
         self.out_dim = 2 * hidden + (inputs.elmo_dim if inputs.elmo_at_output else 0)
 
     def encode_tokens(self, batch: TaskBatch) -> torch.Tensor:
@@ -326,10 +368,11 @@ class SequenceTagger(_Encoder):
     BiLSTM layer, no GloVe).
     """
 
-    def __init__(self, inputs: TokenInputs, num_tags: int, *, hidden: int = 128, layers: int = 1,
-                 dropout: float = 0.5) -> None:
+    def __init__(
+        self, inputs: TokenInputs, num_tags: int, *, hidden: int = 128, layers: int = 1, dropout: float = 0.5
+    ) -> None:
         super().__init__(inputs, hidden, layers, dropout)
-        CRF = import_optional("torchcrf", "tasks", "the CRF tagger").CRF
+        CRF = import_optional("torchcrf", "tasks", "the CRF tagger").CRF  # optional: pytorch-crf
 
         if num_tags < 1:
             raise UsageError(f"num_tags must be >= 1, got {num_tags}")
@@ -371,8 +414,16 @@ class SentenceClassifier(_Encoder):
     task: BiLSTM + pooling.
     """
 
-    def __init__(self, inputs: TokenInputs, num_classes: int, *, hidden: int = 128, layers: int = 1,
-                 dropout: float = 0.5, pooling: str = "max") -> None:
+    def __init__(
+        self,
+        inputs: TokenInputs,
+        num_classes: int,
+        *,
+        hidden: int = 128,
+        layers: int = 1,
+        dropout: float = 0.5,
+        pooling: str = "max",
+    ) -> None:
         super().__init__(inputs, hidden, layers, dropout)
         if pooling not in ("max", "attention"):
             raise UsageError(f"pooling must be 'max' or 'attention', got {pooling!r}")
@@ -381,8 +432,9 @@ class SentenceClassifier(_Encoder):
         self.pooling = pooling
         self.num_classes = num_classes
         if pooling == "attention":
-            self.attention = nn.Sequential(nn.Linear(self.out_dim, self.out_dim), nn.Tanh(),
-                                           nn.Linear(self.out_dim, 1, bias=False))
+            self.attention = nn.Sequential(
+                nn.Linear(self.out_dim, self.out_dim), nn.Tanh(), nn.Linear(self.out_dim, 1, bias=False)
+            )
         self.output = nn.Linear(self.out_dim, num_classes)
 
     def pooled(self, batch: TaskBatch) -> torch.Tensor:

@@ -1,32 +1,21 @@
 """Readers for the downstream task files: CoNLL-2003 NER, CoNLL-U (UPOS/XPOS), the Chinese character NER files, and
-sentence-classification files; tag-scheme conversion (IOB1 / BIO / BIOES / BMES) and checking.
+sentence-classification files (tag-scheme conversion and checking: :mod:`elmokit.tasks.tag_schemes`).
 
 Every reader returns frozen records that name their file and the 1-based line where the example starts, and every
 error it raises on purpose is one line ``FILE:LINE: what is wrong; what is expected``
 (:class:`~elmokit.errors.DataError` for unusable contents, :class:`~elmokit.errors.MissingFileError` for a missing
 file, :class:`~elmokit.errors.UsageError` for a bad option).
 
-Tag schemes (``PREFIX-TYPE`` or ``O``; the type may hold dots or hyphens, e.g. ``B-PER.NAM``):
-
-* ``IOB1`` (CoNLL-2003 as released): ``I-X`` inside an entity; ``B-X`` only where an entity follows another of the
-  same type directly.
-* ``BIO`` (= IOB2): every entity starts with ``B-X``, continues with ``I-X``.
-* ``BIOES``: ``B-X I-X … E-X`` for entities of two or more tokens, ``S-X`` for one token.
-* ``BMES``: BIOES with ``M-`` for ``I-`` (Resume NER, Zhang & Yang 2018).
-
-**Invalid sequences** (decided here): an IOB1 file is valid by definition (an ``I-X`` after ``O`` or another type
-starts an entity: that is what IOB1 means). In BIO/BIOES/BMES an ``I-X`` (``M-X``/``E-X``) that does not continue an
-open ``X`` entity, or an entity left open (``B-X`` not closed by ``E-X`` in BIOES/BMES), is invalid. The readers
-*repair* it by default, the way conlleval and seqeval's default mode read it — the stray ``I-X`` starts a new entity,
-an open entity ends at the last token before the next entity or ``O`` — and log one warning per file naming the first
-such line and the count (the released Weibo NER train and test files hold 10 and 4 such transitions, MSRA 17, Resume
-train 4, so refusing them would make the standard data unreadable). ``strict=True`` refuses them instead: a
-:class:`TagSequenceError` naming the file and line. :func:`check_tags` is the strict check on a plain tag list.
+Tag schemes (IOB1 / BIO / BIOES / BMES), their conversion and the reading of invalid sequences are in
+:mod:`elmokit.tasks.tag_schemes` (its names are importable from here too): the readers *repair* an invalid sequence
+by default, the way conlleval and seqeval's default mode read it, and log one warning per file naming the first such
+line and the count; ``strict=True`` refuses it (a :class:`TagSequenceError` naming the file and line).
 
 Sizes of the shared files as read here (equal to their SOURCE.md): CoNLL-2003 ``eng.train`` 14,041 sentences /
 203,621 tokens (``-DOCSTART-`` lines skipped; checked by the tests), UD English-EWT train 12,544 sentences / 204,577
 words (multiword-token ranges and empty nodes skipped; the tests check dev, 2,001 / 25,147, to stay fast).
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,23 +23,41 @@ import os
 import re
 import zipfile
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from elmokit.errors import DataError, MissingFileError, UsageError, import_optional
+from elmokit.tasks.tag_schemes import (
+    SCHEMES,
+    TagSequenceError,
+    check_scheme,
+    check_tags,
+    convert_tags,
+    decode_tags,
+    detect_scheme,
+    spans_to_tags,
+    tag_spans,
+)
 
 __all__ = [
-    "TaggedSentence", "LabelledSentence", "TagSequenceError", "SCHEMES",
-    "read_conll2003", "read_conllu", "read_char_ner", "read_labelled",
-    "convert_tags", "check_tags", "tag_spans", "spans_to_tags", "label_set", "detect_scheme",
+    "TaggedSentence",
+    "LabelledSentence",
+    "TagSequenceError",
+    "SCHEMES",
+    "read_conll2003",
+    "read_conllu",
+    "read_char_ner",
+    "read_labelled",
+    "convert_tags",
+    "check_tags",
+    "tag_spans",
+    "spans_to_tags",
+    "label_set",
+    "detect_scheme",
 ]
 
 logger = logging.getLogger(__name__)
-
-#: The tag schemes :func:`convert_tags` reads and writes.
-SCHEMES = ("IOB1", "BIO", "BIOES", "BMES")
-_PREFIXES = {"IOB1": "BI", "BIO": "BI", "BIOES": "BIES", "BMES": "BMES"}
 
 
 @dataclass(frozen=True)
@@ -72,168 +79,6 @@ class LabelledSentence:
     label: str
     source: str
     line: int
-
-
-class TagSequenceError(DataError):
-    """A tag that is not of the scheme, or an invalid transition (with ``strict``). ``position`` is the 0-based index
-    of the offending tag in its sentence (the readers turn it into a file line)."""
-
-    def __init__(self, detail: str, position: int, prefix: str | None = None) -> None:
-        super().__init__(f"{prefix}: {detail}" if prefix is not None else f"position {position}: {detail}")
-        self.detail = detail
-        self.position = position
-
-
-# ============================================================================================ tag schemes
-def _check_scheme(name: str, scheme: str) -> str:
-    if scheme not in SCHEMES:
-        raise UsageError(f"{name} must be one of {', '.join(SCHEMES)}, got {scheme!r}")
-    return scheme
-
-
-def _split_tag(tag: str, scheme: str, position: int) -> tuple[str, str | None]:
-    """``'B-PER'`` → ``('B', 'PER')``; ``'O'`` → ``('O', None)``. Raises :class:`TagSequenceError` for a tag that is
-    not of ``scheme``."""
-    if tag == "O":
-        return "O", None
-    if not isinstance(tag, str) or len(tag) < 3 or tag[1] != "-" or tag[0] not in _PREFIXES[scheme]:
-        allowed = ", ".join(f"{p}-TYPE" for p in _PREFIXES[scheme])
-        raise TagSequenceError(f"tag {tag!r} is not a {scheme} tag (expected O, {allowed})", position)
-    return tag[0], tag[2:]
-
-
-def _decode(tags: Sequence[str], scheme: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, str]]]:
-    """Tags → entity spans ``(start, end exclusive, type)`` and the invalid transitions ``(position, reason)`` found
-    (repaired in the spans as conlleval reads them; see the module docstring)."""
-    spans: list[tuple[int, int, str]] = []
-    problems: list[tuple[int, str]] = []
-    open_start, open_type = -1, None
-    prev = "O"
-
-    def close(end: int) -> None:
-        nonlocal open_start, open_type
-        if open_type is not None:
-            spans.append((open_start, end, open_type))
-        open_start, open_type = -1, None
-
-    single_inner = "I" if scheme != "BMES" else "M"
-    for i, tag in enumerate(tags):
-        p, t = _split_tag(tag, scheme, i)
-        if scheme in ("IOB1", "BIO"):
-            if p == "O":
-                close(i)
-            elif p == "B":
-                close(i)
-                open_start, open_type = i, t
-            elif open_type == t:  # I-X continuing an X entity
-                pass
-            else:
-                if scheme == "BIO":
-                    problems.append((i, f"{tag} after {prev} (an I- tag must continue an entity of its type)"))
-                close(i)
-                open_start, open_type = i, t
-        else:  # BIOES / BMES
-            if open_type is not None and p in ("O", "B", "S"):
-                problems.append((i, f"{tag} after {prev} (the {open_type} entity begun at position {open_start} is "
-                                    f"not closed with E-{open_type})"))
-                close(i)
-            if p == "O":
-                pass
-            elif p == "B":
-                open_start, open_type = i, t
-            elif p == "S":
-                spans.append((i, i + 1, t))
-            elif p == single_inner:
-                if open_type != t:
-                    problems.append((i, f"{tag} after {prev} (an {p}- tag must continue an entity of its type)"))
-                    close(i)
-                    open_start, open_type = i, t
-            else:  # E
-                if open_type != t:
-                    problems.append((i, f"{tag} after {prev} (an E- tag must close an entity of its type)"))
-                    close(i)
-                    open_start, open_type = i, t
-                close(i + 1)
-        prev = tag
-    if open_type is not None and scheme in ("BIOES", "BMES"):
-        problems.append((len(tags) - 1, f"the sentence ends inside the {open_type} entity begun at position "
-                                        f"{open_start} (not closed with E-{open_type})"))
-    close(len(tags))
-    return spans, problems
-
-
-def tag_spans(tags: Sequence[str], scheme: str = "BIO", *, strict: bool = False) -> list[tuple[int, int, str]]:
-    """The entities of a tag sequence as ``(start, end exclusive, type)``, in order.
-
-    Invalid transitions are read as conlleval reads them (``strict=False``) or raise :class:`TagSequenceError`
-    (``strict=True``). Raises :class:`TagSequenceError` for a tag not of ``scheme``, :class:`UsageError` for an
-    unknown scheme."""
-    _check_scheme("scheme", scheme)
-    spans, problems = _decode(list(tags), scheme)
-    if strict and problems:
-        pos, reason = problems[0]
-        raise TagSequenceError(f"invalid {scheme} sequence: {reason}", pos)
-    return spans
-
-
-def spans_to_tags(spans: Iterable[tuple[int, int, str]], length: int, scheme: str = "BIO") -> list[str]:
-    """Entity spans (``(start, end exclusive, type)``, not overlapping) → ``length`` tags in ``scheme``. In IOB1 an
-    entity starts with ``B-`` only when it directly follows an entity of the same type."""
-    _check_scheme("scheme", scheme)
-    out = ["O"] * length
-    last_end, last_type = -1, None
-    for start, end, t in sorted(spans):
-        if not (0 <= start < end <= length) or start < last_end:
-            raise UsageError(f"entity span ({start}, {end}, {t!r}) is outside 0..{length} or overlaps the previous one")
-        n = end - start
-        if scheme == "IOB1":
-            first = "B" if (start == last_end and t == last_type) else "I"
-            out[start:end] = [f"{first}-{t}"] + [f"I-{t}"] * (n - 1)
-        elif scheme == "BIO":
-            out[start:end] = [f"B-{t}"] + [f"I-{t}"] * (n - 1)
-        else:
-            inner = "I" if scheme == "BIOES" else "M"
-            out[start:end] = [f"S-{t}"] if n == 1 else [f"B-{t}"] + [f"{inner}-{t}"] * (n - 2) + [f"E-{t}"]
-        last_end, last_type = end, t
-    return out
-
-
-def convert_tags(tags: Sequence[str], source_scheme: str, target_scheme: str, *, strict: bool = False) -> list[str]:
-    """Re-tag a sequence from one scheme to another (IOB1, BIO, BIOES, BMES) through its entity spans, so the
-    entities are unchanged: e.g. IOB1 ``I-PER I-PER B-PER O`` → BIO ``B-PER I-PER B-PER O`` → BIOES
-    ``B-PER E-PER S-PER O``.
-
-    Invalid transitions in the source (see the module docstring) are repaired as conlleval reads them, or raise
-    :class:`TagSequenceError` with ``strict=True``. Raises :class:`TagSequenceError` for a tag not of
-    ``source_scheme``, :class:`UsageError` for an unknown scheme.
-
-    Source: the IOB1/IOB2/IOBES definitions of Tjong Kim Sang & Veenstra (1999) and Ratinov & Roth (2009); chunk
-    boundaries as in the conlleval script."""
-    _check_scheme("source_scheme", source_scheme)
-    _check_scheme("target_scheme", target_scheme)
-    tags = list(tags)
-    return spans_to_tags(tag_spans(tags, source_scheme, strict=strict), len(tags), target_scheme)
-
-
-def check_tags(tags: Sequence[str], scheme: str = "BIO") -> None:
-    """Raise :class:`TagSequenceError` (a :class:`DataError`) when ``tags`` is not a valid ``scheme`` sequence: a tag
-    of another scheme, or (BIO/BIOES/BMES) an ``I-``/``M-``/``E-`` tag that does not continue an entity of its type, or
-    (BIOES/BMES) an entity not closed by ``E-``. IOB1 sequences are valid whenever their tags are IOB1 tags. The
-    message gives the 0-based position (``.position``)."""
-    tag_spans(tags, scheme, strict=True)
-
-
-def detect_scheme(tags: Iterable[str]) -> str:
-    """The scheme of a file's tags from the prefixes that occur: only B/I → ``BIO``; M without I → ``BMES``; I with
-    E or S → ``BIOES``; only B/E/S → ``BIOES``. Raises :class:`DataError` for a mix (I and M) or another prefix."""
-    prefixes = {t[0] for t in tags if t != "O"}
-    if prefixes <= {"B", "I"}:
-        return "BIO"
-    if prefixes <= set("BMES"):
-        return "BMES" if "M" in prefixes else "BIOES"
-    if prefixes <= set("BIES"):
-        return "BIOES"
-    raise DataError(f"the tags use the prefixes {', '.join(sorted(prefixes))}: not one of BIO, BIOES, BMES")
 
 
 # ============================================================================================ reading lines
@@ -270,8 +115,10 @@ def _read_lines(path: str | os.PathLike, encoding: str = "utf-8") -> tuple[str, 
         try:
             text = line.decode(encoding)
         except UnicodeDecodeError as exc:
-            raise DataError(f"{source}:{number}: not valid {encoding} (byte 0x{line[exc.start]:02x} at column "
-                            f"{exc.start + 1}); pass the file's encoding, e.g. encoding='latin-1'") from None
+            raise DataError(
+                f"{source}:{number}: not valid {encoding} (byte 0x{line[exc.start]:02x} at column "
+                f"{exc.start + 1}); pass the file's encoding, e.g. encoding='latin-1'"
+            ) from None
         except LookupError:
             raise UsageError(f"unknown encoding {encoding!r}") from None
         if number == 1 and text.startswith("\ufeff"):
@@ -293,18 +140,29 @@ def _blocks(lines: list[str]) -> Iterable[list[tuple[int, str]]]:
         yield block
 
 
-def _retag(source: str, lines: list[int], tags: list[str], source_scheme: str, target: str, strict: bool,
-           repaired: list[tuple[int, str]]) -> list[str]:
+def _retag(
+    source: str,
+    lines: list[int],
+    tags: list[str],
+    source_scheme: str,
+    target: str,
+    strict: bool,
+    repaired: list[tuple[int, str]],
+) -> list[str]:
     """Convert one sentence's tags, turning positions into ``FILE:LINE`` and collecting the repairs."""
     try:
-        spans, problems = _decode(tags, source_scheme)
+        spans, problems = decode_tags(tags, source_scheme)
     except TagSequenceError as exc:
         raise TagSequenceError(exc.detail, exc.position, f"{source}:{lines[exc.position]}") from None
     if problems:
         if strict:
             pos, reason = problems[0]
-            raise TagSequenceError(f"invalid {source_scheme} sequence: {reason}; fix the file or read it with "
-                                   "strict=False (conlleval's reading)", pos, f"{source}:{lines[pos]}")
+            raise TagSequenceError(
+                f"invalid {source_scheme} sequence: {reason}; fix the file or read it with "
+                "strict=False (conlleval's reading)",
+                pos,
+                f"{source}:{lines[pos]}",
+            )
         repaired.extend((lines[pos], reason) for pos, reason in problems)
     return spans_to_tags(spans, len(tags), target)
 
@@ -312,9 +170,16 @@ def _retag(source: str, lines: list[int], tags: list[str], source_scheme: str, t
 def _report_repairs(source: str, scheme: str, repaired: list[tuple[int, str]]) -> None:
     if repaired:
         line, reason = repaired[0]
-        logger.warning("%s: %d invalid %s transition%s read as conlleval reads them (first at line %d: %s); "
-                       "strict=True refuses them", source, len(repaired), scheme, "" if len(repaired) == 1 else "s",
-                       line, reason)
+        logger.warning(
+            "%s: %d invalid %s transition%s read as conlleval reads them (first at line %d: %s); "
+            "strict=True refuses them",
+            source,
+            len(repaired),
+            scheme,
+            "" if len(repaired) == 1 else "s",
+            line,
+            reason,
+        )
 
 
 def _check_limit(limit: object) -> int | None:
@@ -329,8 +194,14 @@ def _looks_like_conllu(text: str) -> bool:
 
 
 # ============================================================================================ CoNLL-2003
-def read_conll2003(path: str | os.PathLike, scheme: str = "BIO", *, strict: bool = False,
-                   encoding: str = "utf-8", limit: int | None = None) -> list[TaggedSentence]:
+def read_conll2003(
+    path: str | os.PathLike,
+    scheme: str = "BIO",
+    *,
+    strict: bool = False,
+    encoding: str = "utf-8",
+    limit: int | None = None,
+) -> list[TaggedSentence]:
     """Read a CoNLL-2003 NER file: ``token POS chunk NER`` (whitespace-separated) a line, a blank line between
     sentences, ``-DOCSTART-`` lines skipped. The NER column is IOB1 as released; it is converted to ``scheme``
     (``"BIO"`` = IOB2, ``"BIOES"``, ``"BMES"`` or ``"IOB1"`` unchanged). The other columns are not kept.
@@ -344,7 +215,7 @@ def read_conll2003(path: str | os.PathLike, scheme: str = "BIO", *, strict: bool
     ``limit``: read at most that many sentences (the readers all take it: a small slice for tests and trials).
 
     Source: the CoNLL-2003 shared task format (Tjong Kim Sang & De Meulder 2003)."""
-    _check_scheme("scheme", scheme)
+    check_scheme("scheme", scheme)
     limit = _check_limit(limit)
     source, lines = _read_lines(path, encoding)
     out: list[TaggedSentence] = []
@@ -361,11 +232,15 @@ def read_conll2003(path: str | os.PathLike, scheme: str = "BIO", *, strict: bool
                 continue
             if len(cols) != 4 or (cols[0] == "#" and cols[2] == "="):  # "# sent_id = 1": 4 columns, CoNLL-U
                 if _looks_like_conllu(text):
-                    raise DataError(f"{source}:{number}: this looks like a CoNLL-U file (comment line or 10 tab-"
-                                    "separated columns): read it with read_conllu")
+                    raise DataError(
+                        f"{source}:{number}: this looks like a CoNLL-U file (comment line or 10 tab-"
+                        "separated columns): read it with read_conllu"
+                    )
                 what = f"token {cols[0]!r} has no tag" if len(cols) == 1 else f"{len(cols)} columns"
-                raise DataError(f"{source}:{number}: {what}; a CoNLL-2003 line is 4 whitespace-separated columns "
-                                "(token POS chunk NER)")
+                raise DataError(
+                    f"{source}:{number}: {what}; a CoNLL-2003 line is 4 whitespace-separated columns "
+                    "(token POS chunk NER)"
+                )
             tokens.append(cols[0])
             tags.append(cols[3])
             numbers.append(number)
@@ -386,8 +261,9 @@ def _raw_column(line: list[str], i: int) -> str:
 _CONLLU_FIELDS = ("id", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
 
 
-def read_conllu(path: str | os.PathLike, field: str = "upos", *, encoding: str = "utf-8",
-                limit: int | None = None) -> list[TaggedSentence]:
+def read_conllu(
+    path: str | os.PathLike, field: str = "upos", *, encoding: str = "utf-8", limit: int | None = None
+) -> list[TaggedSentence]:
     """Read a CoNLL-U file (Universal Dependencies) with the ``conllu`` package: tokens are the syntactic words'
     FORM, tags the column ``field`` (``"upos"``, ``"xpos"``, ``"deprel"``, …). Multiword-token ranges (``3-4``) and
     empty nodes (``5.1``) are skipped, so the tokens are the words UD tags.
@@ -400,7 +276,7 @@ def read_conllu(path: str | os.PathLike, field: str = "upos", *, encoding: str =
         UsageError: ``field`` is not a CoNLL-U column name.
 
     Source: the CoNLL-U format, https://universaldependencies.org/format.html."""
-    conllu = import_optional("conllu", "tasks", "reading CoNLL-U files")
+    conllu = import_optional("conllu", "tasks", "reading CoNLL-U files")  # optional: conllu
 
     if field not in _CONLLU_FIELDS[1:]:
         raise UsageError(f"field must be a CoNLL-U column ({', '.join(_CONLLU_FIELDS[1:])}), got {field!r}")
@@ -418,15 +294,20 @@ def read_conllu(path: str | os.PathLike, field: str = "upos", *, encoding: str =
         for number, text in words:
             cols = text.split("\t")
             if len(cols) != 10:
-                hint = (" — this looks like a CoNLL-2003 file: read it with read_conll2003"
-                        if len(text.split()) == 4 else "")
-                raise DataError(f"{source}:{number}: {len(cols)} tab-separated columns; a CoNLL-U word line has "
-                                f"10{hint}")
+                hint = (
+                    " — this looks like a CoNLL-2003 file: read it with read_conll2003"
+                    if len(text.split()) == 4
+                    else ""
+                )
+                raise DataError(
+                    f"{source}:{number}: {len(cols)} tab-separated columns; a CoNLL-U word line has 10{hint}"
+                )
         try:
             (sentence,) = conllu.parse("\n".join(t for _, t in block) + "\n\n", field_parsers=raw_parsers)
         except Exception as exc:  # conllu raises its own ParseException (and ValueError) for malformed fields
-            raise DataError(f"{source}:{block[0][0]}: the sentence starting here is not valid CoNLL-U "
-                            f"({exc})") from None
+            raise DataError(
+                f"{source}:{block[0][0]}: the sentence starting here is not valid CoNLL-U ({exc})"
+            ) from None
         tokens: list[str] = []
         tags: list[str] = []
         first = None
@@ -462,8 +343,15 @@ def _weibo_char(token: str) -> str | None:
     return None
 
 
-def read_char_ner(path: str | os.PathLike, scheme: str = "BIO", *, source_scheme: str = "auto",
-                  strict: bool = False, encoding: str = "utf-8", limit: int | None = None) -> list[TaggedSentence]:
+def read_char_ner(
+    path: str | os.PathLike,
+    scheme: str = "BIO",
+    *,
+    source_scheme: str = "auto",
+    strict: bool = False,
+    encoding: str = "utf-8",
+    limit: int | None = None,
+) -> list[TaggedSentence]:
     """Read a Chinese character-level NER file: ``CHAR<TAB or space>TAG`` a line, a blank line between sentences —
     Weibo NER (``weiboNER_2nd_conll.*`` and ``weiboNER.conll.*``, BIO), Resume NER (``*.char.bmes``, BMES), MSRA
     (``dh_msra.zip``: a ``.zip`` holding one file is read directly, BIO). One token per character.
@@ -471,16 +359,16 @@ def read_char_ner(path: str | os.PathLike, scheme: str = "BIO", *, source_scheme
     In ``weiboNER_2nd_conll`` each character carries its position inside its gold word (``科0 技1``): when the
     file's first token has that form, the trailing digits are stripped from every token (then each must have the
     form). The source scheme is detected from the file's tag prefixes (``source_scheme="auto"``, see
-    :func:`detect_scheme`) or given; tags are converted to ``scheme``. Invalid transitions: see the module docstring.
+    :func:`detect_scheme`) or given; tags are converted to ``scheme``. Invalid transitions: see :mod:`.tag_schemes`.
 
     Raises:
         MissingFileError: no such file.
         DataError: ``FILE:LINE`` for a line that is not two columns (a token with no tag), a token of more than one
             character, a tag not of the scheme, undecodable text.
         UsageError: an unknown scheme."""
-    _check_scheme("scheme", scheme)
+    check_scheme("scheme", scheme)
     if source_scheme != "auto":
-        _check_scheme("source_scheme", source_scheme)
+        check_scheme("source_scheme", source_scheme)
     limit = _check_limit(limit)
     source, lines = _read_lines(path, encoding)
     raw: list[tuple[list[int], list[str], list[str]]] = []
@@ -493,19 +381,24 @@ def read_char_ner(path: str | os.PathLike, scheme: str = "BIO", *, source_scheme
             cols = text.split()
             if len(cols) != 2:
                 what = f"token {cols[0]!r} has no tag" if len(cols) == 1 else f"{len(cols)} columns"
-                raise DataError(f"{source}:{number}: {what}; a character NER line is CHAR and TAG separated by a tab "
-                                "or a space")
+                raise DataError(
+                    f"{source}:{number}: {what}; a character NER line is CHAR and TAG separated by a tab or a space"
+                )
             token, tag = cols
             if positions is None:
                 positions = len(token) > 1 and _weibo_char(token) is not None
             if positions:
                 char = _weibo_char(token)
                 if char is None:
-                    raise DataError(f"{source}:{number}: token {token!r} is not CHARACTER+position digits as the "
-                                    "file's first token is (weiboNER_2nd_conll format)")
+                    raise DataError(
+                        f"{source}:{number}: token {token!r} is not CHARACTER+position digits as the "
+                        "file's first token is (weiboNER_2nd_conll format)"
+                    )
             elif len(token) != 1:
-                raise DataError(f"{source}:{number}: token {token!r} is {len(token)} characters; a character NER file "
-                                "has one character a line")
+                raise DataError(
+                    f"{source}:{number}: token {token!r} is {len(token)} characters; a character NER file "
+                    "has one character a line"
+                )
             else:
                 char = token
             numbers.append(number)
@@ -518,8 +411,10 @@ def read_char_ner(path: str | os.PathLike, scheme: str = "BIO", *, source_scheme
         for numbers, _, tags in raw:
             for number, tag in zip(numbers, tags):
                 if tag != "O" and not (len(tag) > 2 and tag[0] in "BIMES" and tag[1] == "-"):
-                    raise DataError(f"{source}:{number}: tag {tag!r} is not a BIO, BIOES or BMES tag (expected O or "
-                                    "B-/I-/M-/E-/S-TYPE)")
+                    raise DataError(
+                        f"{source}:{number}: tag {tag!r} is not a BIO, BIOES or BMES tag (expected O or "
+                        "B-/I-/M-/E-/S-TYPE)"
+                    )
         try:
             source_scheme = detect_scheme(t for _, _, tags in raw for t in tags)
         except DataError as exc:
@@ -538,8 +433,15 @@ _FORMATS = ("auto", "tsv", "space", "trec")
 _TREC = re.compile(r"^([A-Z]+):(\S+)$")
 
 
-def read_labelled(path: str | os.PathLike, format: str = "auto", *, encoding: str = "utf-8",
-                  empty: str = "error", trec_fine: bool = False, limit: int | None = None) -> list[LabelledSentence]:
+def read_labelled(
+    path: str | os.PathLike,
+    format: str = "auto",
+    *,
+    encoding: str = "utf-8",
+    empty: str = "error",
+    trec_fine: bool = False,
+    limit: int | None = None,
+) -> list[LabelledSentence]:
     """Read a sentence-classification file, one example a line; tokens are split on whitespace. ``format``:
 
     * ``"tsv"``: ``label<TAB>sentence``;
@@ -596,12 +498,18 @@ def read_labelled(path: str | os.PathLike, format: str = "auto", *, encoding: st
             if empty == "skip":
                 skipped.append(number)
                 continue
-            raise DataError(f"{source}:{number}: label {label!r} with an empty sentence; remove the line or read "
-                            "with empty='skip'")
+            raise DataError(
+                f"{source}:{number}: label {label!r} with an empty sentence; remove the line or read with empty='skip'"
+            )
         out.append(LabelledSentence(tokens, label, source, number))
     if skipped:
-        logger.warning("%s: skipped %d line%s with a label and no sentence: %s", source, len(skipped),
-                       "" if len(skipped) == 1 else "s", ", ".join(map(str, skipped)))
+        logger.warning(
+            "%s: skipped %d line%s with a label and no sentence: %s",
+            source,
+            len(skipped),
+            "" if len(skipped) == 1 else "s",
+            ", ".join(map(str, skipped)),
+        )
     if not out:
         raise DataError(f"{source}: no examples")
     return out

@@ -3,6 +3,7 @@
 A table row is a dict: column → a string, a number, or a list of per-seed numbers (shown as ``mean ± std``). Files
 are written atomically (:mod:`elmokit.io`): an interrupted write leaves the old file or none.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,16 @@ from pathlib import Path
 from elmokit.errors import InputError, UsageError, import_optional
 from elmokit.io import atomic_path, atomic_write_text
 
-__all__ = ["mean_std", "format_mean_std", "format_cell", "results_table", "write_results", "softmax",
-           "format_layer_weights", "plot_layer_weights"]
+__all__ = [
+    "mean_std",
+    "format_mean_std",
+    "format_cell",
+    "results_table",
+    "write_results",
+    "softmax",
+    "format_layer_weights",
+    "plot_layer_weights",
+]
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -85,25 +94,38 @@ def results_table(rows: list[dict], columns: Sequence | None = None, *, digits: 
     cols = _columns(rows, columns)
     if not cols:
         raise UsageError("results_table: no columns")
-    numeric = [any(isinstance(r.get(k), (int, float, list, tuple)) and not isinstance(r.get(k), bool) for r in rows)
-               for k, _ in cols]
-    lines = ["| " + " | ".join(_escape(h) for _, h in cols) + " |",
-             "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+    numeric = [
+        any(isinstance(r.get(k), (int, float, list, tuple)) and not isinstance(r.get(k), bool) for r in rows)
+        for k, _ in cols
+    ]
+    lines = [
+        "| " + " | ".join(_escape(h) for _, h in cols) + " |",
+        "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
+    ]
     for row in rows:
         lines.append("| " + " | ".join(_escape(format_cell(row.get(k), digits)) for k, _ in cols) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _json_value(value: object) -> object:
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                          for v in value):
+    if (
+        isinstance(value, (list, tuple))
+        and value
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    ):
         mean, std = mean_std(value)
         return {"values": [float(v) for v in value], "mean": mean, "std": std}
     return value
 
 
-def write_results(path_stem: str | os.PathLike, table_rows: list[dict], meta: dict, *,
-                  columns: Sequence | None = None, digits: int = 1) -> tuple[Path, Path]:
+def write_results(
+    path_stem: str | os.PathLike,
+    table_rows: list[dict],
+    meta: dict,
+    *,
+    columns: Sequence | None = None,
+    digits: int = 1,
+) -> tuple[Path, Path]:
     """Write ``<stem>.md`` (``meta["title"]`` as a heading if present, the :func:`results_table`, then each other
     ``meta`` entry as a ``- key: value`` line) and ``<stem>.json`` (``{"meta": meta, "rows": rows}``, each list of
     per-seed numbers stored as ``{"values", "mean", "std"}``), each atomically. ``columns`` default:
@@ -119,12 +141,19 @@ def write_results(path_stem: str | os.PathLike, table_rows: list[dict], meta: di
         parts.append(f"# {meta['title']}\n")
     parts.append(table)
     try:
-        data = json.dumps({"meta": meta, "rows": [{k: _json_value(v) for k, v in r.items()} for r in table_rows]},
-                          indent=2, ensure_ascii=False, allow_nan=False)
+        data = json.dumps(
+            {"meta": meta, "rows": [{k: _json_value(v) for k, v in r.items()} for r in table_rows]},
+            indent=2,
+            ensure_ascii=False,
+            allow_nan=False,
+        )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"write_results: the rows/meta cannot be written as JSON ({exc})") from None
-    notes = [f"- {k}: {v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
-             for k, v in meta.items() if k not in ("title", "columns")]
+    notes = [
+        f"- {k}: {v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
+        for k, v in meta.items()
+        if k not in ("title", "columns")
+    ]
     if notes:
         parts.append("\n".join(notes) + "\n")
     md, js = stem.with_name(stem.name + ".md"), stem.with_name(stem.name + ".json")
@@ -150,8 +179,9 @@ def format_layer_weights(s: Sequence[float], gamma: float, digits: int = 3) -> s
     return f"softmax(s) = [{w}], γ = {float(gamma):.{digits}f}"
 
 
-def plot_layer_weights(weights: dict[str, list[float]], gammas: dict[str, float], path: str | os.PathLike,
-                       title: str) -> Path:
+def plot_layer_weights(
+    weights: dict[str, list[float]], gammas: dict[str, float], path: str | os.PathLike, title: str
+) -> Path:
     """Bar chart of the learned layer weights, one group of bars per biLM layer (0 = token layer … L = top), one bar
     colour per row/task, written as a PNG atomically (matplotlib, Agg canvas, no pyplot state).
 
@@ -169,10 +199,9 @@ def plot_layer_weights(weights: dict[str, list[float]], gammas: dict[str, float]
     sizes = {len(v) for v in weights.values()}
     if len(sizes) != 1 or 0 in sizes:
         raise UsageError(f"plot_layer_weights: every row needs the same number of layers, got {sorted(sizes)}")
-    # optional library ([plots]), imported here only
-    FigureCanvasAgg = import_optional("matplotlib.backends.backend_agg", "plots",
-                                      "plot_layer_weights").FigureCanvasAgg
-    from matplotlib.figure import Figure
+    backend = import_optional("matplotlib.backends.backend_agg", "plots", "plot_layer_weights")  # optional
+    FigureCanvasAgg = backend.FigureCanvasAgg
+    from matplotlib.figure import Figure  # optional: matplotlib (present: imported just above)
 
     n_layers = sizes.pop()
     names = list(weights)

@@ -4,6 +4,7 @@ control, and the task vocabulary they are looked up for.
 The token input of the task models is x_t = [v_w; ELMo(w_t)] (Peters et al. 2018, section 3.3): ``v_w`` is a row of
 :meth:`StaticVectors.matrix_for` over the task's vocabulary (:func:`build_vocab`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from elmokit.baselines.word2vec import VECTORS_FILE, load_word2vec
 from elmokit.errors import DataError, MissingExtraError, MissingFileError, UsageError
+from elmokit.weights.native import ZOO_MODELS, zoo_model_dir
 
 __all__ = ["StaticVectors", "build_vocab", "PAD", "UNK"]
 
@@ -42,8 +45,10 @@ class StaticVectors:
     def __init__(self, words: Sequence[str], vectors: np.ndarray, *, source: str = "", unk: str | None = MODEL_UNK):
         vectors = np.asarray(vectors, dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[0] != len(words):
-            raise UsageError(f"StaticVectors: {len(words)} words but vectors of shape {tuple(vectors.shape)}; "
-                             "expected (len(words), dim)")
+            raise UsageError(
+                f"StaticVectors: {len(words)} words but vectors of shape {tuple(vectors.shape)}; "
+                "expected (len(words), dim)"
+            )
         self.words = list(words)
         self.vectors = vectors
         self.source = source
@@ -54,7 +59,7 @@ class StaticVectors:
 
     # ------------------------------------------------------------------------------------------ construction
     @classmethod
-    def load(cls, name_or_path: str | os.PathLike) -> "StaticVectors":
+    def load(cls, name_or_path: str | os.PathLike) -> StaticVectors:
         """Load word2vec vectors: a zoo model name (``"elmokit-en"`` → ``$ELMOKIT_CACHE/zoo/elmokit-en/word2vec/
         vectors.bin``, via :func:`elmokit.recipes.zoo.build.model_dir`), a zoo model folder, a ``word2vec`` folder, or a
         gensim word2vec binary file (read with :func:`elmokit.baselines.word2vec.load_word2vec`).
@@ -62,9 +67,6 @@ class StaticVectors:
         Raises:
             MissingFileError: the vectors are not there (for a zoo name: says to build it with ``elmokit zoo build``).
             DataError: the file is not a readable word2vec binary."""
-        from elmokit.baselines.word2vec import VECTORS_FILE, load_word2vec
-        from elmokit.weights.native import ZOO_MODELS, zoo_model_dir
-
         if not isinstance(name_or_path, (str, os.PathLike)):
             raise UsageError(f"StaticVectors.load takes a zoo model name or a path, got {type(name_or_path).__name__}")
         text = os.fspath(name_or_path)
@@ -72,9 +74,11 @@ class StaticVectors:
         if text.lower() in ZOO_MODELS and not path.exists():
             path = zoo_model_dir(text.lower()) / "word2vec" / VECTORS_FILE
             if not path.is_file():
-                raise MissingFileError(f"{path} not found: the zoo model {text.lower()!r} is not built (its word2vec "
-                                       f"baseline is part of the build): run `elmokit zoo build "
-                                       f"{ZOO_MODELS[text.lower()]}` (ELMOKIT_CACHE={path.parents[3]})")
+                raise MissingFileError(
+                    f"{path} not found: the zoo model {text.lower()!r} is not built (its word2vec "
+                    f"baseline is part of the build): run `elmokit zoo build "
+                    f"{ZOO_MODELS[text.lower()]}` (ELMOKIT_CACHE={path.parents[3]})"
+                )
         elif path.is_dir() and (path / "word2vec" / VECTORS_FILE).is_file():
             path = path / "word2vec" / VECTORS_FILE
         try:
@@ -86,8 +90,9 @@ class StaticVectors:
         return cls(list(kv.index_to_key), kv.vectors, source=str(path))
 
     @classmethod
-    def random(cls, vocab: Sequence[str], dim: int, seed: int, *, std: float | None = None,
-               pad: str | None = PAD) -> "StaticVectors":
+    def random(
+        cls, vocab: Sequence[str], dim: int, seed: int, *, std: float | None = None, pad: str | None = PAD
+    ) -> StaticVectors:
         """The random-vector control: every word of ``vocab`` gets an N(0, std²) row from a generator seeded with
         ``seed`` (std default 1/√dim: rows of norm ≈ 1), ``pad`` a zero row. Same seed, vocabulary and dim → the
         same table; the table has no unknown-word entry of its own (``vocab``'s ``<unk>`` is a word like any other).
