@@ -10,12 +10,7 @@ from collections import Counter
 import pytest
 
 from conftest import shared_path
-from elmokit.data import (
-    CorpusDecodeError,
-    SentenceBatcher,
-    StreamWindows,
-    TextCorpus,
-)
+from elmokit.data import CorpusDecodeError, SentenceBatcher, StreamWindows, TextCorpus
 from elmokit.errors import DataError, MissingFileError, UsageError
 
 

@@ -311,9 +311,7 @@ class Elmo(nn.Module):
         return cls(num_output_representations=num_output_representations, bilm=bilm, stateful=stateful, **kwargs)
 
     def _run_bilm(
-        self,
-        inputs: torch.Tensor | None,
-        word_inputs: torch.Tensor | None,
+        self, inputs: torch.Tensor | None, word_inputs: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """→ layers (B, L+1, T+2, D) and mask (B, T+2), boundaries included."""
         module = self._elmo_lstm

@@ -154,12 +154,7 @@ class Vocabulary:
         return cls(tokens)
 
     @classmethod
-    def build(
-        cls,
-        sentences: Iterable[Sequence[str]],
-        min_count: int = 1,
-        max_size: int | None = None,
-    ) -> Vocabulary:
+    def build(cls, sentences: Iterable[Sequence[str]], min_count: int = 1, max_size: int | None = None) -> Vocabulary:
         """Count a tokenised corpus and make a frequency-sorted vocabulary.
 
         Order: ``<S>`` (id 0), ``</S>`` (id 1), ``<UNK>`` (id 2), then words by descending count; **ties are broken

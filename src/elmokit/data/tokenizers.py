@@ -78,10 +78,13 @@ def word_tokenizer(name: str) -> Callable[[str], list[str]]:
         MissingExtraError: sacremoses or jieba is not installed (``pip install 'elmokit[tokenizers]'``)."""
     if name == "whitespace":
         return str.split
+    # the library is looked up on every call (a missing one is reported before any work), built once
     if name == "moses":
-        _moses()  # built now: a missing sacremoses is reported before any work
+        import_optional("sacremoses", "tokenizers", "the Moses tokenizer")
+        _moses()
         return _moses_words
     if name == "jieba":
+        import_optional("jieba", "tokenizers", "the jieba tokenizer")
         _jieba()
         return _jieba_words
     raise UsageError(f"tokenizer must be one of {TOKENIZERS}, got {name!r}")

@@ -393,9 +393,7 @@ class BiLM(nn.Module):
         return vectors[0], vectors[1]
 
     def _add_boundary_vectors(
-        self,
-        token_vectors: torch.Tensor,
-        mask: torch.Tensor,
+        self, token_vectors: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, P) token vectors and their (B, T) mask → (B, T + 2, P) with ``<S>`` first and ``</S>`` after each
         row's last real token (zeros at padding), and the (B, T + 2) mask."""

@@ -33,9 +33,7 @@ def _batches(sentences: Iterable[Sequence[str]], batch_size: int):
 
 
 def evaluate_perplexity(
-    lm: BidirectionalLM,
-    sentences: Iterable[Sequence[str]],
-    batch_size: int = 64,
+    lm: BidirectionalLM, sentences: Iterable[Sequence[str]], batch_size: int = 64
 ) -> dict[str, float]:
     """Perplexity of held-out sentences with the full softmax, each sentence read independently from a zero state.
 
@@ -78,9 +76,7 @@ def _exp(x: float) -> float:
 
 
 def perplexity_sums(
-    lm: BidirectionalLM,
-    sentences: Iterable[Sequence[str]],
-    batch_size: int = 64,
+    lm: BidirectionalLM, sentences: Iterable[Sequence[str]], batch_size: int = 64
 ) -> tuple[float, float, int, int]:
     """The sums behind :func:`evaluate_perplexity`: ``(NLL_fwd, NLL_bwd, targets, sentences)``, NLLs in nats summed in
     float64 over every target (full softmax, eval mode, no autograd). Sums of disjoint sets of sentences add up, so
@@ -128,9 +124,7 @@ def unigram_perplexity(
 
 
 def score_sentences(
-    lm: BidirectionalLM,
-    sentences: Sequence[Sequence[str]],
-    batch_size: int = 64,
+    lm: BidirectionalLM, sentences: Sequence[Sequence[str]], batch_size: int = 64
 ) -> list[tuple[float, float]]:
     """Per-sentence (log p_fwd, log p_bwd) in nats, see :meth:`BidirectionalLM.score`; ``batch_size`` sentences per
     forward pass (each sentence is read independently, so the scores do not depend on it).

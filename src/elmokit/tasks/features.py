@@ -301,10 +301,7 @@ def _try_cache(cache_path: str | os.PathLike | None, bilm_sha: str, sent_sha: st
 
 
 def _embed_flat(
-    embedder,
-    sentences: list[list[str]],
-    batch_size: int,
-    progress: bool | str,
+    embedder, sentences: list[list[str]], batch_size: int, progress: bool | str
 ) -> tuple[np.ndarray, np.ndarray]:
     """(total_tokens, L+1, D) float16 and (N+1,) offsets of ``sentences`` through ``embedder``."""
     lengths = np.array([len(s) for s in sentences], dtype=np.int64)
