@@ -79,7 +79,10 @@ def child(args: argparse.Namespace) -> None:
             device="cpu",
         )
     else:
-        from elmokit.recipes.quickstart import load_lee_corpus, quickstart_config
+        try:  # this tree
+            from elmokit.recipes.quickstart import load_lee_corpus, quickstart_config
+        except ImportError:  # a reference tree from before the layout issue
+            from elmokit.quickstart import load_lee_corpus, quickstart_config
 
         train, _ = load_lee_corpus()
         corpus = Path(args.work) / "lee.txt"
