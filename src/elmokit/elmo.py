@@ -128,6 +128,105 @@ class TokenVectorCache(nn.Module):
         return bilm.forward_token_vectors(vectors, mask, keep_sentence_boundaries=keep_sentence_boundaries, **options)
 
 
+def _check_arguments(
+    module: nn.Module | None, bilm: BiLM | None, num_output_representations: int, dropout: float, layer_norm_mask: str
+) -> nn.Module | None:
+    """:class:`Elmo`'s argument checks (in this order, each naming the argument); returns the prebuilt biLM given as
+    ``module=`` or ``bilm=``, or ``None``.
+
+    Raises:
+        UsageError: both ``module=`` and ``bilm=`` (different objects); a bad value.
+        UsageTypeError: ``num_output_representations`` or ``dropout`` of the wrong type.
+    """
+    if module is not None and bilm is not None and module is not bilm:
+        raise UsageError("pass the prebuilt biLM once: module= (AllenNLP's name) or bilm=, not both")
+    positive_int("num_output_representations", num_output_representations)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+        raise UsageTypeError(f"dropout must be a number in [0, 1], got {dropout!r} ({type(dropout).__name__})")
+    if not 0.0 <= dropout <= 1.0:
+        raise UsageError(f"dropout must be a number in [0, 1], got {dropout!r}")
+    if layer_norm_mask not in ("with_boundaries", "tokens"):
+        raise UsageError(f"layer_norm_mask must be 'with_boundaries' or 'tokens', got {layer_norm_mask!r}")
+    return module if module is not None else bilm
+
+
+def _load_bilm(
+    options_file: str | os.PathLike | None,
+    weight_file: str | os.PathLike | None,
+    given: nn.Module | None,
+    *,
+    stateful: bool,
+    vocab_to_cache: Sequence[str] | None,
+) -> nn.Module:
+    """The biLM :class:`Elmo` runs: loaded from the original files, or the prebuilt one ``given`` (a :class:`BiLM`
+    wrapped in a :class:`StatefulBiLM` with ``stateful``; a :class:`StatefulBiLM` or a module with AllenNLP's biLM
+    contract as it is).
+
+    Raises:
+        UsageError: files missing without a prebuilt biLM, or given with one; ``stateful`` or ``vocab_to_cache`` with
+            a custom module.
+        UsageTypeError: ``given`` is not a biLM.
+    """
+    if given is None:
+        if options_file is None or weight_file is None:
+            raise UsageError(
+                "Elmo needs options_file and weight_file (the original options.json and HDF5), or "
+                "a prebuilt biLM as module=..., or Elmo.from_pretrained(name_or_folder)"
+            )
+        from elmokit.weights.original import load_original  # lazy: CLI start-up (it imports h5py)
+
+        return load_original(options_file, weight_file, stateful=stateful)
+    if options_file is not None or weight_file is not None:
+        raise UsageError(
+            "give options_file=None and weight_file=None with a prebuilt module= / bilm= "
+            "(its weights are already loaded)"
+        )
+    if isinstance(given, BiLM):
+        return StatefulBiLM(given) if stateful else given
+    if isinstance(given, StatefulBiLM):
+        return given
+    if isinstance(given, nn.Module) and hasattr(given, "num_layers"):
+        if stateful:
+            raise UsageError("stateful=True applies to an elmokit BiLM; a custom module keeps its own state")
+        if vocab_to_cache is not None:
+            raise UsageError(
+                f"vocab_to_cache needs an elmokit BiLM (it calls its token encoder); got a {type(given).__name__}"
+            )
+        return given
+    raise UsageTypeError(
+        f"module must be an elmokit BiLM or an nn.Module with AllenNLP's biLM contract "
+        f"(num_layers, forward -> {{'activations', 'mask'}}), got {type(given).__name__}"
+    )
+
+
+def _word_cache(bilm: nn.Module, vocab_to_cache: Sequence[str] | None, requires_grad: bool) -> TokenVectorCache | None:
+    """The :class:`TokenVectorCache` of ``vocab_to_cache`` (trainable when fine-tuning), or ``None`` without it."""
+    if vocab_to_cache is None:
+        return None
+    if requires_grad:
+        logger.warning(
+            "fine-tuning ELMo (requires_grad=True) with vocab_to_cache: the cached word vectors "
+            "are trained as their own table, apart from the character CNN (as in AllenNLP)"
+        )
+    return TokenVectorCache(bilm, vocab_to_cache, trainable=requires_grad)
+
+
+def _scalar_mixes(
+    num_layers: int, count: int, do_layer_norm: bool, scalar_mix_parameters: Sequence[float] | None
+) -> nn.ModuleList:
+    """``count`` independent :class:`ScalarMix` of ``num_layers`` layers (fixed weights when
+    ``scalar_mix_parameters`` are given)."""
+    return nn.ModuleList(
+        ScalarMix(
+            num_layers,
+            do_layer_norm=do_layer_norm,
+            initial_scalar_parameters=scalar_mix_parameters,
+            trainable=scalar_mix_parameters is None,
+        )
+        for _ in range(count)
+    )
+
+
 class Elmo(nn.Module):
     """ELMo representations for downstream models: one biLM pass, K independent learned mixes of its L+1 layers.
 
@@ -193,49 +292,8 @@ class Elmo(nn.Module):
         bilm: BiLM | None = None,
     ) -> None:
         super().__init__()
-        if module is not None and bilm is not None and module is not bilm:
-            raise UsageError("pass the prebuilt biLM once: module= (AllenNLP's name) or bilm=, not both")
-        given = module if module is not None else bilm
-        positive_int("num_output_representations", num_output_representations)
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-            raise UsageTypeError(f"dropout must be a number in [0, 1], got {dropout!r} ({type(dropout).__name__})")
-        if not 0.0 <= dropout <= 1.0:
-            raise UsageError(f"dropout must be a number in [0, 1], got {dropout!r}")
-        if layer_norm_mask not in ("with_boundaries", "tokens"):
-            raise UsageError(f"layer_norm_mask must be 'with_boundaries' or 'tokens', got {layer_norm_mask!r}")
-        if given is None:
-            if options_file is None or weight_file is None:
-                raise UsageError(
-                    "Elmo needs options_file and weight_file (the original options.json and HDF5), or "
-                    "a prebuilt biLM as module=..., or Elmo.from_pretrained(name_or_folder)"
-                )
-            from elmokit.weights.original import load_original  # lazy: CLI start-up (it imports h5py)
-
-            given = load_original(options_file, weight_file, stateful=stateful)
-        else:
-            if options_file is not None or weight_file is not None:
-                raise UsageError(
-                    "give options_file=None and weight_file=None with a prebuilt module= / bilm= "
-                    "(its weights are already loaded)"
-                )
-            if isinstance(given, BiLM):
-                if stateful:
-                    given = StatefulBiLM(given)
-            elif isinstance(given, StatefulBiLM):
-                pass
-            elif isinstance(given, nn.Module) and hasattr(given, "num_layers"):
-                if stateful:
-                    raise UsageError("stateful=True applies to an elmokit BiLM; a custom module keeps its own state")
-                if vocab_to_cache is not None:
-                    raise UsageError(
-                        "vocab_to_cache needs an elmokit BiLM (it calls its token encoder); "
-                        f"got a {type(given).__name__}"
-                    )
-            else:
-                raise UsageTypeError(
-                    f"module must be an elmokit BiLM or an nn.Module with AllenNLP's biLM contract "
-                    f"(num_layers, forward -> {{'activations', 'mask'}}), got {type(given).__name__}"
-                )
+        given = _check_arguments(module, bilm, num_output_representations, dropout, layer_norm_mask)
+        given = _load_bilm(options_file, weight_file, given, stateful=stateful, vocab_to_cache=vocab_to_cache)
         self._elmo_lstm = given
         for p in given.parameters():
             p.requires_grad_(requires_grad)
@@ -244,23 +302,9 @@ class Elmo(nn.Module):
         self._layer_norm_mask = layer_norm_mask
         self._dropout = nn.Dropout(p=float(dropout))
         self._warned_word_inputs = False
-        self._word_cache: TokenVectorCache | None = None
-        if vocab_to_cache is not None:
-            if requires_grad:
-                logger.warning(
-                    "fine-tuning ELMo (requires_grad=True) with vocab_to_cache: the cached word vectors "
-                    "are trained as their own table, apart from the character CNN (as in AllenNLP)"
-                )
-            self._word_cache = TokenVectorCache(given, vocab_to_cache, trainable=requires_grad)
-        k = int(given.num_layers)
-        self.scalar_mixes = nn.ModuleList(
-            ScalarMix(
-                k,
-                do_layer_norm=do_layer_norm,
-                initial_scalar_parameters=scalar_mix_parameters,
-                trainable=scalar_mix_parameters is None,
-            )
-            for _ in range(num_output_representations)
+        self._word_cache = _word_cache(given, vocab_to_cache, requires_grad)
+        self.scalar_mixes = _scalar_mixes(
+            int(given.num_layers), num_output_representations, do_layer_norm, scalar_mix_parameters
         )
 
     def __getattr__(self, name: str):

@@ -1,4 +1,7 @@
-"""The bidirectional language model body: token encoder + forward/backward LSTM stacks → L+1 layer representations."""
+"""The bidirectional language model body: token encoder + forward/backward LSTM stacks → L+1 layer representations.
+
+The padded-batch helpers it uses (:func:`token_mask`, the sentence boundaries, :func:`reverse_padded`) live in
+:mod:`elmokit.modules.padding` and are re-exported here."""
 
 from __future__ import annotations
 
@@ -12,6 +15,13 @@ from elmokit.config import ElmoConfig
 from elmokit.errors import InputError, InputTypeError, UsageError
 from elmokit.modules.derived import DerivedWeights
 from elmokit.modules.lstm import BiLSTM, LSTMState
+from elmokit.modules.padding import (
+    add_sentence_boundaries,
+    check_left_aligned,
+    remove_sentence_boundaries,
+    reverse_padded,
+    token_mask,
+)
 from elmokit.modules.token_encoder import TokenEncoder
 
 __all__ = [
@@ -50,86 +60,6 @@ class BiLMOutput:
     backward_top: torch.Tensor
     mask_with_boundaries: torch.Tensor
     state: LSTMState | None = None
-
-
-def token_mask(char_ids: torch.Tensor) -> torch.Tensor:
-    """(…, T, C) character ids → (…, T) bool: a position is a real token when any of its ids is non-zero (padding
-    positions are all zero). The same rule as AllenNLP's ``_ElmoCharacterEncoder`` (``(inputs > 0).sum(-1) > 0``)."""
-    return (char_ids != 0).any(dim=-1)
-
-
-def add_sentence_boundaries(
-    char_ids: torch.Tensor, bos: list[int], eos: list[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Wrap every row in ``<S> … </S>``.
-
-    Args:
-        char_ids: (B, T, C) long, 0 = padding; a row's real tokens come first.
-        bos, eos: the C ids of the ``<S>`` / ``</S>`` rows.
-    Returns:
-        (B, T + 2, C) ids and the new (B, T + 2) bool mask. An empty sentence becomes ``<S> </S>``.
-    Source: AllenNLP ``add_sentence_boundary_token_ids``.
-    """
-    b, t, c = char_ids.shape
-    mask = token_mask(char_ids)
-    lengths = mask.sum(1)
-    out = char_ids.new_zeros((b, t + 2, c))
-    out[:, 1 : t + 1] = char_ids
-    out[:, 0] = torch.tensor(bos, dtype=char_ids.dtype, device=char_ids.device)
-    rows = torch.arange(b, device=char_ids.device)
-    out[rows, lengths + 1] = torch.tensor(eos, dtype=char_ids.dtype, device=char_ids.device)
-    new_mask = torch.arange(t + 2, device=char_ids.device).unsqueeze(0) < (lengths + 2).unsqueeze(1)
-    return out, new_mask
-
-
-def remove_sentence_boundaries(tensor: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop the first and last real position of each row.
-
-    Args:
-        tensor: (B, ..., T, D) with time on dim -2; mask: (B, T) bool including the boundaries.
-    Returns:
-        (B, ..., T - 2, D) with zeros at padding, and the (B, T - 2) mask.
-
-    Source: AllenNLP ``remove_sentence_boundaries``.
-    """
-    lengths = mask.sum(1)
-    t = mask.shape[1]
-    new_mask = torch.arange(t - 2, device=mask.device).unsqueeze(0) < (lengths - 2).clamp(min=0).unsqueeze(1)
-    out = tensor[..., 1 : t - 1, :]
-    shape = [mask.shape[0]] + [1] * (tensor.dim() - 3) + [t - 2, 1]
-    out = out * new_mask.view(shape).to(out.dtype)
-    return out, new_mask
-
-
-def _check_left_aligned(mask: torch.Tensor, name: str) -> None:
-    """Raise :class:`InputError` when a row of the (B, T) mask has padding before a real position."""
-    if mask.numel() == 0:
-        return
-    lengths = mask.sum(1, keepdim=True)
-    expected = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0) < lengths
-    bad = (mask != expected).any(1)
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        gap = int((~mask[row]).nonzero()[0, 0])
-        raise InputError(
-            f"{name} row {row} has padding (an all-zero token) at position {gap} before a real token: "
-            "each row's real tokens must come first, then padding (as batch_to_ids makes them)"
-        )
-
-
-def reverse_padded(x: torch.Tensor, lengths: torch.Tensor, time_dim: int = 1) -> torch.Tensor:
-    """Reverse each row within its own length along ``time_dim`` (padding stays in place). An involution.
-
-    ``x`` has batch on dim 0; ``lengths`` (B,) long.
-    """
-    t = x.shape[time_dim]
-    steps = torch.arange(t, device=x.device).unsqueeze(0)  # (1, T)
-    lengths = lengths.to(x.device).unsqueeze(1)
-    index = torch.where(steps < lengths, lengths - 1 - steps, steps)  # (B, T)
-    shape = [1] * x.dim()
-    shape[0], shape[time_dim] = x.shape[0], t
-    index = index.view(shape).expand_as(x)
-    return x.gather(time_dim, index)
 
 
 class BiLM(nn.Module):
@@ -307,7 +237,7 @@ class BiLM(nn.Module):
                     f"char_ids contain {lo if lo < 0 else hi}, outside the character table [0, {n}); "
                     f"this model's ids come from {scheme}"
                 )
-            _check_left_aligned(mask, "char_ids")
+            check_left_aligned(mask, "char_ids")
             # ids made for the other scheme run and give wrong vectors: refuse them when every real token has the
             # other scheme's begin-of-word first and its end-of-word or in-word pad last (hand-made ids pass)
             other = CharVocabulary if byte_scheme else ByteCharacterMapper
@@ -444,7 +374,7 @@ class BiLM(nn.Module):
         if tuple(mask.shape) != tuple(token_vectors.shape[:2]):
             raise InputError(f"mask must be a bool tensor {tuple(token_vectors.shape[:2])}, got {tuple(mask.shape)}")
         mask = mask.bool()
-        _check_left_aligned(mask, "mask")
+        check_left_aligned(mask, "mask")
         tokens, new_mask = self._add_boundary_vectors(token_vectors, mask)
         return self._contextualise(
             tokens, new_mask, strip=not keep_sentence_boundaries, state=state, boundary_steps=boundary_steps

@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 LSTMState = tuple[torch.Tensor, torch.Tensor]
 
 
+# Splitting this loop would cost the hot path: a helper per step adds a call per time step, one for the re-cut of
+# the views when rows end would return nine of them.
+# long: the hot per-step loop of one direction, its buffers and gate views kept in locals across the steps
 def _direction_steps(
     xw: torch.Tensor,
     sizes: list[int],
@@ -410,50 +413,68 @@ class BiLSTM(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """One layer, both directions, on packed time-major input ``x`` (2, N, P) (step s = the next
         ``batch_sizes[s]`` positions); returns the packed output (2, N, P) and the final (c, h) per row."""
+        # without autograd the gate math runs in place on the step's buffers (fewer passes, no allocation per step)
+        in_place = not (
+            torch.is_grad_enabled()
+            and any(
+                v.requires_grad
+                for v in (x, c, h, self.weight_hh[k], self.weight_proj[k], self.weight_ih[k], self.bias[k])
+            )
+        )
+        if in_place:
+            return self._run_layer_inference(k, x, batch_sizes, c, h)
+        return self._run_layer_autograd(k, x, batch_sizes, c, h)
+
+    def _run_layer_inference(
+        self, k: int, x: torch.Tensor, batch_sizes: list[int], c: torch.Tensor, h: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`_run_layer` without autograd: a compiled loop over cached weight copies (both directions per step
+        for many rows; for a few, direction after direction in the C++ kernel or in TorchScript: see
+        :func:`_steps_by_direction`)."""
         hd = self.hidden_dim
         cell_clip = self.config.cell_clip
         proj_clip = self.config.proj_clip
         w_hh = self.weight_hh[k]
         w_proj = self.weight_proj[k]
-        # without autograd the gate math runs in place on the step's buffers (fewer passes, no allocation per step)
-        in_place = not (
-            torch.is_grad_enabled()
-            and any(v.requires_grad for v in (x, c, h, w_hh, w_proj, self.weight_ih[k], self.bias[k]))
+        w_in, w_hh_ifoj = self._derived.get(
+            f"inference{k}", (self.weight_ih[k], self.bias[k], w_hh), lambda: self._inference_weights(k)
         )
-        # without autograd: a compiled loop (both directions per step for many rows; for a few, direction after
-        # direction in the C++ kernel or in TorchScript: see _steps_by_direction)
-        if in_place:
-            w_in, w_hh_ifoj = self._derived.get(
-                f"inference{k}", (self.weight_ih[k], self.bias[k], w_hh), lambda: self._inference_weights(k)
-            )
-            p = self.projection_dim
-            w_ih, bias = w_in[:, :p], w_in[:, p]  # views: (2, P, 4H) and (2, 4H)
-            clips = float(cell_clip or 0.0), float(proj_clip or 0.0)
-            if c.shape[1] > native.MAX_LSTM_ROWS:  # both directions per step, one batched product each
-                # the bias as one more input column ((x | 1) · (W_ih ; b)): no pass broadcasting it over xw
-                xw = torch.bmm(torch.cat([x, x.new_ones(x.shape[0], x.shape[1], 1)], dim=2), w_in)
-                out, final_c, final_h = inference_steps()(xw, batch_sizes, c, h, w_hh_ifoj, w_proj, hd, *clips)
-                return out, (final_c, final_h)
-            result = None
-            module = native.kernels() if hd % 16 == 0 and p % 16 == 0 and native.usable(x, c, h, w_proj) else None
-            # (None: untracked weights)
-            packed = (
-                None
-                if module is None
-                else self._derived.cached(
-                    f"native{k}", (self.weight_ih[k], self.bias[k], w_hh), lambda: native.pack_lstm(w_hh_ifoj)
-                )
-            )
-            if packed is not None:  # a few rows: the C++ step loop (native.py; None for inf/NaN inputs)
-                result = native.lstm_layer(
-                    module, x, [n for n in batch_sizes if n > 0], c, h, w_ih, bias, packed, w_proj, *clips
-                )
-            if result is None:  # a few rows: direction after direction
-                result = inference_steps(by_direction=True)(
-                    x, batch_sizes, c, h, w_ih, bias, w_hh_ifoj, w_proj, hd, *clips
-                )
-            out, final_c, final_h = result
+        p = self.projection_dim
+        w_ih, bias = w_in[:, :p], w_in[:, p]  # views: (2, P, 4H) and (2, 4H)
+        clips = float(cell_clip or 0.0), float(proj_clip or 0.0)
+        if c.shape[1] > native.MAX_LSTM_ROWS:  # both directions per step, one batched product each
+            # the bias as one more input column ((x | 1) · (W_ih ; b)): no pass broadcasting it over xw
+            xw = torch.bmm(torch.cat([x, x.new_ones(x.shape[0], x.shape[1], 1)], dim=2), w_in)
+            out, final_c, final_h = inference_steps()(xw, batch_sizes, c, h, w_hh_ifoj, w_proj, hd, *clips)
             return out, (final_c, final_h)
+        result = None
+        module = native.kernels() if hd % 16 == 0 and p % 16 == 0 and native.usable(x, c, h, w_proj) else None
+        # (None: untracked weights)
+        packed = (
+            None
+            if module is None
+            else self._derived.cached(
+                f"native{k}", (self.weight_ih[k], self.bias[k], w_hh), lambda: native.pack_lstm(w_hh_ifoj)
+            )
+        )
+        if packed is not None:  # a few rows: the C++ step loop (native.py; None for inf/NaN inputs)
+            result = native.lstm_layer(
+                module, x, [n for n in batch_sizes if n > 0], c, h, w_ih, bias, packed, w_proj, *clips
+            )
+        if result is None:  # a few rows: direction after direction
+            result = inference_steps(by_direction=True)(x, batch_sizes, c, h, w_ih, bias, w_hh_ifoj, w_proj, hd, *clips)
+        out, final_c, final_h = result
+        return out, (final_c, final_h)
+
+    def _run_layer_autograd(
+        self, k: int, x: torch.Tensor, batch_sizes: list[int], c: torch.Tensor, h: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`_run_layer` with autograd: the cell equations step by step, each op recorded for the backward
+        pass."""
+        cell_clip = self.config.cell_clip
+        proj_clip = self.config.proj_clip
+        w_hh = self.weight_hh[k]
+        w_proj = self.weight_proj[k]
         # Input contribution for all real positions at once, with the forget bias 1.0 folded in: (2, N, 4H)
         # The bias enters as one more input column ((x | 1) · (W_ih ; b)): no separate pass broadcasting it over xw.
         x1 = torch.cat([x, x.new_ones(x.shape[0], x.shape[1], 1)], dim=2)  # (2, N, P + 1)
@@ -500,7 +521,8 @@ class BiLSTM(nn.Module):
     def _inference_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer k's (W_ih ; b) as :meth:`_input_weight` (2, P + 1, 4H) and W_hh (2, P, 4H), both with their gate
         columns reordered from the stored i, j, f, o to i, f, o, j (the three sigmoid gates side by side, for the
-        inference loops); contiguous copies, cached by :meth:`_run_layer`. Reordering columns changes no value."""
+        inference loops); contiguous copies, cached by :meth:`_run_layer_inference`. Reordering columns changes no
+        value."""
         hd = self.hidden_dim
         order = torch.cat([torch.arange(0, hd), torch.arange(2 * hd, 4 * hd), torch.arange(hd, 2 * hd)])
         order = order.to(self.weight_hh[k].device)

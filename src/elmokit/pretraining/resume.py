@@ -1,5 +1,6 @@
 """Where a training run stands on disk: starting a new run in its folder or resuming the one there, and the
-checkpoints that make a resume exact (what they hold, writing them, loading and checking them).
+checkpoints that make a resume exact (what they hold, writing them — at an interrupt too —, loading and checking
+them).
 
 :class:`ResumeMixin` holds :class:`~elmokit.pretraining.trainer.Trainer`'s checkpoint and run-folder methods; the
 file format and its verification are :mod:`elmokit.pretraining.checkpoint`, every other file of the run folder
@@ -60,7 +61,8 @@ class ResumeMixin:
 
     Uses the trainer's ``config``, ``dist``, ``lm``, ``optimizer``, ``data``, ``run``, ``out_dir``, ``step``,
     ``lstm_states``, ``best``, ``hooks``, ``say`` and its clock (``_now``), and the bookkeeping attributes that
-    :meth:`Trainer.__init__` sets (``_kept``, ``_saved_step``, ``_owns_out_dir``, ``_corpus``, ...).
+    :meth:`Trainer.__init__` sets (``_kept``, ``_saved_step``, ``_owns_out_dir``, ``_corpus``,
+    ``_interrupt_handled``, ...).
     """
 
     # ------------------------------------------------------------------ checkpoints
@@ -137,6 +139,66 @@ class ResumeMixin:
             self._saved_step = step
             self._last_checkpoint_time = self._now()
         return self.out_dir / ckpt.tensor_file_name(step)
+
+    def _on_interrupt(self, mid_step: bool) -> None:
+        """Ctrl-C/SIGTERM reached the loop: write a checkpoint at the current step when it is consistent (the signal
+        landed between steps) and newer than the last one, and say where the run stands."""
+        why = interrupts.signal_name() or (
+            "an interrupt of another process" if self.dist.enabled and self._interrupt_handled else "KeyboardInterrupt"
+        )
+        last = self._saved_step
+        if mid_step or (self.dist.enabled and not self._interrupt_handled):
+            # only without interrupts.handling_signals() (or on a second Ctrl-C): the step was cut, its state is torn
+            logger.warning(
+                "%s in the middle of a step: nothing saved (a cut step cannot be resumed); %s",
+                why,
+                f"the latest checkpoint is step {last}" if last is not None else "no checkpoint yet",
+            )
+            return
+        if self.step == 0 or self.step == last:
+            if self.dist.is_main:
+                logger.warning(
+                    "%s at step %d: %s",
+                    why,
+                    self.step,
+                    f"the checkpoint of step {last} is the latest, resume continues from there"
+                    if last is not None
+                    else "nothing trained yet",
+                )
+            return
+        try:
+            self.save_checkpoint()
+        except KeyboardInterrupt:
+            pass  # deferred() re-raises the signal being handled at the end of a complete write; a second one cuts it
+        except Exception as exc:  # e.g. disk full: say so, and still stop as interrupted
+            logger.error(
+                "%s at step %d: writing its checkpoint failed (%s); %s",
+                why,
+                self.step,
+                one_line(exc),
+                f"the latest checkpoint is step {last}" if last is not None else "no checkpoint written",
+            )
+            return
+        if self._saved_step == self.step:
+            if self.dist.is_main:
+                logger.warning(
+                    "%s: stopped after step %d, checkpoint written (%s); resume continues from step %d",
+                    why,
+                    self.step,
+                    self.out_dir / ckpt.tensor_file_name(self.step),
+                    self.step,
+                )
+            try:  # the learning curve so far (best effort: the interrupt is what matters)
+                self.dist.on_main(self.run.plot)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("learning curve not drawn after the interrupt: %s", one_line(exc))
+        else:  # a second Ctrl-C cut the write: the previous checkpoint is still the latest
+            logger.warning(
+                "%s again while writing the checkpoint of step %d: %s",
+                why,
+                self.step,
+                f"the latest checkpoint is step {last}" if last is not None else "no checkpoint written",
+            )
 
     def load_checkpoint(self) -> bool:
         """Restore the newest checkpoint of ``out_dir`` that verifies; return whether one was loaded (``False``: there

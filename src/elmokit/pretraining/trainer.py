@@ -96,7 +96,7 @@ from elmokit.pretraining.heldout import VALID_BATCH_SENTENCES, HeldoutMixin
 from elmokit.pretraining.hooks import TrainHooks
 from elmokit.pretraining.lm_files import load_lm, save_lm
 from elmokit.pretraining.objective import BidirectionalLM
-from elmokit.pretraining.resume import ResumeMixin, latest_checkpoint_step, one_line
+from elmokit.pretraining.resume import ResumeMixin, latest_checkpoint_step
 from elmokit.pretraining.run_folder import RunFolder, plot_learning_curve
 from elmokit.pretraining.step import StepMixin, StepResult, step_seed
 
@@ -153,7 +153,7 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
     ``Trainer(config)`` alone is :func:`build_trainer` (``Trainer.from_config``).
 
     The methods of one step are :class:`~elmokit.pretraining.step.StepMixin`'s, the held-out evaluation
-    :class:`~elmokit.pretraining.heldout.HeldoutMixin`'s, checkpoints and the run folder
+    :class:`~elmokit.pretraining.heldout.HeldoutMixin`'s, checkpoints (the one at an interrupt too) and the run folder
     :class:`~elmokit.pretraining.resume.ResumeMixin`'s; this class holds the state and the loop.
 
     Raises (when building): see :func:`build_trainer`. From :meth:`train`: see there.
@@ -253,66 +253,6 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
             [main and self._checkpoint_time_due(), main and self._valid_time_due(), interrupts.requested()], op="max"
         )
         return bool(flags[0]), bool(flags[1]), bool(flags[2])
-
-    def _on_interrupt(self, mid_step: bool) -> None:
-        """Ctrl-C/SIGTERM reached the loop: write a checkpoint at the current step when it is consistent (the signal
-        landed between steps) and newer than the last one, and say where the run stands."""
-        why = interrupts.signal_name() or (
-            "an interrupt of another process" if self.dist.enabled and self._interrupt_handled else "KeyboardInterrupt"
-        )
-        last = self._saved_step
-        if mid_step or (self.dist.enabled and not self._interrupt_handled):
-            # only without interrupts.handling_signals() (or on a second Ctrl-C): the step was cut, its state is torn
-            logger.warning(
-                "%s in the middle of a step: nothing saved (a cut step cannot be resumed); %s",
-                why,
-                f"the latest checkpoint is step {last}" if last is not None else "no checkpoint yet",
-            )
-            return
-        if self.step == 0 or self.step == last:
-            if self.dist.is_main:
-                logger.warning(
-                    "%s at step %d: %s",
-                    why,
-                    self.step,
-                    f"the checkpoint of step {last} is the latest, resume continues from there"
-                    if last is not None
-                    else "nothing trained yet",
-                )
-            return
-        try:
-            self.save_checkpoint()
-        except KeyboardInterrupt:
-            pass  # deferred() re-raises the signal being handled at the end of a complete write; a second one cuts it
-        except Exception as exc:  # e.g. disk full: say so, and still stop as interrupted
-            logger.error(
-                "%s at step %d: writing its checkpoint failed (%s); %s",
-                why,
-                self.step,
-                one_line(exc),
-                f"the latest checkpoint is step {last}" if last is not None else "no checkpoint written",
-            )
-            return
-        if self._saved_step == self.step:
-            if self.dist.is_main:
-                logger.warning(
-                    "%s: stopped after step %d, checkpoint written (%s); resume continues from step %d",
-                    why,
-                    self.step,
-                    self.out_dir / ckpt.tensor_file_name(self.step),
-                    self.step,
-                )
-            try:  # the learning curve so far (best effort: the interrupt is what matters)
-                self.dist.on_main(self.run.plot)
-            except Exception as exc:  # noqa: BLE001
-                logger.warning("learning curve not drawn after the interrupt: %s", one_line(exc))
-        else:  # a second Ctrl-C cut the write: the previous checkpoint is still the latest
-            logger.warning(
-                "%s again while writing the checkpoint of step %d: %s",
-                why,
-                self.step,
-                f"the latest checkpoint is step {last}" if last is not None else "no checkpoint written",
-            )
 
     def _wrap(self):
         """DistributedDataParallel around the model when there are several processes (made at each :meth:`train`,
