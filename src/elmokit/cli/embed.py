@@ -133,17 +133,8 @@ def embed_interrupted_note(args: argparse.Namespace) -> str:
     return "nothing partial was written"
 
 
-def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "embed",
-        parents=parents,
-        help="embed a file of sentences (one per line) into HDF5",
-        description="Embed a text file, one sentence per line (always read as UTF-8), into HDF5, in constant memory: "
-        'dataset "i" holds line i+1\'s vectors, (L+1, n, 2P) for --layers all or (n, 2P) for one layer '
-        "or a mix, pooled to (L+1, 2P) / (2P) with --pool. Work is written in parts of --part-size lines, "
-        "each finalised atomically, in OUTPUT.parts/ (merged into OUTPUT at the end); an interrupted run "
-        "continues with --resume. A blank line gives an empty array.",
-    )
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    """MODEL, INPUT and OUTPUT."""
     p.add_argument(
         "model",
         type=text_arg,
@@ -155,6 +146,10 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         type=path_arg,
         help="HDF5 file to write (an existing one only with --overwrite), or the folder for --format parts",
     )
+
+
+def _add_format_options(p: argparse.ArgumentParser) -> None:
+    """--format, and which layers: --layers or AllenNLP's --all / --top / --average."""
     p.add_argument(
         "--format",
         choices=["hdf5", "allennlp", "parts"],
@@ -181,6 +176,10 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
             const=name,
             help=f"{what} (AllenNLP's spelling of --layers {name}; default: off)",
         )
+
+
+def _add_content_options(p: argparse.ArgumentParser) -> None:
+    """What each dataset holds: pooling, boundaries, precision, keys, sentence texts, tokens, the word cache."""
     p.add_argument(
         "--pool",
         choices=["none", "mean", "max"],
@@ -226,6 +225,10 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         help="a word list (one per line): their token vectors are computed once and reused; other words "
         "are encoded from their characters (AllenNLP's vocab_to_cache; same results) (default: none)",
     )
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """How the run goes: workers, parts, resume/overwrite, batches, device, bad input, progress."""
     p.add_argument(
         "--workers",
         type=positive_int,
@@ -268,5 +271,23 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         "bad bytes, or skip the line (its dataset is then empty) (default: %(default)s)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
+
+
+def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """Add ``embed``: its arguments, then its option groups, in the order ``--help`` lists them."""
+    p = sub.add_parser(
+        "embed",
+        parents=parents,
+        help="embed a file of sentences (one per line) into HDF5",
+        description="Embed a text file, one sentence per line (always read as UTF-8), into HDF5, in constant memory: "
+        'dataset "i" holds line i+1\'s vectors, (L+1, n, 2P) for --layers all or (n, 2P) for one layer '
+        "or a mix, pooled to (L+1, 2P) / (2P) with --pool. Work is written in parts of --part-size lines, "
+        "each finalised atomically, in OUTPUT.parts/ (merged into OUTPUT at the end); an interrupted run "
+        "continues with --resume. A blank line gives an empty array.",
+    )
+    _add_arguments(p)
+    _add_format_options(p)
+    _add_content_options(p)
+    _add_run_options(p)
     add_threads_option(p)
     p.set_defaults(func=cmd_embed, interrupted_note=embed_interrupted_note)

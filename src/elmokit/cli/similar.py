@@ -417,19 +417,8 @@ def _neighbour_layer(text: str):
     raise argparse.ArgumentTypeError(f"must be a layer number, top or average, got {text!r}")
 
 
-def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    """Register ``elmokit similar``."""
-    p = sub.add_parser(
-        "similar",
-        parents=parents,
-        help="a word's contextual similarity across its occurrences, per layer",
-        description="Find the occurrences of --word in SENTENCES (one sentence per line, UTF-8) and print the "
-        "pairwise cosine similarity of their vectors in each layer beside layer 0 (the static, "
-        "context-free token layer, where every occurrence of a one-token word is the same vector); with "
-        "--labels, the mean similarity within and across labels; with --corpus, each occurrence's "
-        "nearest contextual neighbours; with --png, a 2-D PCA plot per layer. A CJK word also matches a "
-        "run of whole tokens spelling it (per-character input); its vector is the mean of those tokens'.",
-    )
+def _add_input_options(p: argparse.ArgumentParser) -> None:
+    """MODEL, SENTENCES and --word, and how the lines are read and the word matched."""
     p.add_argument("model", type=text_arg, help=f"{RELEASED_HELP}, or elmokit-en / elmokit-zh")
     p.add_argument(
         "sentences",
@@ -467,6 +456,10 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         help="token: the word is one token; span: a run of whole tokens spelling it; auto: span for CJK "
         "words, token otherwise (default: %(default)s)",
     )
+
+
+def _add_layer_options(p: argparse.ArgumentParser) -> None:
+    """Which layers are compared, and how much context each occurrence keeps."""
     p.add_argument(
         "--layers",
         type=_layers_arg,
@@ -482,6 +475,10 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         metavar="N",
         help="cut each sentence to N tokens on each side of the occurrence before embedding (default: whole sentences)",
     )
+
+
+def _add_neighbour_options(p: argparse.ArgumentParser) -> None:
+    """--corpus and its nearest contextual neighbours."""
     p.add_argument(
         "--corpus",
         type=path_arg,
@@ -505,6 +502,10 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         default="top",
         help="layer compared for neighbours: a number, top or average (default: %(default)s)",
     )
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """What is written and printed: the plot, the matrices, JSON."""
     p.add_argument(
         "--png",
         type=path_arg,
@@ -523,10 +524,34 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument(
         "--json", action="store_true", help="print one JSON line with everything instead of text (default: text)"
     )
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """Batches and device."""
     p.add_argument(
         "--batch-size", type=positive_int, default=64, help="sentences per forward pass (default: %(default)s)"
     )
     p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
+
+
+def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """Register ``elmokit similar``."""
+    p = sub.add_parser(
+        "similar",
+        parents=parents,
+        help="a word's contextual similarity across its occurrences, per layer",
+        description="Find the occurrences of --word in SENTENCES (one sentence per line, UTF-8) and print the "
+        "pairwise cosine similarity of their vectors in each layer beside layer 0 (the static, "
+        "context-free token layer, where every occurrence of a one-token word is the same vector); with "
+        "--labels, the mean similarity within and across labels; with --corpus, each occurrence's "
+        "nearest contextual neighbours; with --png, a 2-D PCA plot per layer. A CJK word also matches a "
+        "run of whole tokens spelling it (per-character input); its vector is the mean of those tokens'.",
+    )
+    _add_input_options(p)
+    _add_layer_options(p)
+    _add_neighbour_options(p)
+    _add_output_options(p)
+    _add_run_options(p)
     add_threads_option(p)
     p.set_defaults(func=_cmd, interrupted_note=lambda args: "nothing was written")
 

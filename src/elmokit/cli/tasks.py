@@ -39,6 +39,10 @@ from elmokit.tasks.config import load_task_config
 __all__ = ["register", "cmd_train", "cmd_predict", "cmd_evaluate"]
 
 _WHAT = {"tag": "tagger", "classify": "classifier"}
+_UNSEEN_HELP = (
+    "gold labels never seen in training: error (stop, naming FILE:LINE) or wrong (count them as "
+    "errors) (default: error)"
+)
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -183,6 +187,99 @@ def _train_note(args: argparse.Namespace) -> str:
     return "the model was not saved (train again; the cached biLM features are kept)"
 
 
+def _add_train(tsub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser], kind: str, what: str) -> None:
+    """``elmokit KIND train CONFIG``."""
+    p = tsub.add_parser(
+        "train",
+        parents=parents,
+        help=f"train a {what} from a TOML task config",
+        description=f"Train a {what} from a TOML task config (see elmokit.tasks.config: data "
+        "files and reader, biLM, static vectors, char CNN, sizes, budget); early "
+        "stopping on the dev file; dev and test scores printed; the model saved.",
+    )
+    p.add_argument("config", type=path_arg, help="the task config (.toml)")
+    p.add_argument(
+        "--out",
+        type=path_arg,
+        default=None,
+        help="folder for the trained model (default: CONFIG_STEM-model in the current folder)",
+    )
+    p.add_argument(
+        "--seed",
+        type=seed,
+        default=None,
+        help="random seed for initialisation, batch order and dropout (default: train.seed of the config)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in --out (default: refuse)")
+    p.add_argument("--unseen-labels", choices=("error", "wrong"), default="error", help=_UNSEEN_HELP)
+    p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON line (default: text)")
+    add_threads_option(p)
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar while the biLM layers of the data files are computed (default: shown)",
+    )
+    p.set_defaults(func=cmd_train, interrupted_note=_train_note)
+
+
+def _add_predict(
+    tsub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser], kind: str, what: str
+) -> None:
+    """``elmokit KIND predict MODEL_DIR INPUT``."""
+    p = tsub.add_parser(
+        "predict",
+        parents=parents,
+        help=f"apply a trained {what} to new text",
+        description=f"Apply a trained {what} to INPUT, one sentence per line: tokens separated "
+        "by spaces, or raw text with --tokenize. "
+        + (
+            "Writes token<TAB>tag lines, a blank line after each sentence."
+            if kind == "tag"
+            else "Writes label<TAB>sentence lines."
+        ),
+    )
+    p.add_argument("model_dir", type=path_arg, help=f"a folder written by `elmokit {kind} train`")
+    p.add_argument("input", type=path_arg, help="UTF-8 text, one sentence per line (blank lines skipped)")
+    p.add_argument(
+        "--tokenize",
+        action="store_true",
+        help="INPUT is raw text: split it as the biLM's corpus was (its zoo tokeniser; characters for "
+        "Chinese character tagging) (default: split on spaces)",
+    )
+    p.add_argument("--output", type=path_arg, default=None, help="write here instead of stdout (default: stdout)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file (default: refuse)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per batch (default: 64)")
+    p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
+    add_threads_option(p)
+    p.set_defaults(func=cmd_predict)
+
+
+def _add_evaluate(
+    tsub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser], kind: str, what: str
+) -> None:
+    """``elmokit KIND evaluate MODEL_DIR FILE``."""
+    p = tsub.add_parser(
+        "evaluate",
+        parents=parents,
+        help=f"score a trained {what} on a labelled file",
+        description=f"Score a trained {what} on FILE (read as its training data was) and print "
+        "one JSON line: "
+        + (
+            "entity F1/precision/recall overall and per type (seqeval), or token accuracy."
+            if kind == "tag"
+            else "accuracy."
+        ),
+    )
+    p.add_argument("model_dir", type=path_arg, help=f"a folder written by `elmokit {kind} train`")
+    p.add_argument("file", type=path_arg, help="a labelled file in the model's training format")
+    p.add_argument("--unseen-labels", choices=("error", "wrong"), default="error", help=_UNSEEN_HELP)
+    p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per batch (default: 64)")
+    p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
+    add_threads_option(p)
+    p.set_defaults(func=cmd_evaluate)
+
+
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     """Add ``tag`` and ``classify``, each with ``train``, ``predict`` and ``evaluate``."""
     for kind, what, help_text in (
@@ -203,87 +300,6 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
             metavar="ACTION",
             help="train (from a config), predict (new text), evaluate (a labelled file)",
         )
-        unseen_help = (
-            "gold labels never seen in training: error (stop, naming FILE:LINE) or wrong (count them as "
-            "errors) (default: error)"
-        )
-
-        p = tsub.add_parser(
-            "train",
-            parents=parents,
-            help=f"train a {what} from a TOML task config",
-            description=f"Train a {what} from a TOML task config (see elmokit.tasks.config: data "
-            "files and reader, biLM, static vectors, char CNN, sizes, budget); early "
-            "stopping on the dev file; dev and test scores printed; the model saved.",
-        )
-        p.add_argument("config", type=path_arg, help="the task config (.toml)")
-        p.add_argument(
-            "--out",
-            type=path_arg,
-            default=None,
-            help="folder for the trained model (default: CONFIG_STEM-model in the current folder)",
-        )
-        p.add_argument(
-            "--seed",
-            type=seed,
-            default=None,
-            help="random seed for initialisation, batch order and dropout (default: train.seed of the config)",
-        )
-        p.add_argument("--overwrite", action="store_true", help="replace a model already in --out (default: refuse)")
-        p.add_argument("--unseen-labels", choices=("error", "wrong"), default="error", help=unseen_help)
-        p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
-        p.add_argument("--json", action="store_true", help="print the results as one JSON line (default: text)")
-        add_threads_option(p)
-        p.add_argument(
-            "--no-progress",
-            action="store_true",
-            help="no progress bar while the biLM layers of the data files are computed (default: shown)",
-        )
-        p.set_defaults(func=cmd_train, interrupted_note=_train_note)
-
-        p = tsub.add_parser(
-            "predict",
-            parents=parents,
-            help=f"apply a trained {what} to new text",
-            description=f"Apply a trained {what} to INPUT, one sentence per line: tokens separated "
-            "by spaces, or raw text with --tokenize. "
-            + (
-                "Writes token<TAB>tag lines, a blank line after each sentence."
-                if kind == "tag"
-                else "Writes label<TAB>sentence lines."
-            ),
-        )
-        p.add_argument("model_dir", type=path_arg, help=f"a folder written by `elmokit {kind} train`")
-        p.add_argument("input", type=path_arg, help="UTF-8 text, one sentence per line (blank lines skipped)")
-        p.add_argument(
-            "--tokenize",
-            action="store_true",
-            help="INPUT is raw text: split it as the biLM's corpus was (its zoo tokeniser; characters for "
-            "Chinese character tagging) (default: split on spaces)",
-        )
-        p.add_argument("--output", type=path_arg, default=None, help="write here instead of stdout (default: stdout)")
-        p.add_argument("--overwrite", action="store_true", help="replace an existing --output file (default: refuse)")
-        p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per batch (default: 64)")
-        p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
-        add_threads_option(p)
-        p.set_defaults(func=cmd_predict)
-
-        p = tsub.add_parser(
-            "evaluate",
-            parents=parents,
-            help=f"score a trained {what} on a labelled file",
-            description=f"Score a trained {what} on FILE (read as its training data was) and print "
-            "one JSON line: "
-            + (
-                "entity F1/precision/recall overall and per type (seqeval), or token accuracy."
-                if kind == "tag"
-                else "accuracy."
-            ),
-        )
-        p.add_argument("model_dir", type=path_arg, help=f"a folder written by `elmokit {kind} train`")
-        p.add_argument("file", type=path_arg, help="a labelled file in the model's training format")
-        p.add_argument("--unseen-labels", choices=("error", "wrong"), default="error", help=unseen_help)
-        p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per batch (default: 64)")
-        p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
-        add_threads_option(p)
-        p.set_defaults(func=cmd_evaluate)
+        _add_train(tsub, parents, kind, what)
+        _add_predict(tsub, parents, kind, what)
+        _add_evaluate(tsub, parents, kind, what)

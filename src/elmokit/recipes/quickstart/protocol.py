@@ -334,6 +334,82 @@ def _steps_for_budget(trainer, minutes: float, steps_per_epoch: int) -> int:
     return max_steps
 
 
+def _write_split(job: QuickstartJob, out_dir: Path) -> tuple[list, list, dict, Path, Path]:
+    """Load the job's corpus and write its split to ``train.txt`` / ``heldout.txt`` (one sentence a line)."""
+    train, held, info = job.load_corpus()
+    train_file, held_file = out_dir / "train.txt", out_dir / "heldout.txt"
+    atomic_write_text(train_file, "".join(" ".join(s) + "\n" for s in train))
+    atomic_write_text(held_file, "".join(" ".join(s) + "\n" for s in held))
+    print(job.describe_corpus(train, held, info))
+    return train, held, info, train_file, held_file
+
+
+def _train(
+    job: QuickstartJob,
+    out_dir: Path,
+    files: tuple[Path, Path],
+    n_train: int,
+    *,
+    minutes: float,
+    seed: int,
+    steps: int | None,
+    device: str,
+) -> dict:
+    """Train on ``files`` (train, held-out) for ``steps`` steps, or as many as fit ``minutes``; the trainer's
+    summary."""
+    train_file, held_file = files
+    batch_size = job.train["batch_size"]  # whole sentences a step; unroll_steps only scales the loss here
+    steps_per_epoch = max(1, -(-n_train // batch_size))
+    config = TrainConfig(
+        train_files=[str(train_file)],
+        out_dir=str(out_dir / "train"),
+        model=job.model().to_options(),
+        seed=seed,
+        device=device,
+        valid_files=[str(held_file)],
+        **job.train,
+    )
+    trainer = Trainer(config)
+    if steps is None:
+        max_steps = _steps_for_budget(trainer, minutes, steps_per_epoch)
+    else:
+        max_steps = steps
+        print(f"training: {max_steps} steps (~{max_steps / steps_per_epoch:.1f} epochs) as asked")
+        trainer.config.max_steps = max_steps
+        # the held-out curve: about ten points over the run (each costs one pass over the held-out text), plus step
+        # 0 and the end
+        trainer.config.valid_every = max(10, max_steps // 10)
+    return trainer.train(resume=trainer.step > 0)
+
+
+def _score_heldout(job: QuickstartJob, lm, train: list, held: list, out_dir: Path) -> dict:
+    """The held-out perplexity beside the unigram and Kneser-Ney 3-gram baselines (printed); ``vocab.txt`` written.
+    Returns the result's perplexity entries."""
+    ppl = evaluate_perplexity(lm, held)
+    uni = unigram_perplexity(train, held, lm.vocab)
+    kn = kneser_ney_perplexity(train, held, lm.vocab, order=3)
+    lm.vocab.save(out_dir / "vocab.txt")
+    print(
+        f"held-out perplexity (full softmax): forward {ppl['forward']:.1f}, backward {ppl['backward']:.1f}, "
+        f"average {ppl['average']:.1f}"
+    )
+    print(f"baselines on the same split and vocabulary of {len(lm.vocab)} (<UNK>, <S>/</S> targets alike):")
+    print(
+        f"  add-one unigram {uni:.1f} (ratio {ppl['average'] / uni:.2f}); interpolated Kneser-Ney 3-gram "
+        f"(discount 0.75) forward {kn['forward']:.1f}, backward {kn['backward']:.1f}, average {kn['average']:.1f}"
+    )
+    versus = perplexity_verdict(ppl["average"], kn["average"], job.perplexity_margin)
+    _print_perplexity_verdict(ppl["average"], kn["average"], versus)
+    return {
+        "perplexity": ppl,
+        "unigram_perplexity": uni,
+        "ratio": ppl["average"] / uni,
+        "kneser_ney_3": {k: kn[k] for k in ("forward", "backward", "average", "discount")},
+        "versus_kneser_ney": versus,
+        "beats_kneser_ney": versus["verdict"] == "beats",
+    }
+
+
 def run_job(
     job: QuickstartJob,
     out_dir: Path,
@@ -357,61 +433,17 @@ def run_job(
     start = time.perf_counter()
     out_dir = Path(out_dir)
     prepare_out_dir(out_dir)
-    train, held, info = job.load_corpus()
-    train_file, held_file = out_dir / "train.txt", out_dir / "heldout.txt"
-    atomic_write_text(train_file, "".join(" ".join(s) + "\n" for s in train))
-    atomic_write_text(held_file, "".join(" ".join(s) + "\n" for s in held))
-    print(job.describe_corpus(train, held, info))
-
-    batch_size = job.train["batch_size"]  # whole sentences a step; unroll_steps only scales the loss here
-    steps_per_epoch = max(1, -(-len(train) // batch_size))
-    config = TrainConfig(
-        train_files=[str(train_file)],
-        out_dir=str(out_dir / "train"),
-        model=job.model().to_options(),
-        seed=seed,
-        device=device,
-        valid_files=[str(held_file)],
-        **job.train,
+    train, held, info, train_file, held_file = _write_split(job, out_dir)
+    summary = _train(
+        job, out_dir, (train_file, held_file), len(train), minutes=minutes, seed=seed, steps=steps, device=device
     )
-    trainer = Trainer(config)
-    if steps is None:
-        max_steps = _steps_for_budget(trainer, minutes, steps_per_epoch)
-    else:
-        max_steps = steps
-        print(f"training: {max_steps} steps (~{max_steps / steps_per_epoch:.1f} epochs) as asked")
-        trainer.config.max_steps = max_steps
-        # the held-out curve: about ten points over the run (each costs one pass over the held-out text), plus step
-        # 0 and the end
-        trainer.config.valid_every = max(10, max_steps // 10)
-    summary = trainer.train(resume=trainer.step > 0)
     lm = load_lm(summary["model_dir"])
-
-    ppl = evaluate_perplexity(lm, held)
-    uni = unigram_perplexity(train, held, lm.vocab)
-    kn = kneser_ney_perplexity(train, held, lm.vocab, order=3)
-    lm.vocab.save(out_dir / "vocab.txt")
-    print(
-        f"held-out perplexity (full softmax): forward {ppl['forward']:.1f}, backward {ppl['backward']:.1f}, "
-        f"average {ppl['average']:.1f}"
-    )
-    print(f"baselines on the same split and vocabulary of {len(lm.vocab)} (<UNK>, <S>/</S> targets alike):")
-    print(
-        f"  add-one unigram {uni:.1f} (ratio {ppl['average'] / uni:.2f}); interpolated Kneser-Ney 3-gram "
-        f"(discount 0.75) forward {kn['forward']:.1f}, backward {kn['backward']:.1f}, average {kn['average']:.1f}"
-    )
-    versus = perplexity_verdict(ppl["average"], kn["average"], job.perplexity_margin)
-    _print_perplexity_verdict(ppl["average"], kn["average"], versus)
+    scores = _score_heldout(job, lm, train, held, out_dir)
 
     probe = sense_similarities(Embedder(lm.bilm), job.probes, job.margin)
     _print_senses(probe, job.word)
     result = {
-        "perplexity": ppl,
-        "unigram_perplexity": uni,
-        "ratio": ppl["average"] / uni,
-        "kneser_ney_3": {k: kn[k] for k in ("forward", "backward", "average", "discount")},
-        "versus_kneser_ney": versus,
-        "beats_kneser_ney": versus["verdict"] == "beats",
+        **scores,
         job.probe_key: probe,
         **({"corpus": info} if info else {}),
         "steps": summary["steps"],

