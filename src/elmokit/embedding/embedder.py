@@ -1,7 +1,38 @@
 """``Embedder``: sentences and files → ELMo layer arrays (NumPy), sentence vectors and HDF5 files.
 
 File output (streamed, in parts, resumable, several workers) is :mod:`elmokit.embedding.writer`; pooling and layer
-selection are :mod:`elmokit.embedding.pooling`."""
+selection are :mod:`elmokit.embedding.pooling`.
+
+**Embedding a file** (:meth:`Embedder.embed_file`). The work is written in parts of ``part_size`` lines, each finalised
+atomically; an interrupted call (Ctrl-C, SIGTERM, kill -9) called again with ``resume=True`` continues from the
+finished parts and gives the same keys and values as an uninterrupted one. ``format``:
+
+* ``"allennlp"`` (the default of ``embed_file``, as AllenNLP's ``ElmoEmbedder.embed_file``): one file; dataset
+  ``"i"`` holds line i+1's array; ``"sentence_to_index"`` a JSON map from each stripped line to its dataset, the last
+  one for repeated lines (built in memory at the end: for small and medium files).
+* ``"hdf5"``: the same datasets, and a ``"sentences"`` string dataset (entry i = line i+1, stripped) instead of the
+  JSON map: constant memory (the default of ``elmokit embed``).
+* ``"parts"``: ``output_path`` is a folder of part files and an ``index.json``, nothing merged (no second copy on
+  disk); read it with :func:`elmokit.embedding.writer.open_embeddings`.
+
+Datasets are 0-based, lines 1-based; a blank line gives a zero-length array (a zero vector when pooled), so dataset
+numbers follow line numbers. A byte-order mark at the start is not part of the first token. ``use_sentence_keys``:
+each dataset is named by its stripped line (AllenNLP's ``use_sentence_keys``; ``/``, ``%``, NUL and a lone ``.`` are
+%-escaped, see :func:`elmokit.embedding.writer.sentence_key`), a repeated line is written once, blank lines are left
+out, and there is no sentence map. ``forget_sentences``: no sentence map.
+
+``decode_errors`` is what to do with a line that is not text (invalid UTF-8, or a NUL byte:
+:func:`elmokit.data.corpus.line_problem`): ``"strict"`` (default) raises naming file, line and column, before any
+work; ``"replace"`` / ``"ignore"`` turn the bad bytes and NULs into U+FFFD or drop them; ``"skip"`` leaves the line
+out — its dataset is then a zero-length array and it has no sentence entry; the skipped line numbers are logged and
+kept in :attr:`Embedder.skipped_lines`. Other control characters are kept. The first 2,000 lines are checked against
+the model (:func:`elmokit.data.text_checks.check_tokenisation`): lines that look untokenised (raw Chinese without
+``tokenizer="jieba"``) log a warning naming the fix.
+
+An existing output (a file, or a ``"parts"`` folder holding finished embeddings) is replaced only with
+``overwrite=True``; an interrupted run's parts are continued with ``resume=True`` or discarded with
+``overwrite=True``. One writer at a time: the parts folder is locked while the call runs.
+"""
 
 from __future__ import annotations
 
@@ -372,45 +403,18 @@ class Embedder:
         model_name: str | None = None,
         overwrite: bool = False,
     ) -> int:
-        """Embed a text file, one sentence per line (UTF-8 whatever the locale), into HDF5, in constant memory.
-
-        The work is written in parts of ``part_size`` lines, each finalised atomically; an interrupted call
-        (Ctrl-C, SIGTERM, kill -9) called again with ``resume=True`` continues from the finished parts and gives the
-        same keys and values as an uninterrupted one. ``format``:
-
-        * ``"allennlp"`` (default here, as AllenNLP's ``ElmoEmbedder.embed_file``): one file; dataset ``"i"`` holds
-          line i+1's array; ``"sentence_to_index"`` a JSON map from each stripped line to its dataset, the last one
-          for repeated lines (built in memory at the end: for small and medium files).
-        * ``"hdf5"``: the same datasets, and a ``"sentences"`` string dataset (entry i = line i+1, stripped) instead
-          of the JSON map: constant memory (the default of ``elmokit embed``).
-        * ``"parts"``: ``output_path`` is a folder of part files and an ``index.json``, nothing merged (no second
-          copy on disk); read it with :func:`elmokit.embedding.writer.open_embeddings`.
-
-        Datasets are 0-based, lines 1-based; a blank line gives a zero-length array (a zero vector when pooled), so
-        dataset numbers follow line numbers. A byte-order mark at the start is not part of the first token.
-        ``use_sentence_keys``: each dataset is named by its stripped line (AllenNLP's ``use_sentence_keys``; ``/``,
-        ``%``, NUL and a lone ``.`` are %-escaped, see :func:`elmokit.embedding.writer.sentence_key`), a repeated line
-        is written once, blank lines are left out, and there is no sentence map. ``forget_sentences``: no sentence
-        map.
+        """Embed a text file, one sentence per line (UTF-8 whatever the locale), into HDF5, in constant memory,
+        resumably (``resume=True`` continues an interrupted call). The output ``format`` (``"allennlp"``, ``"hdf5"``,
+        ``"parts"``), the datasets and keys (``use_sentence_keys``, ``forget_sentences``), ``decode_errors``
+        (``"strict"``, ``"replace"``, ``"ignore"``, ``"skip"``), and when an output is replaced (``overwrite``) are
+        described in the module docstring (:mod:`elmokit.embedding.embedder`, "Embedding a file").
 
         ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as :meth:`embed_batch`; ``tokenizer``:
         ``"whitespace"`` (``str.split``), ``"moses"`` (sacremoses, English) or ``"jieba"`` (Chinese word
-        segmentation). ``workers`` > 1: that many processes (spawned; each ``worker_threads`` torch threads), each
-        writing its own parts — a script calling this must guard its top level with ``if __name__ == "__main__"``.
-
-        ``decode_errors`` is what to do with a line that is not text (invalid UTF-8, or a NUL byte:
-        :func:`elmokit.data.corpus.line_problem`): ``"strict"`` (default) raises naming file, line and column, before
-        any work; ``"replace"`` / ``"ignore"`` turn the bad bytes and NULs into U+FFFD or drop them; ``"skip"`` leaves
-        the line out — its dataset is then a zero-length array and it has no sentence entry; the skipped line numbers
-        are logged and kept in :attr:`skipped_lines`. Other control characters are kept. The first 2,000 lines are
-        checked against the model (:func:`elmokit.data.text_checks.check_tokenisation`): lines that look untokenised
-        (raw Chinese without ``tokenizer="jieba"``) log a warning naming the fix. With ``workers`` > 1 in a script
-        whose top level is not guarded, the workers stop at once and a :class:`~elmokit.errors.UsageError` names the
-        missing guard.
-
-        An existing output (a file, or a ``"parts"`` folder holding finished embeddings) is replaced only with
-        ``overwrite=True``; an interrupted run's parts are continued with ``resume=True`` or discarded with
-        ``overwrite=True``. One writer at a time: the parts folder is locked while the call runs.
+        segmentation). ``part_size``: lines per part. ``workers`` > 1: that many processes (spawned; each
+        ``worker_threads`` torch threads), each writing its own parts — a script calling this must guard its top level
+        with ``if __name__ == "__main__"``; in a script whose top level is not guarded, the workers stop at once and a
+        :class:`~elmokit.errors.UsageError` names the missing guard.
 
         Returns the number of lines in the file.
 

@@ -72,6 +72,76 @@ def _worker_main(embedder, writer: Any, threads: int, tasks, results, parent: in
             results.put(("error", payload))
 
 
+def _queues(ctx, todo: list[int], n: int):
+    """The ``(tasks, results)`` queues; ``tasks`` holds the part numbers ``todo``, then one ``None`` per worker."""
+    tasks, results = ctx.Queue(), ctx.Queue()
+    tasks.cancel_join_thread()  # never wait at exit to feed part numbers nobody will read
+    for k in todo:
+        tasks.put(k)
+    for _ in range(n):
+        tasks.put(None)
+    return tasks, results
+
+
+def _check_workers(procs: list, results, remaining: set[int], workers: int, writer: Any) -> None:
+    """Raise when a worker stopped before the work was done (called while waiting for ``results``): the missing
+    ``__main__`` guard, a worker's own error still in the queue, or the dead workers' exit statuses."""
+    dead = [p for p in procs if p.exitcode not in (None, 0)]
+    if any(p.exitcode == UNGUARDED_EXIT for p in dead):
+        raise UsageError(
+            f"the worker processes could not start: {_unguarded_script()} calls embed_file(workers="
+            f"{workers}) at its top level; each spawned worker imports that script again, so "
+            'put the call under `if __name__ == "__main__":`'
+        ) from None
+    if dead or all(p.exitcode is not None for p in procs):
+        with contextlib.suppress(queue.Empty):
+            while True:  # an error report may still be in the queue
+                kind, value = results.get(timeout=0.5)
+                if kind == "error":
+                    raise pickle.loads(value) from None  # the worker's own error, as it raised it
+        codes = ", ".join(f"{p.name} exit {p.exitcode}" for p in procs if p.exitcode)
+        raise EmbedWorkerError(
+            f"a worker process died ({codes or 'no report'}) with parts "
+            f"{sorted(remaining)[:10]} unfinished; the finished parts are kept in "
+            f"{writer.folder}: rerun with "
+            f"{option_wording('--resume', 'resume=True')}"
+        ) from None
+
+
+def _gather(
+    procs: list, results, remaining: set[int], progress: Callable[[int], None], workers: int, writer: Any
+) -> None:
+    """Read the workers' reports until every part of ``remaining`` is done: lines done go to ``progress``, a
+    worker's error is raised; checks for Ctrl-C and for dead workers (:func:`_check_workers`) between reports."""
+    while remaining:
+        interrupts.check()
+        try:
+            kind, value = results.get(timeout=0.2)
+        except queue.Empty:
+            _check_workers(procs, results, remaining, workers, writer)
+            continue
+        if kind == "n":
+            progress(value)
+        elif kind == "done":
+            remaining.discard(value)
+        elif kind == "error":
+            raise pickle.loads(value)
+
+
+def _stop(procs: list, tasks, results) -> None:
+    """Stop the workers still running (SIGTERM, then SIGKILL after 10 s) and close the queues."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    tasks.close()
+    results.close()
+
+
 def run_workers(
     embedder, writer: Any, todo: list[int], progress: Callable[[int], None], *, workers: int, worker_threads: int
 ) -> None:
@@ -86,13 +156,8 @@ def run_workers(
         KeyboardInterrupt: Ctrl-C/SIGTERM (the workers are stopped).
     """
     ctx = mp.get_context("spawn")
-    tasks, results = ctx.Queue(), ctx.Queue()
-    tasks.cancel_join_thread()  # never wait at exit to feed part numbers nobody will read
-    for k in todo:
-        tasks.put(k)
     n = min(workers, len(todo))
-    for _ in range(n):
-        tasks.put(None)
+    tasks, results = _queues(ctx, todo, n)
     procs = [
         ctx.Process(
             target=_worker_main,
@@ -109,49 +174,8 @@ def run_workers(
         with interrupts.deferred(), interrupts.blocked():
             for p in procs:
                 p.start()
-        remaining = set(todo)
-        while remaining:
-            interrupts.check()
-            try:
-                kind, value = results.get(timeout=0.2)
-            except queue.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if any(p.exitcode == UNGUARDED_EXIT for p in dead):
-                    raise UsageError(
-                        f"the worker processes could not start: {_unguarded_script()} calls embed_file(workers="
-                        f"{workers}) at its top level; each spawned worker imports that script again, so "
-                        'put the call under `if __name__ == "__main__":`'
-                    ) from None
-                if dead or all(p.exitcode is not None for p in procs):
-                    with contextlib.suppress(queue.Empty):
-                        while True:  # an error report may still be in the queue
-                            kind, value = results.get(timeout=0.5)
-                            if kind == "error":
-                                raise pickle.loads(value) from None  # the worker's own error, as it raised it
-                    codes = ", ".join(f"{p.name} exit {p.exitcode}" for p in procs if p.exitcode)
-                    raise EmbedWorkerError(
-                        f"a worker process died ({codes or 'no report'}) with parts "
-                        f"{sorted(remaining)[:10]} unfinished; the finished parts are kept in "
-                        f"{writer.folder}: rerun with "
-                        f"{option_wording('--resume', 'resume=True')}"
-                    ) from None
-                continue
-            if kind == "n":
-                progress(value)
-            elif kind == "done":
-                remaining.discard(value)
-            elif kind == "error":
-                raise pickle.loads(value)
+        _gather(procs, results, set(todo), progress, workers, writer)
         for p in procs:
             p.join(timeout=30)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        tasks.close()
-        results.close()
+        _stop(procs, tasks, results)

@@ -343,6 +343,70 @@ def _weibo_char(token: str) -> str | None:
     return None
 
 
+def _char_ner_columns(source: str, number: int, text: str) -> tuple[str, str]:
+    """A character NER line's ``(token, tag)``; :class:`DataError` (``FILE:LINE``) for any other number of columns."""
+    cols = text.split()
+    if len(cols) != 2:
+        what = f"token {cols[0]!r} has no tag" if len(cols) == 1 else f"{len(cols)} columns"
+        raise DataError(
+            f"{source}:{number}: {what}; a character NER line is CHAR and TAG separated by a tab or a space"
+        )
+    return cols[0], cols[1]
+
+
+def _char_of(source: str, number: int, token: str, positions: bool) -> str:
+    """The character of a token: ``科0`` → ``科`` when the file's tokens carry positions (weiboNER_2nd_conll), the
+    token itself otherwise; :class:`DataError` (``FILE:LINE``) for a token of another form."""
+    if positions:
+        char = _weibo_char(token)
+        if char is None:
+            raise DataError(
+                f"{source}:{number}: token {token!r} is not CHARACTER+position digits as the "
+                "file's first token is (weiboNER_2nd_conll format)"
+            )
+        return char
+    if len(token) != 1:
+        raise DataError(
+            f"{source}:{number}: token {token!r} is {len(token)} characters; a character NER file "
+            "has one character a line"
+        )
+    return token
+
+
+def _char_ner_blocks(source: str, lines: list[str], limit: int | None) -> list[tuple[list[int], list[str], list[str]]]:
+    """The file's sentences (at most ``limit``) as ``(line numbers, characters, tags)``; whether tokens carry
+    positions is decided by the file's first token."""
+    raw: list[tuple[list[int], list[str], list[str]]] = []
+    positions: bool | None = None
+    for block in _blocks(lines):
+        if len(raw) == limit:
+            break
+        numbers, chars, tags = [], [], []
+        for number, text in block:
+            token, tag = _char_ner_columns(source, number, text)
+            if positions is None:
+                positions = len(token) > 1 and _weibo_char(token) is not None
+            numbers.append(number)
+            chars.append(_char_of(source, number, token, positions))
+            tags.append(tag)
+        raw.append((numbers, chars, tags))
+    return raw
+
+
+def _detect_char_ner_scheme(source: str, raw: list[tuple[list[int], list[str], list[str]]]) -> str:
+    """The source scheme from the tags (:func:`detect_scheme`), after checking each is ``O`` or ``X-TYPE``."""
+    for numbers, _, tags in raw:
+        for number, tag in zip(numbers, tags):
+            if tag != "O" and not (len(tag) > 2 and tag[0] in "BIMES" and tag[1] == "-"):
+                raise DataError(
+                    f"{source}:{number}: tag {tag!r} is not a BIO, BIOES or BMES tag (expected O or B-/I-/M-/E-/S-TYPE)"
+                )
+    try:
+        return detect_scheme(t for _, _, tags in raw for t in tags)
+    except DataError as exc:
+        raise DataError(f"{source}: {exc}; pass source_scheme=") from None
+
+
 def read_char_ner(
     path: str | os.PathLike,
     scheme: str = "BIO",
@@ -371,54 +435,11 @@ def read_char_ner(
         check_scheme("source_scheme", source_scheme)
     limit = _check_limit(limit)
     source, lines = _read_lines(path, encoding)
-    raw: list[tuple[list[int], list[str], list[str]]] = []
-    positions: bool | None = None
-    for block in _blocks(lines):
-        if len(raw) == limit:
-            break
-        numbers, chars, tags = [], [], []
-        for number, text in block:
-            cols = text.split()
-            if len(cols) != 2:
-                what = f"token {cols[0]!r} has no tag" if len(cols) == 1 else f"{len(cols)} columns"
-                raise DataError(
-                    f"{source}:{number}: {what}; a character NER line is CHAR and TAG separated by a tab or a space"
-                )
-            token, tag = cols
-            if positions is None:
-                positions = len(token) > 1 and _weibo_char(token) is not None
-            if positions:
-                char = _weibo_char(token)
-                if char is None:
-                    raise DataError(
-                        f"{source}:{number}: token {token!r} is not CHARACTER+position digits as the "
-                        "file's first token is (weiboNER_2nd_conll format)"
-                    )
-            elif len(token) != 1:
-                raise DataError(
-                    f"{source}:{number}: token {token!r} is {len(token)} characters; a character NER file "
-                    "has one character a line"
-                )
-            else:
-                char = token
-            numbers.append(number)
-            chars.append(char)
-            tags.append(tag)
-        raw.append((numbers, chars, tags))
+    raw = _char_ner_blocks(source, lines, limit)
     if not raw:
         raise DataError(f"{source}: no sentences")
     if source_scheme == "auto":
-        for numbers, _, tags in raw:
-            for number, tag in zip(numbers, tags):
-                if tag != "O" and not (len(tag) > 2 and tag[0] in "BIMES" and tag[1] == "-"):
-                    raise DataError(
-                        f"{source}:{number}: tag {tag!r} is not a BIO, BIOES or BMES tag (expected O or "
-                        "B-/I-/M-/E-/S-TYPE)"
-                    )
-        try:
-            source_scheme = detect_scheme(t for _, _, tags in raw for t in tags)
-        except DataError as exc:
-            raise DataError(f"{source}: {exc}; pass source_scheme=") from None
+        source_scheme = _detect_char_ner_scheme(source, raw)
     out: list[TaggedSentence] = []
     repaired: list[tuple[int, str]] = []
     for numbers, chars, tags in raw:

@@ -25,6 +25,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -77,6 +78,85 @@ def _batches(n: int, batch_size: int, rng: random.Random, lengths: Sequence[int]
     return batches
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One optimiser step's settings: the optimiser and its parameters, the gradient clip (total norm), the ELMo
+    mixes' λ (``l2``) and the learning rate (named in the message of a non-finite loss)."""
+
+    optimiser: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    clip: float
+    l2: float
+    lr: float
+
+
+def _train_epoch(
+    model: TaskModel,
+    train: TaskData,
+    batches: list[list[int]],
+    step: _Step,
+    *,
+    epoch: int,
+    steps: int,
+    max_steps: int | None,
+) -> tuple[list[float], int]:
+    """One epoch's optimiser steps over ``batches`` (stopping at ``max_steps`` steps in all): the losses, and the
+    step count after it. Raises :class:`TrainingError` on a NaN or infinite loss; checks for Ctrl-C between steps."""
+    module, device = model.module, model.device
+    module.train()
+    losses = []
+    for indices in batches:
+        interrupts.check()
+        batch = model.batch(train, indices, targets=True).to(device)
+        loss = module.loss(batch) + module.inputs.l2_penalty(step.l2).to(device)
+        if not torch.isfinite(loss):
+            raise TrainingError(
+                f"epoch {epoch}, step {steps + 1}: the loss is {float(loss)} (lower train.lr, now {step.lr})"
+            )
+        step.optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(step.params, step.clip)
+        step.optimiser.step()
+        losses.append(float(loss.detach()))
+        steps += 1
+        if max_steps is not None and steps >= max_steps:
+            break
+    return losses, steps
+
+
+def _epoch_record(epoch: int, steps: int, losses: list[float], dev_score: float, start: float) -> dict:
+    """The history entry of an epoch that began at ``start`` (``time.perf_counter()``)."""
+    return {
+        "epoch": epoch,
+        "steps": steps,
+        "train_loss": sum(losses) / max(len(losses), 1),
+        "first_loss": losses[0] if losses else None,
+        "dev": dev_score,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+@dataclass
+class _BestEpoch:
+    """Early stopping: the best dev ``score`` so far, its ``epoch`` and a copy of the task weights (``state``), and
+    the epochs since (``bad``)."""
+
+    patience: int
+    score: float = -math.inf
+    epoch: int = 0
+    state: dict | None = None
+    bad: int = 0
+
+    def out_of_patience(self, module: torch.nn.Module, epoch: int, score: float) -> bool:
+        """Keep ``module``'s weights when ``score`` is better; whether ``patience`` epochs passed without one."""
+        if score > self.score:
+            self.score, self.epoch, self.bad = score, epoch, 0
+            self.state = copy.deepcopy(task_state(module))
+            return False
+        self.bad += 1
+        return self.bad >= self.patience
+
+
 def fit(
     model: TaskModel,
     train: TaskData,
@@ -112,63 +192,33 @@ def fit(
     say = log or logger.info
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    module = model.module
-    device = model.device
-    params = [p for p in module.parameters() if p.requires_grad]
-    optimiser = torch.optim.Adam(params, lr=lr)
+    params = [p for p in model.module.parameters() if p.requires_grad]
+    step = _Step(torch.optim.Adam(params, lr=lr), params, clip=clip, l2=l2, lr=lr)
     model.check_labels(dev, unseen)
     lengths = [len(t) for t in train.tokens]
-    best_score, best_state, best_epoch, bad = -math.inf, None, 0, 0
+    best = _BestEpoch(patience)
     history: list[dict] = []
     steps = 0
     for epoch in range(1, epochs + 1):
         start = time.perf_counter()
-        module.train()
-        losses = []
-        for indices in _batches(len(train), batch_size, rng, lengths):
-            interrupts.check()
-            batch = model.batch(train, indices, targets=True).to(device)
-            loss = module.loss(batch) + module.inputs.l2_penalty(l2).to(device)
-            if not torch.isfinite(loss):
-                raise TrainingError(
-                    f"epoch {epoch}, step {steps + 1}: the loss is {float(loss)} (lower train.lr, now {lr})"
-                )
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, clip)
-            optimiser.step()
-            losses.append(float(loss.detach()))
-            steps += 1
-            if max_steps is not None and steps >= max_steps:
-                break
+        batches = _batches(len(train), batch_size, rng, lengths)
+        losses, steps = _train_epoch(model, train, batches, step, epoch=epoch, steps=steps, max_steps=max_steps)
         dev_score = model.evaluate(dev, unseen=unseen)["score"]
-        record = {
-            "epoch": epoch,
-            "steps": steps,
-            "train_loss": sum(losses) / max(len(losses), 1),
-            "first_loss": losses[0] if losses else None,
-            "dev": dev_score,
-            "seconds": round(time.perf_counter() - start, 2),
-        }
+        record = _epoch_record(epoch, steps, losses, dev_score, start)
         history.append(record)
         say(
             f"epoch {epoch}: train loss {record['train_loss']:.4f}, dev {model.config.metric} {dev_score:.2f} "
             f"({record['seconds']:.1f} s)"
         )
-        if dev_score > best_score:
-            best_score, best_epoch, bad = dev_score, epoch, 0
-            best_state = copy.deepcopy(task_state(module))
-        else:
-            bad += 1
-            if bad >= patience:
-                say(f"early stop: no better dev score for {patience} epoch(s); best epoch {best_epoch}")
-                break
+        if best.out_of_patience(model.module, epoch, dev_score):
+            say(f"early stop: no better dev score for {patience} epoch(s); best epoch {best.epoch}")
+            break
         if max_steps is not None and steps >= max_steps:
             break
-    if best_state is not None:
-        load_task_state(module, best_state)
+    if best.state is not None:
+        load_task_state(model.module, best.state)
     model.history = history
-    model.results.update(best_epoch=best_epoch, dev=best_score, steps=steps)
+    model.results.update(best_epoch=best.epoch, dev=best.score, steps=steps)
     return history
 
 
