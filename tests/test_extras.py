@@ -323,6 +323,8 @@ def test_tag_train_without_pytorch_crf(tag_setup, tmp_path, capsys, monkeypatch)
     )
     assert sum("error" in line for line in err.splitlines()) == 1
     assert not (tmp_path / "m").exists() or not any((tmp_path / "m").iterdir())
+    # named before any work: the error is all the command wrote (no biLM loading, no layer computation)
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_word2vec_baseline_without_gensim(tag_setup, tmp_path, capsys, monkeypatch):

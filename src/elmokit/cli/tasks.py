@@ -32,7 +32,7 @@ from elmokit.cli.common import (
     seed,
 )
 from elmokit.data.tokenizers import load_tokenizer, word_tokenizer
-from elmokit.errors import DataError, UsageError
+from elmokit.errors import DataError, UsageError, import_optional
 from elmokit.io import atomic_write_text, check_creatable_folder, folder_lock
 from elmokit.tasks.config import load_task_config
 
@@ -58,6 +58,16 @@ def _summary(result: dict) -> str:
     return f"{result['metric']} {result['score']:.2f} ({result['sentences']} sentences)"
 
 
+def _require_task_libraries(kind: str) -> None:
+    """Raise :class:`~elmokit.errors.MissingExtraError` (one line naming ``pip install 'elmokit[tasks]'``) when a
+    library that the ``kind`` of task model always needs is missing: checked before any work, so that it is named at
+    once rather than after the biLM layers of the data are computed."""
+    if kind == "tag":
+        import_optional("torchcrf", "tasks", "the CRF tagger")
+    elif kind == "classify":
+        import_optional("sklearn.metrics", "tasks", "macro F1 (scikit-learn)")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Train from a config; save; print the dev/test scores (text, or one JSON line with ``--json``)."""
     from elmokit.tasks.training import train_from_config  # lazy: CLI start-up
@@ -65,6 +75,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_input_file(args.config, "task config")
     config = load_task_config(args.config)
     _check_kind(args, config.task, f"the config {args.config}")
+    _require_task_libraries(config.task)
     out = args.out if args.out is not None else Path(f"{args.config.stem}-model")
     check_creatable_folder(out, "--out")
     device = resolve_cli_device(args.device)
