@@ -21,7 +21,7 @@ from pathlib import Path
 
 from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmokit.errors import import_optional
-from elmokit.recipes.quickstart.protocol import SEPARATION_MARGIN, QuickstartJob, sense_similarities
+from elmokit.recipes.quickstart.protocol import SEPARATION_MARGIN, TRAIN_SETTINGS, QuickstartJob, sense_similarities
 
 __all__ = ["en_job", "load_lee_corpus", "tokenize", "quickstart_config", "BANK_SENTENCES", "bank_similarities"]
 
@@ -105,21 +105,7 @@ def en_job() -> QuickstartJob:
         load_corpus=load,
         describe_corpus=describe,
         model=quickstart_config,
-        train=dict(
-            min_count=2,
-            batching="sentences",
-            batch_size=32,
-            unroll_steps=20,
-            n_epochs=1000,
-            optimizer="adam",
-            lr=2e-3,
-            clip_norm=5.0,
-            dropout=0.5,
-            n_negative_samples=0,
-            checkpoint_every=10_000,
-            log_every=10,
-            valid_every=10_000,
-        ),
+        train=dict(TRAIN_SETTINGS),
         probes=BANK_SENTENCES,
         word="bank",
         probe_key="bank",

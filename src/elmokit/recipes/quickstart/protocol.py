@@ -244,6 +244,25 @@ def prepare_out_dir(out_dir: Path) -> bool:
     return True
 
 
+#: The training settings every language's main job shares (:class:`~elmokit.pretraining.TrainConfig` fields other than
+#: files, folders, seed, device and steps): batches of 32 whole sentences, full softmax, Adam 2e-3, dropout 0.5.
+TRAIN_SETTINGS = dict(
+    min_count=2,
+    batching="sentences",
+    batch_size=32,
+    unroll_steps=20,
+    n_epochs=1000,
+    optimizer="adam",
+    lr=2e-3,
+    clip_norm=5.0,
+    dropout=0.5,
+    n_negative_samples=0,
+    checkpoint_every=10_000,
+    log_every=10,
+    valid_every=10_000,
+)
+
+
 @dataclass(frozen=True)
 class QuickstartJob:
     """What one language's main job fixes; :func:`run_job` runs the protocol shared by all of them.

