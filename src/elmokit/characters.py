@@ -462,7 +462,8 @@ def batch_to_ids(
         if tokens_to_add:
             raise UsageError("tokens_to_add belongs to the UTF-8 byte scheme; it cannot be combined with char_vocab")
         mapper: ByteCharacterMapper | CharVocabulary = char_vocab
-        max_characters_per_token = char_vocab.max_characters_per_token
+        # the id row's width: C, or C + 1 for a vocabulary that also maps words (ELMoForManyLangs')
+        max_characters_per_token = getattr(char_vocab, "id_width", char_vocab.max_characters_per_token)
     elif tokens_to_add:
         mapper = ByteCharacterMapper(max_characters_per_token, on_long_token, tokens_to_add=tokens_to_add)
     else:

@@ -50,6 +50,10 @@ class CharCNNConfig:
         activation: ``"relu"`` or ``"tanh"``, applied after each convolution's max-pool.
         char_vocab_size: ``None`` for the original UTF-8 byte scheme; the size of a character vocabulary (including
             its specials) for the character-vocabulary mode (see :mod:`elmokit.characters`).
+        word_embedding_dim, n_words: ``None`` (every model but ELMoForManyLangs'); for an ELMoForManyLangs model
+            (:mod:`elmokit.weights.efml`), a learned word embedding of ``n_words`` rows × ``word_embedding_dim``,
+            concatenated before the highway output as the projection's input. Its ids then carry the word id in one
+            more column: (B, T, C + 1) (:attr:`id_width`). Written as ``"word_embedding": {"dim": D, "n_words": V}``.
     """
 
     filters: list[tuple[int, int]] = field(default_factory=lambda: [tuple(f) for f in RELEASED_FILTERS])
@@ -59,6 +63,13 @@ class CharCNNConfig:
     max_characters_per_token: int = 50
     activation: str = "relu"
     char_vocab_size: int | None = None
+    word_embedding_dim: int | None = None
+    n_words: int | None = None
+
+    @property
+    def id_width(self) -> int:
+        """Width of a token's id row: C, or C + 1 (the word id last) with a word embedding."""
+        return self.max_characters_per_token + (1 if self.word_embedding_dim is not None else 0)
 
     @property
     def n_filters(self) -> int:
@@ -107,6 +118,19 @@ class CharCNNConfig:
         else:
             # 7 specials (padding, <S>, </S>, begin/end of word, in-word pad, unknown) + at least one character
             _check_int(source, "char_cnn.char_vocab_size", self.char_vocab_size, 8)
+        if (self.word_embedding_dim is None) != (self.n_words is None):
+            raise ConfigError(
+                f"{source}: char_cnn.word_embedding needs both dim and n_words, got "
+                f"dim={_show(self.word_embedding_dim)}, n_words={_show(self.n_words)}"
+            )
+        if self.word_embedding_dim is not None:
+            _check_int(source, "char_cnn.word_embedding.dim", self.word_embedding_dim, 1)
+            _check_int(source, "char_cnn.word_embedding.n_words", self.n_words, 1)
+            if self.char_vocab_size is None:
+                raise ConfigError(
+                    f"{source}: char_cnn.word_embedding is set without char_cnn.char_vocab_size: a word embedding "
+                    "belongs to ELMoForManyLangs models, whose characters come from a vocabulary (char.dic)"
+                )
 
 
 @dataclass
@@ -212,6 +236,11 @@ class ElmoConfig:
         if not isinstance(embedding, dict) or "dim" not in embedding:
             raise ConfigError(f'{source}: char_cnn.embedding is {_show(embedding)}; expected an object {{"dim": N}}')
         filters = req(cc, "char_cnn", "filters")
+        words = cc.get("word_embedding", {})
+        if not isinstance(words, dict):
+            raise ConfigError(
+                f'{source}: char_cnn.word_embedding is {_show(words)}; expected an object {{"dim": D, "n_words": V}}'
+            )
         char_cnn = CharCNNConfig(
             filters=filters,
             n_highway=req(cc, "char_cnn", "n_highway"),
@@ -220,6 +249,8 @@ class ElmoConfig:
             max_characters_per_token=cc.get("max_characters_per_token", 50),
             activation=cc.get("activation", "relu"),
             char_vocab_size=cc.get("char_vocab_size"),
+            word_embedding_dim=words.get("dim"),
+            n_words=words.get("n_words"),
         )
         lstm = LSTMConfig(
             dim=req(ls, "lstm", "dim"),
@@ -253,6 +284,8 @@ class ElmoConfig:
         }
         if cc.char_vocab_size is not None:
             char_cnn["char_vocab_size"] = cc.char_vocab_size
+        if cc.word_embedding_dim is not None:
+            char_cnn["word_embedding"] = {"dim": cc.word_embedding_dim, "n_words": cc.n_words}
         ls = self.lstm
         lstm = {
             "dim": ls.dim,

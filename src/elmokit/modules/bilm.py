@@ -98,18 +98,33 @@ class BiLM(nn.Module):
         self.config = config
         self.token_encoder = TokenEncoder(config.char_cnn, config.lstm.projection_dim)
         self.bilstm = BiLSTM(config.lstm, dropout=dropout)
-        bos, eos = boundary_char_ids(config.char_cnn.max_characters_per_token, config.char_cnn.char_vocab_size)
-        self._bos, self._eos = bos, eos
+        if config.char_cnn.word_embedding_dim is None:
+            bos, eos = boundary_char_ids(config.char_cnn.max_characters_per_token, config.char_cnn.char_vocab_size)
+            self._bos, self._eos = bos, eos
+        else:  # ELMoForManyLangs: the boundary rows come from its vocabulary (char_vocab, attached by the loader)
+            self._bos = self._eos = None
         # the fixed start state (c (2, L, 1, H), h (2, L, 1, P)) or None = zeros; see set_start_state
         self.register_buffer("start_c", None, persistent=False)
         self.register_buffer("start_h", None, persistent=False)
         #: how the stored start state was made (recorded in the native file's metadata), ``None`` without one
         self.start_state_source: str | None = None
-        #: the character vocabulary of a model trained in the character-vocabulary mode
-        #: (``config.char_cnn.char_vocab_size`` set); attached by the loaders from ``chars.txt``. ``None`` for the
-        #: UTF-8 byte scheme.
-        self.char_vocab = None
+        #: the character vocabulary (``config.char_cnn.char_vocab_size`` set), attached by the loaders from
+        #: ``chars.txt`` (ELMoForManyLangs: ``char.dic`` + ``word.dic``); ``None`` for the UTF-8 byte scheme.
         self._derived = DerivedWeights()  # inference-time copies (the boundary token vectors)
+        self.char_vocab = None
+
+    @property
+    def char_vocab(self):
+        """The :class:`~elmokit.characters.CharVocabulary` of a character-vocabulary model, else ``None``. One that
+        defines its boundary rows (``defines_boundaries``: ELMoForManyLangs') sets the model's when attached."""
+        return self._char_vocab
+
+    @char_vocab.setter
+    def char_vocab(self, vocab) -> None:
+        self._char_vocab = vocab
+        if vocab is not None and getattr(vocab, "defines_boundaries", False):
+            self._bos, self._eos = vocab.boundary_ids()
+            self._derived.clear()  # the cached boundary vectors belong to the old rows
 
     def clear_derived_weights(self) -> None:
         """Drop every inference-time weight copy of this model (:class:`~elmokit.modules.derived.DerivedWeights`:
@@ -211,13 +226,15 @@ class BiLM(nn.Module):
             raise InputTypeError(
                 f"char_ids must be a LongTensor (B, T, C) from batch_to_ids, got {type(char_ids).__name__}"
             )
-        c = self.config.char_cnn.max_characters_per_token
-        byte_scheme = self.config.char_cnn.char_vocab_size is None
+        cc = self.config.char_cnn
+        c, words = cc.id_width, cc.word_embedding_dim is not None
+        byte_scheme = cc.char_vocab_size is None
         scheme = (
             f"batch_to_ids(sentences{'' if c == 50 else f', {c}'}) (UTF-8 bytes, no char_vocab)"
             if byte_scheme
-            else f"batch_to_ids(sentences, {c}, char_vocab=elmo.bilm.char_vocab) (for a BiLM: bilm.char_vocab; "
-            "this model reads a character vocabulary)"
+            else "batch_to_ids(sentences, char_vocab=elmo.bilm.char_vocab) (for a BiLM: bilm.char_vocab; "
+            + ("this ELMoForManyLangs model reads its word and character ids)" if words else "")
+            + ("" if words else "this model reads a character vocabulary)")
         )
         if char_ids.dim() != 3 or char_ids.shape[-1] != c:
             raise InputError(
@@ -230,13 +247,28 @@ class BiLM(nn.Module):
             )
         mask = token_mask(char_ids)
         if char_ids.numel():
-            lo, hi = int(char_ids.min()), int(char_ids.max())
-            n = self.config.char_cnn.n_char_rows + 1
+            chars = char_ids[..., : cc.max_characters_per_token]
+            lo, hi = int(chars.min()), int(chars.max())
+            n = cc.n_char_rows + 1
             if lo < 0 or hi >= n:
                 raise InputError(
                     f"char_ids contain {lo if lo < 0 else hi}, outside the character table [0, {n}); "
                     f"this model's ids come from {scheme}"
                 )
+            if words:
+                lo, hi = int(char_ids[..., -1].min()), int(char_ids[..., -1].max())
+                if lo < 0 or hi >= cc.n_words:
+                    raise InputError(
+                        f"char_ids hold word id {lo if lo < 0 else hi} in their last column, outside the word table "
+                        f"[0, {cc.n_words}); this model's ids come from {scheme}"
+                    )
+                if self._bos is None:
+                    raise UsageError(
+                        "this ELMoForManyLangs model has no vocabulary attached (bilm.char_vocab is None): load it "
+                        "with load_pretrained_bilm / load_efml, which read char.dic and word.dic"
+                    )
+                check_left_aligned(mask, "char_ids")
+                return mask
             check_left_aligned(mask, "char_ids")
             # ids made for the other scheme run and give wrong vectors: refuse them when every real token has the
             # other scheme's begin-of-word first and its end-of-word or in-word pad last (hand-made ids pass)

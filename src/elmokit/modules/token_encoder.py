@@ -1,4 +1,5 @@
-"""The context-independent token encoder (ELMo layer 0): char CNN → highway → linear projection."""
+"""The context-independent token encoder (ELMo layer 0): char CNN → highway → linear projection (ELMoForManyLangs
+models: a learned word embedding concatenated before the highway output, then the projection)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ class TokenEncoder(nn.Module):
     :attr:`inference_chunk` distinct tokens are encoded in chunks (memory stays bounded on a very long input).
 
     Source: bilm-tf ``_build_word_char_embeddings`` (conv → max → activation → highway → projection with bias).
+
+    **Word embedding** (``config.word_embedding_dim`` set: ELMoForManyLangs models, :mod:`elmokit.weights.efml`): the
+    ids are (B, T, C + 1), the last column a word id in [0, ``n_words``); the token vector is
+    ``projection([word_embedding[word id]; highway(cnn(char ids))])`` (word part first), the projection's input then
+    ``word_embedding_dim + F`` wide. Source: ELMoForManyLangs ``ConvTokenEmbedder.forward``.
     """
 
     #: without autograd, more distinct tokens than this are encoded in chunks of this many (bounded memory for very
@@ -39,12 +45,21 @@ class TokenEncoder(nn.Module):
         self.config = config
         self.char_cnn = CharCNN(config.n_char_rows, config.embedding_dim, config.filters, config.activation)
         self.highway = Highway(self.char_cnn.output_dim, config.n_highway)
-        self.projection = nn.Linear(self.char_cnn.output_dim, projection_dim)
+        #: (n_words, word_embedding_dim) learned word rows, or ``None`` (every model but ELMoForManyLangs')
+        self.word_embedding = (
+            nn.Embedding(config.n_words, config.word_embedding_dim) if config.word_embedding_dim is not None else None
+        )
+        words = config.word_embedding_dim or 0
+        self.projection = nn.Linear(words + self.char_cnn.output_dim, projection_dim)
         self.output_dim = projection_dim
 
     def encode_unique(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """Encode N tokens given as (N, C) ids (no de-duplication, no masking) → (N, P)."""
-        return self.projection(self.highway(self.char_cnn(char_ids)))
+        """Encode N tokens given as (N, C) ids — (N, C + 1) with the word id last when the model has a word
+        embedding — (no de-duplication, no masking) → (N, P)."""
+        if self.word_embedding is None:
+            return self.projection(self.highway(self.char_cnn(char_ids)))
+        chars = self.highway(self.char_cnn(char_ids[:, :-1]))
+        return self.projection(torch.cat([self.word_embedding(char_ids[:, -1]), chars], dim=-1))
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
         if char_ids.dim() != 3:

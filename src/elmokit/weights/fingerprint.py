@@ -63,16 +63,22 @@ def bilm_fingerprint(bilm: BiLM) -> str:
     """
     bilm = _unwrap(bilm)
     h = hashlib.sha256(FINGERPRINT_VERSION.encode() + b"\n")
-    h.update(json.dumps(dataclasses.asdict(bilm.config), sort_keys=True, default=str).encode())
+    config = dataclasses.asdict(bilm.config)
+    for key in ("word_embedding_dim", "n_words"):  # unset (all but ELMoForManyLangs models): digests stay as before
+        if config["char_cnn"].get(key) is None:
+            config["char_cnn"].pop(key, None)
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
     vocab = getattr(bilm, "char_vocab", None)
     if vocab is None:
         h.update(b"\0chars\0none\0")
     else:
+        described = [vocab.characters, vocab.max_characters_per_token, vocab.on_long_token]
+        words = getattr(vocab, "words", None)  # an ELMoForManyLangs vocabulary also maps words
         h.update(
             b"\0chars\0"
-            + json.dumps(
-                [vocab.characters, vocab.max_characters_per_token, vocab.on_long_token], ensure_ascii=False
-            ).encode("utf-8", "surrogatepass")
+            + json.dumps(described + ([words] if words is not None else []), ensure_ascii=False).encode(
+                "utf-8", "surrogatepass"
+            )
         )
     for name, tensor in sorted(bilm.state_dict().items()):
         _update_tensor(h, name, tensor)

@@ -8,7 +8,9 @@
 * a model trained here (:data:`ZOO_MODELS`: ``elmokit-en``, ``elmokit-zh``): the native folder
   ``$ELMOKIT_CACHE/zoo/<name>`` that ``elmokit zoo build`` writes (:func:`resolve_model_name`);
 * a directory in the native format (``config.json`` + ``model.safetensors``);
-* a directory holding an original ``options.json`` (or ``*options*.json``) and one ``*.hdf5`` weight file.
+* a directory holding an original ``options.json`` (or ``*options*.json``) and one ``*.hdf5`` weight file;
+* an ELMoForManyLangs folder (``char.dic``, ``word.dic``, ``encoder.pkl``, ``token_embedder.pkl``, ``config.json``):
+  :mod:`elmokit.weights.efml`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from elmokit.errors import ConfigError, InputError, MissingFileError, UsageError
 from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text
 from elmokit.modules.bilm import BiLM, StatefulBiLM
 from elmokit.weights import load_state_checked
+from elmokit.weights.efml import is_efml_folder, load_efml
+from elmokit.weights.efml_vocab import EfmlVocabulary
 
 __all__ = [
     "save_pretrained",
@@ -250,7 +254,8 @@ def _sort_metadata(path: Path) -> None:
 
 def load_native(path: str | os.PathLike, *, stateful: bool = False, **bilm_kwargs) -> BiLM:
     """Load a native-format directory. Extra tensors (``softmax.*``) are ignored here. A character-vocabulary model's
-    ``chars.txt`` is attached as ``model.char_vocab``. A stored start state (``start_state.c`` / ``.h``, see
+    ``chars.txt`` (one converted from ELMoForManyLangs: its ``char.dic`` + ``word.dic``) is attached as
+    ``model.char_vocab``. A stored start state (``start_state.c`` / ``.h``, see
     :func:`save_pretrained`) becomes :attr:`BiLM.start_state`; files without one (every file written before it
     existed) give a model that starts from zeros.
 
@@ -290,7 +295,12 @@ def load_native(path: str | os.PathLike, *, stateful: bool = False, **bilm_kwarg
             model.set_start_state((tensors[START_C], tensors[START_H]), source=source)
         except InputError as exc:
             raise WeightsError(f"{weights}: its start state does not fit the model ({exc})") from None
-    if config.char_cnn.char_vocab_size is not None:
+    if config.char_cnn.word_embedding_dim is not None:  # converted from ELMoForManyLangs: its two .dic files
+        cc = config.char_cnn
+        model.char_vocab = EfmlVocabulary.from_folder(
+            path, cc.char_vocab_size - 1, cc.n_words, cc.max_characters_per_token, str(weights)
+        )
+    elif config.char_cnn.char_vocab_size is not None:
         chars = path / CHARS_NAME
         if not chars.is_file():
             raise MissingFileError(
@@ -357,6 +367,8 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
     if resolved is not name_or_path:  # a zoo model: its native folder
         return load_native(resolved, **bilm_kwargs)
     path = Path(name_or_path)
+    if is_efml_folder(path):  # before the native check: EFML folders hold a config.json too
+        return load_efml(path, **bilm_kwargs)
     if path.is_dir():
         if (path / CONFIG_NAME).is_file():
             return load_native(path, **bilm_kwargs)
