@@ -18,7 +18,9 @@ What comes from EFML's own code:
   each on a FRESH Embedder (only a fresh Embedder's first call is deterministic: it carries LSTM state between calls),
   with all sentences in one batch (fewer than its batch size of 64). Per layer, the sentences' arrays are concatenated
   along the token axis; ``sentences.json`` holds the sentences (English and Chinese, word-segmented) and their lengths.
-  ``expected.npz`` also holds ``f64_gap``: EFML's own float64-vs-float32 difference (max abs) on the same input.
+  ``expected.npz`` also holds ``second_call``: output_layer -2 of a second call with the same sentences on one
+  Embedder (its carried state; one batch, so no shuffling), and ``f64_gap``: EFML's own float64-vs-float32
+  difference (max abs) on the same input.
 """
 
 from __future__ import annotations
@@ -168,6 +170,11 @@ def run_efml(Embedder, model_dir: Path, sentences: list[list[str]]) -> tuple[dic
         outs = emb.sents2elmo(sentences, output_layer=layer)
         assert [o.shape[-2] for o in outs] == [len(s) for s in sentences]
         expected[f"layer{layer}"] = np.concatenate(outs, axis=-2).astype(np.float32)
+    # EFML carries the LSTM state: a second call on the same Embedder (one batch, so no shuffling) starts from the
+    # state the first call reached, row by row in its batch order (sentences sorted by length, longest first)
+    emb = Embedder(str(model_dir), batch_size=64)
+    emb.sents2elmo(sentences, output_layer=-2)
+    expected["second_call"] = np.concatenate(emb.sents2elmo(sentences, output_layer=-2), axis=-2).astype(np.float32)
     emb = Embedder(str(model_dir), batch_size=64)
     emb.model.double()
     f64 = np.concatenate(emb.sents2elmo(sentences, output_layer=-2), axis=-2)
