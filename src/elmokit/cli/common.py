@@ -178,8 +178,8 @@ def check_model(name_or_path: str) -> None:
     """Check, before any other rule and without loading anything, that a model argument names a model: a released
     name, a zoo model name (``elmokit-en``, ``elmokit-zh``: resolved first to its folder in ``$ELMOKIT_CACHE/zoo``,
     :func:`elmokit.weights.native.resolve_model_name`, unless a folder of that name is here), a native folder
-    (``config.json``), or a folder with an ``*options*.json`` and a ``*.hdf5``. Which weight file an original folder
-    means, and whether the files are readable, is the loader's check
+    (``config.json``), an ELMoForManyLangs folder, or a folder with an ``*options*.json`` and a ``*.hdf5``. Which
+    weight file an original folder means, and whether the files are readable, is the loader's check
     (:func:`elmokit.weights.native.load_pretrained_bilm`).
 
     Raises:
@@ -187,12 +187,13 @@ def check_model(name_or_path: str) -> None:
             is not built (the message says which ``elmokit zoo build`` command builds it).
         UsageError: a file where a model folder or name is wanted.
     """
+    from elmokit.weights.efml import is_efml_folder  # lazy: CLI start-up
     from elmokit.weights.native import RELEASED, known_model_names, resolve_model_name  # lazy: CLI start-up
 
     name_or_path = resolve_model_name(name_or_path)  # a zoo name → its built folder (MissingFileError if unbuilt)
     path = Path(name_or_path)
     if path.is_dir():
-        if (path / "config.json").is_file():
+        if (path / "config.json").is_file() or is_efml_folder(path):  # (the loader names an EFML file missing)
             return
         if any(path.glob("*options*.json")) and any(path.glob("*.hdf5")):
             return

@@ -48,11 +48,13 @@ def _check_not_inside(out: Path, folder: Path | None, model: str, option: str) -
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    """An original-format model → native folder (config.json + model.safetensors): ``convert MODEL OUT`` (a folder
-    with an options.json and a weight HDF5, or a released name) or ``convert OPTIONS WEIGHTS OUT``; refuses to replace
-    a model unless ``--overwrite``, and an output inside the model's folder."""
+    """An original-format or ELMoForManyLangs model → native folder (config.json + model.safetensors, and for
+    ELMoForManyLangs its char.dic + word.dic): ``convert MODEL OUT`` (a folder with an options.json and a weight HDF5,
+    an ELMoForManyLangs folder, or a released name) or ``convert OPTIONS WEIGHTS OUT``; refuses to replace a model
+    unless ``--overwrite``, and an output inside the model's folder."""
     import h5py  # lazy: CLI start-up
 
+    from elmokit.weights.efml import is_efml_folder  # lazy: CLI start-up
     from elmokit.weights.native import load_pretrained_bilm, save_pretrained  # lazy: CLI start-up
     from elmokit.weights.original import load_original  # lazy: CLI start-up
 
@@ -62,17 +64,20 @@ def cmd_convert(args: argparse.Namespace) -> int:
             f"{' '.join(map(str, args.paths))}"
         )
     output = args.paths[-1]
+    written = ("config.json", "model.safetensors")
     if len(args.paths) == 2:
         model = str(args.paths[0])
         check_model(model)
         folder = model_folder(model)
-        if folder is not None and (folder / "config.json").is_file():
+        efml = folder is not None and is_efml_folder(folder)  # its char.dic and word.dic are written beside
+        if folder is not None and (folder / "config.json").is_file() and not efml:
             raise UsageError(
                 f"the model {model} is already in elmokit's format (config.json + model.safetensors): "
                 "use it as it is (`elmokit export` writes the original format)"
             )
+        written += ("char.dic", "word.dic") if efml else ()
         _check_not_inside(output, folder, model, "convert")
-        _check_output_folder(output, args.overwrite, ("config.json", "model.safetensors"), "a model")
+        _check_output_folder(output, args.overwrite, written, "a model")
         bilm = load_pretrained_bilm(model)
     else:
         options, weights = args.paths[0], args.paths[1]
@@ -90,7 +95,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         _check_output_folder(output, args.overwrite, ("config.json", "model.safetensors"), "a model")
         bilm = load_original(options, weights)
     save_pretrained(bilm, output)
-    print(f"wrote {output / 'config.json'} and {output / 'model.safetensors'}")
+    print(f"wrote {', '.join(str(output / name) for name in written)}")
     return 0
 
 
@@ -139,6 +144,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         "start_state": (model.start_state_source or "stored") if model.start_state is not None else "zero",
         "options": model.config.to_options(),
     }
+    if model.config.char_cnn.word_embedding_dim is not None:
+        from elmokit.weights.efml import is_efml_folder  # lazy: CLI start-up
+
+        info = {**_efml_info(model, converted=not is_efml_folder(args.model)), **info}
     card = Path(args.model) / "card.json"
     if card.is_file():
         from elmokit.recipes.zoo.card import read_card  # lazy: CLI start-up
@@ -158,6 +167,24 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _efml_info(model, converted: bool) -> dict:
+    """What ``info`` says first about a model read from (or ``converted`` from) an ELMoForManyLangs folder."""
+    cc, vocab = model.config.char_cnn, model.char_vocab
+    source = model.config.extra.get("efml", {})
+    return {
+        "format": "elmokit (converted from ELMoForManyLangs)" if converted else "ELMoForManyLangs",
+        "architecture": source.get("architecture"),
+        "word_vocab_size": len(vocab.words),
+        "char_vocab_size": len(vocab.chars),
+        "word_embedding_dim": cc.word_embedding_dim,
+        "char_embedding_dim": cc.embedding_dim,
+        "max_characters_per_token": cc.max_characters_per_token,
+        "filters": [list(f) for f in cc.filters],
+        "lstm": {"dim": model.config.lstm.dim, "projection_dim": model.config.lstm.projection_dim},
+        "softmax": "none: the released EFML models carry no LM head (no perplexity or scores)",
+    }
+
+
 _MODEL_HELP = f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh: `elmokit zoo build`)"
 
 
@@ -167,8 +194,9 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         parents=parents,
         help="original options.json + HDF5 → native folder (config.json + model.safetensors)",
         usage="elmokit convert [-h] [-v] [--overwrite] MODEL OUT | OPTIONS WEIGHTS OUT",
-        description="Convert an original-format model to elmokit's native format. MODEL OUT: MODEL is "
-        "a folder holding an *options*.json and a weight *.hdf5, or a released name "
+        description="Convert an original-format or ELMoForManyLangs model to elmokit's native format. MODEL OUT: "
+        "MODEL is a folder holding an *options*.json and a weight *.hdf5, an ELMoForManyLangs folder (char.dic, "
+        "word.dic, encoder.pkl, token_embedder.pkl, config.json), or a released name "
         "(small, medium, original, original-5.5b); OPTIONS WEIGHTS OUT: the two files "
         "named. OUT is the folder to write config.json and model.safetensors into "
         "(created if missing; not inside the model's folder).",

@@ -261,6 +261,9 @@ def _check_lm_folder(path: Path) -> None:
         raise MissingFileError(
             f"the model folder {path} does not exist: give the model folder that `elmokit train` writes (OUT_DIR/model)"
         )
+    from elmokit.weights.efml import check_has_lm_head  # lazy: CLI start-up
+
+    check_has_lm_head(path)
     if not (path / "vocab.txt").exists() and (path / "model" / "vocab.txt").is_file():
         raise MissingFileError(f"{path} is a training run folder: give its model folder, {path / 'model'}")
 

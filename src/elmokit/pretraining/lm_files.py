@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from elmokit.errors import MissingFileError, WeightsError
 from elmokit.pretraining.objective import BidirectionalLM
 from elmokit.vocabulary import Vocabulary
+from elmokit.weights.efml import check_has_lm_head
 from elmokit.weights.native import WEIGHTS_NAME, load_native, resolve_model_name, save_pretrained
 
 __all__ = ["save_lm", "load_lm"]
@@ -34,9 +35,11 @@ def load_lm(model_dir: str | os.PathLike) -> BidirectionalLM:
     Raises:
         MissingFileError: the folder lacks ``config.json``, the weights or ``vocab.txt``, or the weights hold no softmax
             (only an embedding model was saved); a zoo model that is not built.
+        UsageError: an ELMoForManyLangs folder (no softmax in its releases).
         WeightsError: the softmax does not fit ``vocab.txt`` and the config.
     """
     model_dir = Path(resolve_model_name(model_dir))
+    check_has_lm_head(model_dir)  # an ELMoForManyLangs folder: one line saying it has no softmax
     missing = [n for n in ("config.json", WEIGHTS_NAME, "vocab.txt") if not (model_dir / n).is_file()]
     if missing:
         raise MissingFileError(

@@ -49,12 +49,20 @@ from pathlib import Path
 import torch
 
 from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
-from elmokit.errors import ConfigError, MissingFileError, WeightsError
+from elmokit.errors import ConfigError, MissingFileError, UsageError, WeightsError
 from elmokit.modules.bilm import BiLM, StatefulBiLM
 from elmokit.weights import load_state_checked
 from elmokit.weights.efml_vocab import CHAR_DIC, WORD_DIC, EfmlVocabulary
 
-__all__ = ["load_efml", "is_efml_folder", "read_architecture", "efml_state", "SHIPPED_ARCHITECTURES", "FORMAT_NAME"]
+__all__ = [
+    "load_efml",
+    "is_efml_folder",
+    "check_has_lm_head",
+    "read_architecture",
+    "efml_state",
+    "SHIPPED_ARCHITECTURES",
+    "FORMAT_NAME",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +99,17 @@ def is_efml_folder(path: str | os.PathLike) -> bool:
     if not path.is_dir() or (path / "model.safetensors").is_file():
         return False
     return any((path / name).is_file() for name in MARKERS)
+
+
+def check_has_lm_head(path: str | os.PathLike) -> None:
+    """Raise :class:`UsageError` (one line) when ``path`` is an EFML folder: its released models carry no softmax (no
+    LM head: EFML's trainer saves ``classifier.pkl`` only on request, and no release has one), so they give no
+    perplexity or scores."""
+    if is_efml_folder(path):
+        raise UsageError(
+            f"{path} is an {FORMAT_NAME} model: the released EFML models carry no softmax (no LM head), so they give "
+            "no perplexity or scores; they embed (`elmokit embed`, Embedder, elmokit.compat.efml)"
+        )
 
 
 def read_architecture(folder: str | os.PathLike) -> tuple[dict, str]:
