@@ -232,9 +232,11 @@ class BiLM(nn.Module):
         scheme = (
             f"batch_to_ids(sentences{'' if c == 50 else f', {c}'}) (UTF-8 bytes, no char_vocab)"
             if byte_scheme
-            else "batch_to_ids(sentences, char_vocab=elmo.bilm.char_vocab) (for a BiLM: bilm.char_vocab; "
-            + ("this ELMoForManyLangs model reads its word and character ids)" if words else "")
-            + ("" if words else "this model reads a character vocabulary)")
+            else "batch_to_ids(sentences, char_vocab=elmo.bilm.char_vocab) (for a BiLM: bilm.char_vocab; this "
+            "ELMoForManyLangs model reads its word and character ids)"
+            if words
+            else f"batch_to_ids(sentences, {c}, char_vocab=elmo.bilm.char_vocab) (for a BiLM: bilm.char_vocab; "
+            "this model reads a character vocabulary)"
         )
         if char_ids.dim() != 3 or char_ids.shape[-1] != c:
             raise InputError(
@@ -255,6 +257,7 @@ class BiLM(nn.Module):
                     f"char_ids contain {lo if lo < 0 else hi}, outside the character table [0, {n}); "
                     f"this model's ids come from {scheme}"
                 )
+            check_left_aligned(mask, "char_ids")
             if words:
                 lo, hi = int(char_ids[..., -1].min()), int(char_ids[..., -1].max())
                 if lo < 0 or hi >= cc.n_words:
@@ -267,9 +270,7 @@ class BiLM(nn.Module):
                         "this ELMoForManyLangs model has no vocabulary attached (bilm.char_vocab is None): load it "
                         "with load_pretrained_bilm / load_efml, which read char.dic and word.dic"
                     )
-                check_left_aligned(mask, "char_ids")
-                return mask
-            check_left_aligned(mask, "char_ids")
+                return mask  # (the other-scheme check below is about the two fixed-id schemes)
             # ids made for the other scheme run and give wrong vectors: refuse them when every real token has the
             # other scheme's begin-of-word first and its end-of-word or in-word pad last (hand-made ids pass)
             other = CharVocabulary if byte_scheme else ByteCharacterMapper
