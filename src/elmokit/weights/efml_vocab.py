@@ -125,6 +125,7 @@ class EfmlVocabulary(CharVocabulary):
         self.first_char, self.last_char = ci["<eow>"], ci["<bow>"]
         self.pad_char, self.unk_char = ci["<pad>"], ci["<oov>"]
         self.unk_word = self._word_index["<oov>"]
+        self._memo: dict[str, list[int]] = {}  # token → ids, as the byte scheme's mapper keeps them
         self._bos_row = self.token_to_ids("<bos>")
         self._eos_row = self.token_to_ids("<eos>")
 
@@ -174,7 +175,10 @@ class EfmlVocabulary(CharVocabulary):
 
         Raises:
             InputError: a token longer than C − 2 characters with ``on_long_token="error"``."""
-        c = self.max_characters_per_token
+        ids = self._memo.get(token)
+        if ids is not None:
+            return ids
+        original, c = token, self.max_characters_per_token
         if len(token) > c - 2:
             if self.on_long_token == "error":
                 raise InputError(f"token {token[:20]!r}… has {len(token)} characters; at most {c - 2} fit")
@@ -186,4 +190,6 @@ class EfmlVocabulary(CharVocabulary):
         ids = [self.first_char, *middle, self.last_char]
         ids += [self.pad_char] * (c - len(ids))
         ids.append(self._word_index.get(token, self.unk_word))
+        if len(original) <= 64 and len(self._memo) < 200_000:  # (a huge token is not kept in memory)
+            self._memo[original] = ids
         return ids
