@@ -267,6 +267,8 @@ def run_child(workload: str, precision: str, steps: int, args: argparse.Namespac
 def precision_main(args: argparse.Namespace) -> None:
     """``--precision bf16``: each workload in fp32 and in bf16, alternating (fp32, bf16, fp32, bf16) so that a change
     in the machine's load shows as a spread between the repeats; prints the bf16/fp32 speed ratio per workload."""
+    from inference import matmul_gflops  # bench/inference.py (main put bench/ on the path)
+
     tmp = Path(tempfile.mkdtemp(prefix="elmokit-train-bench-"))
     text = "".join((WIKITEXT / name).read_text(encoding="utf-8") for name in ("valid.txt", "test.txt"))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
