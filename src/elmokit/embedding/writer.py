@@ -294,6 +294,8 @@ class EmbedJob:
             "decode_errors": self.decode_errors,
             "part_size": self.part_size,
             "cache": self.embedder.token_cache is not None,
+            # only when not the default, so that folders written before the option existed still resume
+            **({"precision": self.embedder.precision} if self.embedder.precision != "fp32" else {}),
         }
 
     # -------------------------------------------------------------------- the work folder
@@ -562,6 +564,8 @@ class EmbedJob:
                 out.attrs["lines"] = scan.lines
                 for k, v in self.spec.settings().items():
                     out.attrs[k] = v
+                if self.embedder.precision != "fp32":
+                    out.attrs["precision"] = self.embedder.precision
                 if numbered and not self.forget_sentences:
                     sentences = out.create_dataset("sentences", shape=(scan.lines,), dtype=h5py.string_dtype())
                 if scan.skipped and numbered:
