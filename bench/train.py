@@ -252,7 +252,9 @@ def main() -> None:
     print(json.dumps(summary))
 
 
-def run_child(workload: str, precision: str, steps: int, args: argparse.Namespace, work: Path, lines: list[str]) -> dict:
+def run_child(
+    workload: str, precision: str, steps: int, args: argparse.Namespace, work: Path, lines: list[str]
+) -> dict:
     """One child process of this tree training ``workload`` at ``precision``; its result dict."""
     work.mkdir()
     (work / "wikitext.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")

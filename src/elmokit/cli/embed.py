@@ -270,7 +270,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         choices=["fp32", "bf16"],
         default="fp32",
         help="bf16: the biLM's matrix products in bfloat16 (vectors move by about 1e-2 of their scale; see the "
-        "README's \"Mixed precision\"); the stored values are float32 (or --dtype) either way (default: %(default)s)",
+        'README\'s "Mixed precision"); the stored values are float32 (or --dtype) either way (default: %(default)s)',
     )
     p.add_argument(
         "--decode-errors",

@@ -97,6 +97,10 @@ def _notify(event: str, **info: Any) -> None:
         _probe(event, **info)
 
 
+#: settings ``index.json`` holds only when not these defaults (folders written before the setting existed resume)
+_SETTING_DEFAULTS = {"precision": "fp32"}
+
+
 def model_fingerprint(bilm) -> str:
     """The biLM fingerprint (:func:`elmokit.weights.fingerprint.bilm_fingerprint`: configuration, character
     vocabulary and weights), compared on resume."""
@@ -294,7 +298,6 @@ class EmbedJob:
             "decode_errors": self.decode_errors,
             "part_size": self.part_size,
             "cache": self.embedder.token_cache is not None,
-            # only when not the default, so that folders written before the option existed still resume
             **({"precision": self.embedder.precision} if self.embedder.precision != "fp32" else {}),
         }
 
@@ -379,7 +382,10 @@ class EmbedJob:
                 "cannot resume from it"
             )
         before, now = existing.get("settings", {}), wanted["settings"]
-        changed = [f"{k} (was {before.get(k)!r}, now {now[k]!r})" for k in now if before.get(k) != now[k]]
+        keys = list(now) + [k for k in before if k not in now]  # a setting written only when not its default, too
+        was = {k: before.get(k, _SETTING_DEFAULTS.get(k)) for k in keys}
+        new = {k: now.get(k, _SETTING_DEFAULTS.get(k)) for k in keys}
+        changed = [f"{k} (was {was[k]!r}, now {new[k]!r})" for k in keys if was[k] != new[k]]
         if changed:
             raise UsageError(
                 f"cannot resume {self.folder}: changed {', '.join(changed)}; use the interrupted run's "

@@ -43,6 +43,14 @@ DecodeErrors = Literal["strict", "replace", "ignore", "skip"]
 #: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"mps"``; ``"cuda:N"`` strings are accepted too.
 DeviceName = Literal["auto", "cpu", "cuda", "mps"] | str
 
+#: the fields whose value is one of a Literal type's names (checked by :meth:`TrainConfig.validate`)
+_CHOICE_FIELDS = {
+    "batching": Batching,
+    "optimizer": OptimizerName,
+    "decode_errors": DecodeErrors,
+    "precision": Precision,
+}
+
 #: Largest accepted learning rate: far above any that trains (bilm-tf's Adagrad uses 0.2), and low enough that the
 #: optimisers' float32 arithmetic cannot overflow (Adam overflowed at 1e38, Adagrad at 1e39).
 MAX_LEARNING_RATE = 1e4
@@ -192,12 +200,7 @@ class TrainConfig:
             ConfigError: a value out of range or of the wrong kind (names the field and what is expected); no model
                 (neither ``model`` nor ``init_from``).
         """
-        for name, tp in (
-            ("batching", Batching),
-            ("optimizer", OptimizerName),
-            ("decode_errors", DecodeErrors),
-            ("precision", Precision),
-        ):
+        for name, tp in _CHOICE_FIELDS.items():
             choices = literal_choices(tp)
             if getattr(self, name) not in choices:
                 raise ConfigError(f"TrainConfig.{name} must be {_one_of(choices)}, got {getattr(self, name)!r}")

@@ -35,10 +35,10 @@ import numpy as np
 from elmokit.baselines.ngram import kneser_ney_perplexity
 from elmokit.config import ElmoConfig
 from elmokit.devices import resolve_device
-from elmokit.modules.precision import check_precision
 from elmokit.embedding import Embedder
 from elmokit.errors import UsageError
 from elmokit.io import LOCK_NAME, atomic_write_text
+from elmokit.modules.precision import check_precision
 from elmokit.pretraining.checkpoint import run_files
 from elmokit.pretraining.perplexity import evaluate_perplexity, unigram_perplexity
 from elmokit.pretraining.trainer import TrainConfig, Trainer, load_lm
