@@ -29,11 +29,17 @@ META = {"id": 209, "corpus": [{"language": "eng", "description": "tiny test corp
 
 
 def nlpl_folder(folder: Path, *, n_characters: int = 262, padded_char_embed: bool = False, seed: int = 3) -> Path:
-    """An exported tiny model laid out as an NLPL zip's content: options.json (``n_characters`` 261 or 262),
+    """An exported tiny model laid out as an NLPL zip's content: options.json (``n_characters`` 261 — with bilm-tf's
+    training keys, as a training options file — or 262),
     model.hdf5, vocab.txt, meta.json. ``padded_char_embed``: char_embed stored with its zero padding row (262 rows)."""
     model = tiny_random_bilm(seed)
     model.config.char_cnn.n_characters = n_characters
     export_original(model, folder, weights_name="model.hdf5")
+    if n_characters == 261:  # a training options file, as bilm-tf writes it: its training keys too
+        options = json.loads((folder / "options.json").read_text())
+        options.update(bidirectional=True, n_tokens_vocab=len(VOCAB), n_negative_samples_batch=8192, unroll_steps=20)
+        options["lstm"]["dropout"] = 0.1
+        (folder / "options.json").write_text(json.dumps(options))
     if padded_char_embed:
         with h5py.File(folder / "model.hdf5", "r+") as fh:
             rows = fh["char_embed"][...]

@@ -54,6 +54,8 @@ _MODEL_SUFFIXES = (".json", ".hdf5", ".h5", ".safetensors", ".pkl", ".pt")
 #: A TensorFlow checkpoint's files (bilm-tf's training output: ``model.ckpt-N.index`` / ``.data-…`` / ``.meta``, and
 #: the ``checkpoint`` index file).
 _CHECKPOINT = re.compile(r"(^checkpoint$|\.ckpt|\.index$|\.data-\d+-of-\d+$|\.meta$)")
+#: What makes a folder a checkpoint (``.index`` / ``.meta`` alone are too common to tell).
+_CHECKPOINT_CORE = re.compile(r"(^checkpoint$|\.ckpt|\.data-\d+-of-\d+$)")
 _JUNK = ("__MACOSX/",)
 _LISTED = 12
 
@@ -130,7 +132,8 @@ def _model_members(archive: Path, zf: zipfile.ZipFile) -> tuple[str, dict[PurePo
     here = sorted(str(rel) for rel in inner if len(rel.parts) == 1)
     names = sorted(str(rel) for rel in files)
     where = f"its folder {prefix}" if prefix else "its root"
-    if not any(n.endswith((".hdf5", ".h5", ".safetensors")) for n in here) and any(_CHECKPOINT.search(n) for n in here):
+    weights = any(n.endswith((".hdf5", ".h5", ".safetensors")) for n in here)
+    if not weights and any(_CHECKPOINT_CORE.search(n) for n in here):
         raise WeightsError(
             f"{archive} holds a TensorFlow checkpoint ({_listing([n for n in here if _CHECKPOINT.search(n)])}), "
             "not HDF5 weights: elmokit reads the HDF5 that bilm-tf's dump_weights writes from it "
