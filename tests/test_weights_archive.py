@@ -249,6 +249,11 @@ def test_cli_info_embed_convert_on_a_zip(tmp_path, capsys):
     assert cli_main(["embed", str(zipped), str(text), str(zipped), "--overwrite"]) == 2
     assert "is the model" in capsys.readouterr().err and zipfile.is_zipfile(zipped)
     out = tmp_path / "native"
+    out.mkdir()
+    (out / "vocab.txt").write_text("mine\n")
+    assert cli_main(["convert", str(zipped), str(out)]) == 2  # a file convert would replace, not its own
+    assert "already holds a model (vocab.txt)" in capsys.readouterr().err
+    (out / "vocab.txt").unlink()
     assert cli_main(["convert", str(zipped), str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "meta.json", "model.safetensors", "vocab.txt"]
     assert (out / "vocab.txt").read_text(encoding="utf-8").split() == VOCAB

@@ -74,7 +74,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 "use it as it is (`elmokit export` writes the original format)"
             )
         _check_not_inside(output, folder, model, "convert")
-        _check_output_folder(output, args.overwrite, ("config.json", "model.safetensors"), "a model")
+        names = ("config.json", "model.safetensors") + (("meta.json", "vocab.txt") if folder is None else ())
+        _check_output_folder(output, args.overwrite, names, "a model")  # a zip's meta.json and vocab.txt too
         bilm = load_pretrained_bilm(model)
     else:
         options, weights = args.paths[0], args.paths[1]
