@@ -73,7 +73,7 @@ def _check_output(args: argparse.Namespace) -> None:
         return
     if model_dir is not None and args.output.resolve().is_relative_to(model_dir.resolve()):
         raise UsageError(f"the output {args.output} is inside the model folder {args.model}: write it elsewhere")
-    check_output_file(args.output, {"input file": args.input}, overwrite=args.overwrite)
+    check_output_file(args.output, {"input file": args.input, "model": Path(args.model)}, overwrite=args.overwrite)
 
 
 def cmd_embed(args: argparse.Namespace) -> int:

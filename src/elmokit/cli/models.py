@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from elmokit.cli.common import (
@@ -16,7 +17,7 @@ from elmokit.cli.common import (
     read_options_json,
     text_arg,
 )
-from elmokit.errors import UsageError
+from elmokit.errors import DataError, InputError, UsageError
 from elmokit.io import atomic_write_text, check_creatable_folder
 from elmokit.vocabulary import Vocabulary
 
@@ -49,8 +50,9 @@ def _check_not_inside(out: Path, folder: Path | None, model: str, option: str) -
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """An original-format model → native folder (config.json + model.safetensors): ``convert MODEL OUT`` (a folder
-    with an options.json and a weight HDF5, or a released name) or ``convert OPTIONS WEIGHTS OUT``; refuses to replace
-    a model unless ``--overwrite``, and an output inside the model's folder."""
+    with an options.json and a weight HDF5, a zip of one such as the NLPL repository's — its meta.json and vocabulary
+    are written beside, see :func:`_write_archive_files` — or a released name) or ``convert OPTIONS WEIGHTS OUT``;
+    refuses to replace a model unless ``--overwrite``, and an output inside the model's folder."""
     import h5py  # lazy: CLI start-up
 
     from elmokit.weights.native import load_pretrained_bilm, save_pretrained  # lazy: CLI start-up
@@ -72,7 +74,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 "use it as it is (`elmokit export` writes the original format)"
             )
         _check_not_inside(output, folder, model, "convert")
-        _check_output_folder(output, args.overwrite, ("config.json", "model.safetensors"), "a model")
+        names = ("config.json", "model.safetensors") + (("meta.json", "vocab.txt") if folder is None else ())
+        _check_output_folder(output, args.overwrite, names, "a model")  # a zip's meta.json and vocab.txt too
         bilm = load_pretrained_bilm(model)
     else:
         options, weights = args.paths[0], args.paths[1]
@@ -90,8 +93,29 @@ def cmd_convert(args: argparse.Namespace) -> int:
         _check_output_folder(output, args.overwrite, ("config.json", "model.safetensors"), "a model")
         bilm = load_original(options, weights)
     save_pretrained(bilm, output)
-    print(f"wrote {output / 'config.json'} and {output / 'model.safetensors'}")
+    written = [output / "config.json", output / "model.safetensors", *_write_archive_files(bilm, output)]
+    print(f"wrote {', '.join(map(str, written[:-1]))} and {written[-1]}")
     return 0
+
+
+def _write_archive_files(bilm, output: Path) -> list[Path]:
+    """Beside a model converted from a zip (:mod:`elmokit.weights.archive`): its ``meta.json`` as it was, and its
+    vocabulary as ``vocab.txt`` when it is one elmokit reads (the three specials, no duplicates; else left out with a
+    note). Returns the files written."""
+    written = []
+    meta, words = getattr(bilm, "source_meta", None), getattr(bilm, "source_vocab", None)
+    if meta is not None:
+        atomic_write_text(output / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        written.append(output / "meta.json")
+    if words is not None:
+        try:
+            Vocabulary(words)
+        except (DataError, InputError) as exc:
+            print(f"note: the archive's vocabulary is not written ({exc})", file=sys.stderr)
+        else:
+            atomic_write_text(output / "vocab.txt", "".join(w + "\n" for w in words))
+            written.append(output / "vocab.txt")
+    return written
 
 
 def _model_vocabulary(model: str) -> Path | None:
@@ -125,7 +149,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the model's parameter count, layers, output dimension, start state (``"zero"``, or how the stored one was
-    made) and options as JSON (and, for a zoo model, its card's summary)."""
+    made) and options as JSON (and, for a zoo model, its card's summary; for a zip, the archive, its ``meta.json``
+    fields under ``"meta"`` and its vocabulary size; for a folder with a ``meta.json``, that)."""
     from elmokit.weights.native import load_pretrained_bilm, resolve_model_name  # lazy: CLI start-up
 
     args.model = str(resolve_model_name(args.model))
@@ -139,6 +164,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "start_state": (model.start_state_source or "stored") if model.start_state is not None else "zero",
         "options": model.config.to_options(),
     }
+    info.update(_source_info(model, Path(args.model)))
     card = Path(args.model) / "card.json"
     if card.is_file():
         from elmokit.recipes.zoo.card import read_card  # lazy: CLI start-up
@@ -158,6 +184,25 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _source_info(model, path: Path) -> dict:
+    """What a model loaded from a zip keeps of it (:mod:`elmokit.weights.archive`), or a folder's ``meta.json`` (as
+    ``convert ZIP OUT`` writes it): ``{"archive", "meta", "vocab_words"}``, the keys it has."""
+    out: dict = {}
+    if getattr(model, "source_archive", None):
+        out["archive"] = model.source_archive
+    meta = getattr(model, "source_meta", None)
+    if meta is None and path.is_dir() and (path / "meta.json").is_file():
+        try:
+            meta = json.loads((path / "meta.json").read_text(encoding="utf-8-sig"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            meta = None
+    if meta is not None:
+        out["meta"] = meta
+    if getattr(model, "source_vocab", None) is not None:
+        out["vocab_words"] = len(model.source_vocab)
+    return out
+
+
 _MODEL_HELP = f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh: `elmokit zoo build`)"
 
 
@@ -168,7 +213,8 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         help="original options.json + HDF5 → native folder (config.json + model.safetensors)",
         usage="elmokit convert [-h] [-v] [--overwrite] MODEL OUT | OPTIONS WEIGHTS OUT",
         description="Convert an original-format model to elmokit's native format. MODEL OUT: MODEL is "
-        "a folder holding an *options*.json and a weight *.hdf5, or a released name "
+        "a folder holding an *options*.json and a weight *.hdf5, a zip of one (an NLPL model archive: its "
+        "meta.json and vocabulary are written beside), or a released name "
         "(small, medium, original, original-5.5b); OPTIONS WEIGHTS OUT: the two files "
         "named. OUT is the folder to write config.json and model.safetensors into "
         "(created if missing; not inside the model's folder).",
@@ -178,7 +224,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         nargs="+",
         type=path_arg,
         metavar="PATH",
-        help="MODEL OUT (a model folder or released name, then the output folder), or OPTIONS WEIGHTS OUT "
+        help="MODEL OUT (a model folder, zip or released name, then the output folder), or OPTIONS WEIGHTS OUT "
         "(the original options.json, its weight HDF5, then the output folder)",
     )
     p.add_argument(

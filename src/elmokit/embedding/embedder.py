@@ -54,6 +54,7 @@ from elmokit.embedding.writer import EmbedJob
 from elmokit.errors import ConfigError, UsageError, UsageTypeError
 from elmokit.modules.bilm import BiLM, StatefulBiLM
 from elmokit.modules.precision import autocast, check_precision
+from elmokit.weights.archive import is_model_archive
 from elmokit.weights.native import load_pretrained_bilm
 
 __all__ = ["Embedder"]
@@ -73,8 +74,8 @@ def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -
 
     * a :class:`BiLM`; an :class:`~elmokit.Elmo` (its biLM);
     * an ``options.json`` path and ``weight_file`` the HDF5 (AllenNLP's ``ElmoEmbedder(options_file, weight_file)``);
-    * a single path or name: a native model folder, an original-format folder, or a released model name
-      (:func:`~elmokit.weights.native.load_pretrained_bilm`).
+    * a single path or name: a native model folder, an original-format folder, a zip of one (the NLPL repository's),
+      or a released model name (:func:`~elmokit.weights.native.load_pretrained_bilm`).
 
     Raises:
         UsageTypeError: (also a ``TypeError``) a model of another type, or ``weight_file`` with a model object or not
@@ -102,7 +103,7 @@ def resolve_model(model: object, weight_file: str | os.PathLike | None = None) -
 
             return load_original(model, weight_file)
         path = Path(model)
-        if path.is_file():
+        if path.is_file() and not is_model_archive(path):
             if path.suffix.lower() == ".json":
                 raise UsageError(
                     f"{path} is an options file: pass its HDF5 weight file too, Embedder(options_file, weight_file)"
