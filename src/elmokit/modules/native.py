@@ -52,7 +52,17 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["kernels", "status", "build_name", "lstm_layer", "highway_layer", "pack_lstm", "pack_highway", "MAX_HIGHWAY_ROWS", "MAX_LSTM_ROWS"]
+__all__ = [
+    "kernels",
+    "status",
+    "build_name",
+    "lstm_layer",
+    "highway_layer",
+    "pack_lstm",
+    "pack_highway",
+    "MAX_HIGHWAY_ROWS",
+    "MAX_LSTM_ROWS",
+]
 
 log = logging.getLogger(__name__)
 
