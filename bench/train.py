@@ -17,7 +17,13 @@ Each child trains ``--warmup`` steps, then times the next ones: in this tree by 
 ``loop_seconds``: the training steps alone, no checkpoint or model saving). The reference code is a git worktree
 of ``--reference`` (default ``07aab1b``, main at the start of the speed issue), made in a temporary folder.
 
-Run: ``python bench/train.py [--steps 8] [--warmup 2] [--quickstart-steps 40] [--reference 07aab1b]``.
+With ``--precision bf16`` the comparison is this tree's bf16 training against its own fp32 training instead (no
+reference tree): bilm-tf's settings, the zoo's ``elmokit-en`` recipe (LSTM 512 → 128, batch 64, 4,096 negatives, Adam;
+``--steps`` × 3 timed steps) on the same WikiText-2 text, and the quickstart; each in fp32, bf16, fp32, bf16 child
+processes, the ratio taken between the faster repeat of each precision.
+
+Run: ``python bench/train.py [--steps 8] [--warmup 2] [--quickstart-steps 40] [--reference 07aab1b]
+[--precision bf16]``.
 Benchmark on a quiet machine (another process on the 2 cores makes 2-thread torch several times slower). The last line
 is one JSON object.
 """
@@ -78,6 +84,15 @@ def child(args: argparse.Namespace) -> None:
             progress=False,
             device="cpu",
         )
+    elif args.workload == "zoo":  # elmokit-en's recipe (recipes/zoo/specs.py) on WikiText-2 valid + test
+        from elmokit.recipes.zoo.specs import SPECS
+
+        spec = SPECS["en"]
+        corpus = Path(args.work) / "wikitext.txt"
+        settings = dict(spec.train, max_steps=args.warmup + args.steps, log_every=1, checkpoint_every=10_000)
+        config = TrainConfig(
+            train_files=[str(corpus)], out_dir=str(out), model=spec.model, progress=False, device="cpu", **settings
+        )
     else:
         try:  # this tree
             from elmokit.recipes.quickstart import load_lee_corpus, quickstart_config
@@ -108,6 +123,8 @@ def child(args: argparse.Namespace) -> None:
             progress=False,
             device="cpu",
         )
+    if args.precision != "fp32":
+        config.precision = args.precision
     if build_trainer is not None:
         # the step the training loop runs: draw the step's batch, train_step (forward, backward, clip, update)
         trainer = build_trainer(config)
@@ -129,6 +146,8 @@ def child(args: argparse.Namespace) -> None:
     result = {"seconds_per_step": seconds / args.steps, "steps_per_minute": 60 * args.steps / seconds}
     if args.workload == "bilm-tf":
         result["tokens_per_s"] = args.steps * 128 * 20 / seconds
+    if build_trainer is not None:
+        result["loss_last"] = trainer.train_step(trainer.next_batch()).loss  # one more step: a sanity figure
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["torch_threads"] = torch.get_num_threads()
     result["allocator"] = allocator
@@ -142,6 +161,13 @@ def main() -> None:
     ap.add_argument("--quickstart-steps", type=int, default=40)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reference", default="07aab1b", help="git commit of the reference code")
+    ap.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16: compare this tree's bf16 training with its fp32 training in the same run (bilm-tf's settings, "
+        "the zoo's elmokit-en recipe, the quickstart), instead of this tree with the reference",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--src", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
@@ -154,6 +180,9 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from inference import matmul_gflops
 
+    if args.precision != "fp32":
+        precision_main(args)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="elmokit-train-bench-"))
     ref_tree = tmp / "reference"
     subprocess.run(
@@ -192,6 +221,8 @@ def main() -> None:
                         str(args.warmup),
                         "--threads",
                         str(args.threads),
+                        "--precision",
+                        "fp32",
                     ],
                     check=True,
                     env=env,
@@ -218,6 +249,46 @@ def main() -> None:
     summary["quickstart_ratio"] = (
         summary["quickstart_steps_per_minute"]["this tree"] / summary["quickstart_steps_per_minute"]["reference"]
     )
+    print(json.dumps(summary))
+
+
+def run_child(
+    workload: str, precision: str, steps: int, args: argparse.Namespace, work: Path, lines: list[str]
+) -> dict:
+    """One child process of this tree training ``workload`` at ``precision``; its result dict."""
+    work.mkdir()
+    (work / "wikitext.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    res = work / "result.json"
+    argv = [sys.executable, __file__, "--child", "1", "--src", str(ROOT / "src"), "--work", str(work)]
+    argv += ["--result", str(res), "--workload", workload, "--steps", str(steps), "--warmup", str(args.warmup)]
+    argv += ["--threads", str(args.threads), "--precision", precision]
+    subprocess.run(argv, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    return json.loads(res.read_text())
+
+
+def precision_main(args: argparse.Namespace) -> None:
+    """``--precision bf16``: each workload in fp32 and in bf16, alternating (fp32, bf16, fp32, bf16) so that a change
+    in the machine's load shows as a spread between the repeats; prints the bf16/fp32 speed ratio per workload."""
+    from inference import matmul_gflops  # bench/inference.py (main put bench/ on the path)
+
+    tmp = Path(tempfile.mkdtemp(prefix="elmokit-train-bench-"))
+    text = "".join((WIKITEXT / name).read_text(encoding="utf-8") for name in ("valid.txt", "test.txt"))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    summary: dict = {"threads": args.threads, "precision": args.precision}
+    for workload, steps in (("bilm-tf", args.steps), ("zoo", args.steps * 3), ("quickstart", args.quickstart_steps)):
+        runs: dict[str, list[float]] = {"fp32": [], args.precision: []}
+        for repeat in range(2):
+            for precision in ("fp32", args.precision):
+                work = tmp / f"{workload}-{precision}-{repeat}"
+                r = run_child(workload, precision, steps, args, work, lines)
+                runs[precision].append(r["seconds_per_step"])
+                print(f"{workload} / {precision} #{repeat}: {json.dumps(r)}", flush=True)
+        best = {p: min(v) for p, v in runs.items()}
+        summary[workload] = {
+            "seconds_per_step": runs,
+            "speedup": best["fp32"] / best[args.precision],  # of the faster repeat of each
+        }
+    summary["matmul_gflops_fp32"] = matmul_gflops(args.threads)
     print(json.dumps(summary))
 
 

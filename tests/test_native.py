@@ -172,9 +172,11 @@ def test_bilm_single_sentence_equals_the_fallback(kernels, monkeypatch, lstm_dim
         assert_close_to_scale(g, w, 2e-6)
 
 
-def test_a_failed_build_falls_back_with_one_warning(monkeypatch, caplog):
+def test_a_failed_build_falls_back_with_one_warning(monkeypatch, caplog, tmp_path):
     """No compiler / no ninja: one warning, kernels() is None from then on, and inference still runs."""
     from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # no finished build to load instead
 
     def broken(*args, **kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions")
@@ -187,6 +189,7 @@ def test_a_failed_build_falls_back_with_one_warning(monkeypatch, caplog):
         assert native.kernels() is None
     warnings = [r for r in caplog.records if "unavailable" in r.getMessage()]
     assert len(warnings) == 1 and "Ninja is required" in warnings[0].getMessage()
+    assert native.status()["state"] == "unavailable" and "Ninja is required" in native.status()["reason"]
     with torch.no_grad():
         assert Highway(32, 1)(torch.randn(2, 32)).shape == (2, 32)
 

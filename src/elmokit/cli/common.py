@@ -48,7 +48,7 @@ DEVICE_HELP = "auto (CUDA when available, else CPU), cpu, cuda, cuda:N"
 RELEASED_HELP = (
     "a released model name (small, medium, original, original-5.5b: downloaded once into "
     "$ELMOKIT_CACHE), or a model folder (native config.json + model.safetensors, or an original "
-    "*options*.json + weight *.hdf5)"
+    "*options*.json + weight *.hdf5), or a zip of one (an NLPL model archive)"
 )
 
 
@@ -178,8 +178,9 @@ def check_model(name_or_path: str) -> None:
     """Check, before any other rule and without loading anything, that a model argument names a model: a released
     name, a zoo model name (``elmokit-en``, ``elmokit-zh``: resolved first to its folder in ``$ELMOKIT_CACHE/zoo``,
     :func:`elmokit.weights.native.resolve_model_name`, unless a folder of that name is here), a native folder
-    (``config.json``), an ELMoForManyLangs folder, or a folder with an ``*options*.json`` and a ``*.hdf5``. Which
-    weight file an original folder means, and whether the files are readable, is the loader's check
+    (``config.json``), an ELMoForManyLangs folder, a folder with an ``*options*.json`` and a ``*.hdf5``, or a zip
+    file (an NLPL model archive, :mod:`elmokit.weights.archive`). Which weight file an original folder means, what a
+    zip holds, and whether the files are readable, is the loader's check
     (:func:`elmokit.weights.native.load_pretrained_bilm`).
 
     Raises:
@@ -187,6 +188,7 @@ def check_model(name_or_path: str) -> None:
             is not built (the message says which ``elmokit zoo build`` command builds it).
         UsageError: a file where a model folder or name is wanted.
     """
+    from elmokit.weights.archive import is_model_archive  # lazy: CLI start-up
     from elmokit.weights.efml import is_efml_folder  # lazy: CLI start-up
     from elmokit.weights.native import RELEASED, known_model_names, resolve_model_name  # lazy: CLI start-up
 
@@ -203,6 +205,8 @@ def check_model(name_or_path: str) -> None:
             f"{path} is a folder but not a model: it holds neither config.json + model.safetensors (elmokit's "
             f"format) nor an *options*.json and a weight *.hdf5 (the original format); {listing}"
         )
+    if path.is_file() and is_model_archive(path):  # a zip: what it holds is the loader's check
+        return
     if path.exists():
         hint = (
             ": for an original options.json + weights.hdf5 pair, run `elmokit convert OPTIONS WEIGHTS OUT_DIR` "

@@ -73,7 +73,7 @@ def _check_output(args: argparse.Namespace) -> None:
         return
     if model_dir is not None and args.output.resolve().is_relative_to(model_dir.resolve()):
         raise UsageError(f"the output {args.output} is inside the model folder {args.model}: write it elsewhere")
-    check_output_file(args.output, {"input file": args.input}, overwrite=args.overwrite)
+    check_output_file(args.output, {"input file": args.input, "model": Path(args.model)}, overwrite=args.overwrite)
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -87,7 +87,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
     layers = _layers(args)
     words = _read_word_list(args.cache_vocab) if args.cache_vocab is not None else None
     device = resolve_cli_device(args.device)
-    embedder = Embedder(load_pretrained_bilm(args.model), batch_size=args.batch_size, device=device)
+    embedder = Embedder(
+        load_pretrained_bilm(args.model), batch_size=args.batch_size, device=device, precision=args.precision
+    )
     embedder.output_spec(layers, args.pool, args.keep_sentence_boundaries, args.dtype)  # a bad --layers: before work
     if words is not None:
         embedder.set_token_cache(words)
@@ -263,6 +265,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "--batch-size", type=positive_int, default=64, help="sentences per forward pass, at most (default: %(default)s)"
     )
     p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16: the biLM's matrix products in bfloat16 (vectors move by about 1e-2 of their scale; see the "
+        'README\'s "Mixed precision"); the stored values are float32 (or --dtype) either way (default: %(default)s)',
+    )
     p.add_argument(
         "--decode-errors",
         choices=DECODE_CHOICES,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from elmokit.cli.common import (
@@ -16,7 +17,7 @@ from elmokit.cli.common import (
     read_options_json,
     text_arg,
 )
-from elmokit.errors import UsageError
+from elmokit.errors import DataError, InputError, UsageError
 from elmokit.io import atomic_write_text, check_creatable_folder
 from elmokit.vocabulary import Vocabulary
 
@@ -50,8 +51,9 @@ def _check_not_inside(out: Path, folder: Path | None, model: str, option: str) -
 def cmd_convert(args: argparse.Namespace) -> int:
     """An original-format or ELMoForManyLangs model → native folder (config.json + model.safetensors, and for
     ELMoForManyLangs its char.dic + word.dic): ``convert MODEL OUT`` (a folder with an options.json and a weight HDF5,
-    an ELMoForManyLangs folder, or a released name) or ``convert OPTIONS WEIGHTS OUT``; refuses to replace a model
-    unless ``--overwrite``, and an output inside the model's folder."""
+    an ELMoForManyLangs folder, a zip of one such as the NLPL repository's — its meta.json and vocabulary are written
+    beside, see :func:`_write_archive_files` — or a released name) or ``convert OPTIONS WEIGHTS OUT``; refuses to
+    replace a model unless ``--overwrite``, and an output inside the model's folder."""
     import h5py  # lazy: CLI start-up
 
     from elmokit.weights.efml import is_efml_folder  # lazy: CLI start-up
@@ -64,7 +66,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             f"{' '.join(map(str, args.paths))}"
         )
     output = args.paths[-1]
-    written = ("config.json", "model.safetensors")
+    model_files = ("config.json", "model.safetensors")
     if len(args.paths) == 2:
         model = str(args.paths[0])
         check_model(model)
@@ -75,9 +77,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 f"the model {model} is already in elmokit's format (config.json + model.safetensors): "
                 "use it as it is (`elmokit export` writes the original format)"
             )
-        written += ("char.dic", "word.dic") if efml else ()
+        model_files += ("char.dic", "word.dic") if efml else ()
         _check_not_inside(output, folder, model, "convert")
-        _check_output_folder(output, args.overwrite, written, "a model")
+        # a zip's meta.json and vocab.txt too, and (an EFML folder, or a zip that may hold one) char.dic + word.dic
+        names = model_files + (("meta.json", "vocab.txt", "char.dic", "word.dic") if folder is None else ())
+        _check_output_folder(output, args.overwrite, names, "a model")
         bilm = load_pretrained_bilm(model)
     else:
         options, weights = args.paths[0], args.paths[1]
@@ -95,8 +99,31 @@ def cmd_convert(args: argparse.Namespace) -> int:
         _check_output_folder(output, args.overwrite, ("config.json", "model.safetensors"), "a model")
         bilm = load_original(options, weights)
     save_pretrained(bilm, output)
-    print(f"wrote {', '.join(str(output / name) for name in written)}")
+    dics = ["char.dic", "word.dic"] if getattr(bilm.char_vocab, "words", None) is not None else []  # EFML's
+    files = [output / name for name in ["config.json", "model.safetensors", *dics]]
+    files += _write_archive_files(bilm, output)
+    print(f"wrote {', '.join(map(str, files[:-1]))} and {files[-1]}")
     return 0
+
+
+def _write_archive_files(bilm, output: Path) -> list[Path]:
+    """Beside a model converted from a zip (:mod:`elmokit.weights.archive`): its ``meta.json`` as it was, and its
+    vocabulary as ``vocab.txt`` when it is one elmokit reads (the three specials, no duplicates; else left out with a
+    note). Returns the files written."""
+    written = []
+    meta, words = getattr(bilm, "source_meta", None), getattr(bilm, "source_vocab", None)
+    if meta is not None:
+        atomic_write_text(output / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        written.append(output / "meta.json")
+    if words is not None:
+        try:
+            Vocabulary(words)
+        except (DataError, InputError) as exc:
+            print(f"note: the archive's vocabulary is not written ({exc})", file=sys.stderr)
+        else:
+            atomic_write_text(output / "vocab.txt", "".join(w + "\n" for w in words))
+            written.append(output / "vocab.txt")
+    return written
 
 
 def _model_vocabulary(model: str) -> Path | None:
@@ -130,7 +157,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the model's parameter count, layers, output dimension, start state (``"zero"``, or how the stored one was
-    made) and options as JSON (and, for a zoo model, its card's summary)."""
+    made) and options as JSON (and, for a zoo model, its card's summary; for a zip, the archive, its ``meta.json``
+    fields under ``"meta"`` and its vocabulary size; for a folder with a ``meta.json``, that)."""
     from elmokit.weights.native import load_pretrained_bilm, resolve_model_name  # lazy: CLI start-up
 
     args.model = str(resolve_model_name(args.model))
@@ -144,6 +172,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "start_state": (model.start_state_source or "stored") if model.start_state is not None else "zero",
         "options": model.config.to_options(),
     }
+    info.update(_source_info(model, Path(args.model)))
     if model.config.char_cnn.word_embedding_dim is not None:
         from elmokit.weights.efml import is_efml_folder  # lazy: CLI start-up
 
@@ -185,6 +214,25 @@ def _efml_info(model, converted: bool) -> dict:
     }
 
 
+def _source_info(model, path: Path) -> dict:
+    """What a model loaded from a zip keeps of it (:mod:`elmokit.weights.archive`), or a folder's ``meta.json`` (as
+    ``convert ZIP OUT`` writes it): ``{"archive", "meta", "vocab_words"}``, the keys it has."""
+    out: dict = {}
+    if getattr(model, "source_archive", None):
+        out["archive"] = model.source_archive
+    meta = getattr(model, "source_meta", None)
+    if meta is None and path.is_dir() and (path / "meta.json").is_file():
+        try:
+            meta = json.loads((path / "meta.json").read_text(encoding="utf-8-sig"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            meta = None
+    if meta is not None:
+        out["meta"] = meta
+    if getattr(model, "source_vocab", None) is not None:
+        out["vocab_words"] = len(model.source_vocab)
+    return out
+
+
 _MODEL_HELP = f"{RELEASED_HELP}, or a model trained here (elmokit-en, elmokit-zh: `elmokit zoo build`)"
 
 
@@ -196,7 +244,8 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         usage="elmokit convert [-h] [-v] [--overwrite] MODEL OUT | OPTIONS WEIGHTS OUT",
         description="Convert an original-format or ELMoForManyLangs model to elmokit's native format. MODEL OUT: "
         "MODEL is a folder holding an *options*.json and a weight *.hdf5, an ELMoForManyLangs folder (char.dic, "
-        "word.dic, encoder.pkl, token_embedder.pkl, config.json), or a released name "
+        "word.dic, encoder.pkl, token_embedder.pkl, config.json), a zip of one (an NLPL model archive: its "
+        "meta.json and vocabulary are written beside), or a released name "
         "(small, medium, original, original-5.5b); OPTIONS WEIGHTS OUT: the two files "
         "named. OUT is the folder to write config.json and model.safetensors into "
         "(created if missing; not inside the model's folder).",
@@ -206,7 +255,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         nargs="+",
         type=path_arg,
         metavar="PATH",
-        help="MODEL OUT (a model folder or released name, then the output folder), or OPTIONS WEIGHTS OUT "
+        help="MODEL OUT (a model folder, zip or released name, then the output folder), or OPTIONS WEIGHTS OUT "
         "(the original options.json, its weight HDF5, then the output folder)",
     )
     p.add_argument(

@@ -33,7 +33,13 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 
     resolve_cli_device(args.device)
     quickstart.run_quickstart(
-        _out_dir(args), minutes=args.minutes, seed=args.seed, steps=args.steps, device=args.device, lang=args.lang
+        _out_dir(args),
+        minutes=args.minutes,
+        seed=args.seed,
+        steps=args.steps,
+        device=args.device,
+        lang=args.lang,
+        precision=args.precision,
     )
     return 0
 
@@ -98,5 +104,12 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     )
     p.add_argument("--seed", type=seed, default=0, help="data order, initialisation, dropout (default: %(default)s)")
     p.add_argument("--device", type=text_arg, default="auto", help=f"{DEVICE_HELP} (default: %(default)s)")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="training's matrix products in bfloat16 (bf16) or float32; evaluation is float32 either way "
+        "(default: %(default)s)",
+    )
     add_threads_option(p)
     p.set_defaults(func=cmd_quickstart, interrupted_note=quickstart_interrupted_note)

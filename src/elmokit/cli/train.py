@@ -71,6 +71,7 @@ OPTION_FIELDS = {
     "log_every": "log_every",
     "decode_errors": "decode_errors",
     "device": "device",
+    "precision": "precision",
     "nondeterministic": "deterministic",
     "no_progress": "progress",
     "valid_files": "valid_files",

@@ -235,7 +235,8 @@ def add_heldout_and_checkpoint_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_execution_args(p: argparse.ArgumentParser) -> None:
-    """How ``train`` runs: --data-parts, --no-progress, --device, --nondeterministic, --decode-errors, --threads."""
+    """How ``train`` runs: --data-parts, --no-progress, --device, --precision, --nondeterministic, --decode-errors,
+    --threads."""
     d = _train_default
     p.add_argument(
         "--data-parts",
@@ -251,6 +252,13 @@ def add_execution_args(p: argparse.ArgumentParser) -> None:
         type=text_arg,
         default=None,
         help=f"{DEVICE_HELP}; with several processes each takes cuda:LOCAL_RANK {d('device')}",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default=None,
+        help="bf16: matrix products in bfloat16 (autocast), weights, optimiser, cell state, clips and loss in float32 "
+        f"(fixed for a run) {d('precision')}",
     )
     p.add_argument(
         "--nondeterministic",

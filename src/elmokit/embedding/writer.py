@@ -97,6 +97,10 @@ def _notify(event: str, **info: Any) -> None:
         _probe(event, **info)
 
 
+#: settings ``index.json`` holds only when not these defaults (folders written before the setting existed resume)
+_SETTING_DEFAULTS = {"precision": "fp32"}
+
+
 def model_fingerprint(bilm) -> str:
     """The biLM fingerprint (:func:`elmokit.weights.fingerprint.bilm_fingerprint`: configuration, character
     vocabulary and weights), compared on resume."""
@@ -294,6 +298,7 @@ class EmbedJob:
             "decode_errors": self.decode_errors,
             "part_size": self.part_size,
             "cache": self.embedder.token_cache is not None,
+            **({"precision": self.embedder.precision} if self.embedder.precision != "fp32" else {}),
         }
 
     # -------------------------------------------------------------------- the work folder
@@ -377,7 +382,10 @@ class EmbedJob:
                 "cannot resume from it"
             )
         before, now = existing.get("settings", {}), wanted["settings"]
-        changed = [f"{k} (was {before.get(k)!r}, now {now[k]!r})" for k in now if before.get(k) != now[k]]
+        keys = list(now) + [k for k in before if k not in now]  # a setting written only when not its default, too
+        was = {k: before.get(k, _SETTING_DEFAULTS.get(k)) for k in keys}
+        new = {k: now.get(k, _SETTING_DEFAULTS.get(k)) for k in keys}
+        changed = [f"{k} (was {was[k]!r}, now {new[k]!r})" for k in keys if was[k] != new[k]]
         if changed:
             raise UsageError(
                 f"cannot resume {self.folder}: changed {', '.join(changed)}; use the interrupted run's "
@@ -562,6 +570,8 @@ class EmbedJob:
                 out.attrs["lines"] = scan.lines
                 for k, v in self.spec.settings().items():
                     out.attrs[k] = v
+                if self.embedder.precision != "fp32":
+                    out.attrs["precision"] = self.embedder.precision
                 if numbered and not self.forget_sentences:
                     sentences = out.create_dataset("sentences", shape=(scan.lines,), dtype=h5py.string_dtype())
                 if scan.skipped and numbered:

@@ -38,7 +38,7 @@ from torch import nn
 
 from elmokit.config import LSTMConfig
 from elmokit.errors import InputError
-from elmokit.modules import native
+from elmokit.modules import native, precision
 from elmokit.modules.derived import DerivedWeights
 
 __all__ = ["BiLSTM", "LSTMState", "inference_steps"]
@@ -359,8 +359,9 @@ class BiLSTM(nn.Module):
         lengths = lengths.to("cpu")
         if b > 1 and bool((lengths[1:] > lengths[:-1]).any()):
             raise InputError("lengths must be sorted in descending order")
-        if initial_state is None:
-            initial_state = self.zero_state(b, inputs.device, inputs.dtype)
+        if initial_state is None:  # float32 under autocast too: the state is never kept in low precision
+            state_dtype = torch.float32 if inputs.dtype in (torch.bfloat16, torch.float16) else inputs.dtype
+            initial_state = self.zero_state(b, inputs.device, state_dtype)
         c0, h0 = initial_state
         # Padding-free: the real (row, step) positions in time-major order — rows are sorted by length, so at step s
         # the first batch_sizes[s] rows are running. Every layer runs on this packed (2, N, P) layout (N = real
@@ -413,6 +414,9 @@ class BiLSTM(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """One layer, both directions, on packed time-major input ``x`` (2, N, P) (step s = the next
         ``batch_sizes[s]`` positions); returns the packed output (2, N, P) and the final (c, h) per row."""
+        low = precision.low_precision_dtype(x.device.type)
+        if low is not None:  # under bf16 autocast (training or inference): its own loop, state and gates in float32
+            return self._run_layer_low_precision(k, x, batch_sizes, c, h, low)
         # without autograd the gate math runs in place on the step's buffers (fewer passes, no allocation per step)
         in_place = not (
             torch.is_grad_enabled()
@@ -511,6 +515,62 @@ class BiLSTM(nn.Module):
         final_c = torch.cat(done_c[::-1], dim=1) if done_c else c
         final_h = torch.cat(done_h[::-1], dim=1) if done_h else h
         out = torch.cat(steps, dim=1) if steps else x.new_zeros(2, 0, w_proj.shape[-1])
+        return out, (final_c, final_h)
+
+    # long: the per-step loop of the mixed-precision path, kept in one piece as its float32 twin above
+    def _run_layer_low_precision(
+        self, k: int, x: torch.Tensor, batch_sizes: list[int], c: torch.Tensor, h: torch.Tensor, low: torch.dtype
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`_run_layer` under bfloat16 autocast (:mod:`elmokit.modules.precision`), with or without autograd.
+
+        The three matrix products (input, recurrent, projection) take ``low``-precision (bfloat16) copies of their
+        inputs and weights and accumulate in float32; the input contribution x·W_ih, the bias (forget bias 1.0
+        included), the gate pre-activations z = x·W_ih + b + h·W_hh, the gates, the cell state c and its clip are
+        float32; h_t = clip(o ⊙ tanh(c) · W_proj) is rounded to ``low`` as the next product's input and returned in
+        float32, as are the final states. Same cell equations as :meth:`_run_layer_autograd`.
+
+        Args: as :meth:`_run_layer`; ``c`` (2, B, H) and ``h`` (2, B, P) float32 (a low-precision state is widened).
+        Returns: out (2, N, P) float32, (final c (2, B, H), final h (2, B, P)) float32.
+        """
+        cell_clip = self.config.cell_clip
+        proj_clip = self.config.proj_clip
+        with torch.autocast(device_type=x.device.type, enabled=False):  # every cast below is explicit
+            bias = self.bias[k] + self._forget_bias(self.hidden_dim, self.bias[k])  # (2, 4H) float32
+            xw = torch.bmm(x.to(low), self.weight_ih[k].to(low)).float() + bias.unsqueeze(1)  # (2, N, 4H)
+            w_hh = self.weight_hh[k].to(low)
+            w_proj = self.weight_proj[k].to(low)
+            xw_steps = xw.split([n for n in batch_sizes if n > 0], dim=1)
+            c, h = c.float(), h.float()  # h: the float32 start state, until the first step replaces it
+            h_low = h.to(low)
+            steps: list[torch.Tensor] = []  # each step's h_t in low precision, widened once at the end
+            done_c: list[torch.Tensor] = []  # final states of rows that ended, latest-ending first
+            done_h: list[torch.Tensor] = []
+            n_prev, step = c.shape[1], 0
+            for n in batch_sizes:
+                if n < n_prev:
+                    done_c.append(c[:, n:n_prev])
+                    done_h.append((h_low if step else h)[:, n:n_prev].float())
+                    c, h, h_low = c[:, :n], h[:, :n], h_low[:, :n]
+                    n_prev = n
+                if n == 0:
+                    break
+                z = xw_steps[step] + torch.bmm(h_low, w_hh)  # float32 + bfloat16 → float32; gates i, j, f, o
+                step += 1
+                zi, zj, zf, zo = z.chunk(4, dim=-1)
+                c = torch.addcmul(torch.sigmoid(zi) * torch.tanh(zj), torch.sigmoid(zf), c)
+                if cell_clip and cell_clip > 0:
+                    c = c.clamp(-cell_clip, cell_clip)
+                h_low = torch.bmm((torch.sigmoid(zo) * torch.tanh(c)).to(low), w_proj)
+                if proj_clip and proj_clip > 0:  # in bfloat16: exact for the released clip 3 (a bfloat16 number)
+                    h_low = h_low.clamp(-proj_clip, proj_clip)
+                steps.append(h_low)
+            if n_prev > 0:
+                done_c.append(c)
+                done_h.append((h_low if step else h).float())
+            final_c = torch.cat(done_c[::-1], dim=1) if done_c else c
+            final_h = torch.cat(done_h[::-1], dim=1) if done_h else h
+            p = self.projection_dim
+            out = torch.cat(steps, dim=1).float() if steps else x.new_zeros(2, 0, p, dtype=torch.float32)
         return out, (final_c, final_h)
 
     def _input_weight(self, k: int) -> torch.Tensor:

@@ -18,27 +18,51 @@ library): ``tests/test_native.py`` checks them within 2e-6 on the small configur
 clamped where float32 results saturate, and inputs holding inf or NaN are refused (the callers run the ATen path).
 
 The extension is built by ``torch.utils.cpp_extension.load`` (it needs a C++ compiler and ``ninja``, which the
-``ninja`` package installed with elmokit provides; ≈ 20 s on 2 cores, once per machine, kept in torch's extension
-directory, ``TORCH_EXTENSIONS_DIR``). The build's name carries a digest of the source, the flags
-(``-march=native``), the torch version and this CPU's model and flags, so a home directory shared by different
-machines never loads another CPU's build. Where the build or the load fails (no compiler, no ninja, another
-platform) one warning is logged and the fallback paths run (same values, slower at batch 1). ``ELMOKIT_NATIVE=0``
-turns the kernels off.
+``ninja`` package installed with elmokit provides; ≈ 20 s on 2 cores when the machine is quiet, once per environment,
+kept in torch's extension directory, ``TORCH_EXTENSIONS_DIR``). **One build per environment**: the build's name
+(:func:`build_name`) carries a digest of everything that changes the build or what it links against — the source, the
+flags (``-march=native``), this CPU's model and flags, the torch version and commit, the Python version, the
+environment (``sys.prefix``), torch's and Python's include folders and the compiler (``CXX``) — so two virtual
+environments on one machine each keep their own build (before, they shared one folder whose ``build.ninja`` named the
+other's include paths, and each rebuilt it in turn), and a home directory shared by different machines never loads
+another CPU's build. Builds are serialised by a file lock (``<name>.lock`` beside the build folder; two processes
+starting at once build once, the second waits and loads), and a build counts only once it finished: the library is
+loaded only when the folder's ``elmokit-build.json`` names it with its size and sha256, written after a successful
+build, so a build killed half-way is built again rather than loaded. :func:`status` says where the kernels came
+from (``elmokit info`` prints it). Where the build or the load fails (no compiler, no ninja, another platform) one
+warning is logged and the fallback paths run (same values, slower at batch 1). ``ELMOKIT_NATIVE=0`` turns the kernels
+off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.util
+import json
 import logging
 import os
 import platform
 import shutil
+import sys
+import sysconfig
 import threading
+import time
 from pathlib import Path
 
 import torch
 
-__all__ = ["kernels", "lstm_layer", "highway_layer", "pack_lstm", "pack_highway", "MAX_HIGHWAY_ROWS", "MAX_LSTM_ROWS"]
+__all__ = [
+    "kernels",
+    "status",
+    "build_name",
+    "lstm_layer",
+    "highway_layer",
+    "pack_lstm",
+    "pack_highway",
+    "MAX_HIGHWAY_ROWS",
+    "MAX_LSTM_ROWS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +78,10 @@ FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"] + (
 
 _module = None  # None = not tried yet; False = unavailable here
 _lock = threading.Lock()
+#: where the kernels came from, for :func:`status`
+_status: dict = {"state": "not loaded yet"}
+#: written into the build folder after a successful build; the library is loaded only when it matches
+MARKER_NAME = "elmokit-build.json"
 
 
 def _cpu_identity() -> str:
@@ -66,13 +94,43 @@ def _cpu_identity() -> str:
         return platform.processor() or platform.machine()
 
 
+def _environment_identity() -> list[str]:
+    """What, besides source, flags and CPU, changes the build or what it links against: torch's version and commit,
+    Python's version, the environment's prefix, torch's and Python's include folders, the compiler."""
+    try:
+        from torch.utils import cpp_extension  # lazy: it imports setuptools
+
+        includes = cpp_extension.include_paths()
+    except Exception:  # a torch without the helper: the version and prefix still separate environments
+        includes = []
+    return [
+        torch.__version__,
+        str(getattr(torch.version, "git_version", "")),
+        sys.version,
+        os.path.realpath(sys.prefix),
+        *map(str, includes),
+        str(sysconfig.get_paths().get("include", "")),
+        os.environ.get("CXX", "c++"),
+    ]
+
+
 def build_name() -> str:
-    """The extension's name: ``elmokit_native_`` + a digest of source, flags, torch version and CPU."""
+    """The extension's name: ``elmokit_native_`` + a digest of source, flags, CPU and environment (see the module
+    docstring: one build per environment)."""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), torch.__version__.encode(), _cpu_identity().encode()):
+    parts = [SOURCE.read_bytes(), " ".join(FLAGS).encode(), _cpu_identity().encode()]
+    parts += [p.encode() for p in _environment_identity()]
+    for part in parts:
         digest.update(part)
         digest.update(b"\0")
     return "elmokit_native_" + digest.hexdigest()[:16]
+
+
+def status() -> dict:
+    """Where the kernels came from in this process: ``{"state": …}`` with state ``"off"`` (``ELMOKIT_NATIVE=0``),
+    ``"not loaded yet"``, ``"unavailable"`` (with ``"reason"``), ``"loaded"`` (an earlier build) or ``"built now"``
+    (with ``"build_seconds"``); loaded or built: ``"path"`` of the library."""
+    return dict(_status)
 
 
 def kernels():
@@ -86,8 +144,67 @@ def kernels():
     return _module or None
 
 
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _finished_library(folder: Path, name: str) -> Path | None:
+    """The library of a build that finished (its marker names it, with the library's size and sha256), else
+    ``None``."""
+    try:
+        marker = json.loads((folder / MARKER_NAME).read_text())
+        library = folder / marker["library"]
+        if marker.get("name") != name or library.stat().st_size != marker["size"]:
+            return None
+        return library if _file_sha256(library) == marker["sha256"] else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _mark_finished(folder: Path, name: str, library: Path) -> None:
+    """Write the marker (atomically: a temporary file renamed over it)."""
+    data = {"name": name, "library": library.name, "size": library.stat().st_size, "sha256": _file_sha256(library)}
+    tmp = folder / f".{MARKER_NAME}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, folder / MARKER_NAME)
+
+
+def _import_library(name: str, library: Path):
+    """Import a finished build's shared library as the module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {library}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    """An exclusive lock on ``path`` across processes (``fcntl.flock``; released when the process ends, even killed);
+    a no-op where ``fcntl`` is missing (Windows)."""
+    try:
+        import fcntl  # optional: POSIX only
+    except ImportError:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _load():
+    global _status
     if os.environ.get("ELMOKIT_NATIVE", "1") == "0":
+        _status = {"state": "off"}
         return None
     try:
         from torch.utils import cpp_extension  # lazy: only when the kernels are built (it imports setuptools)
@@ -100,24 +217,34 @@ def _load():
             except ImportError:
                 pass
         name = build_name()
-        try:  # torch's (private) build folder: only to say when a build is about to happen
-            built = any(Path(cpp_extension._get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
-        except Exception:
-            built = True
-        if not built:
+        folder = Path(cpp_extension._get_build_directory(name, verbose=False))  # torch's (private) folder rule
+        with _build_lock(folder.parent / f"{name}.lock"):
+            library = _finished_library(folder, name)
+            if library is not None:  # an earlier build of this very environment: no compiler, no ninja run
+                module = _import_library(name, library)
+                _status = {"state": "loaded", "path": str(library)}
+                return module
             log.warning(
-                "elmokit: compiling the native batch-1 kernels for this machine (once, about 20 s; "
+                "elmokit: compiling the native batch-1 kernels for this environment (once, about 20 s; "
                 "ELMOKIT_NATIVE=0 skips them)"
             )
-        return cpp_extension.load(
-            name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False
-        )
+            for stale in folder.glob(f"{name}*.so"):  # an unfinished build's library is never loaded
+                stale.unlink()
+            start = time.perf_counter()
+            module = cpp_extension.load(
+                name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False
+            )
+            library = Path(module.__file__)
+            _mark_finished(folder, name, library)
+            _status = {"state": "built now", "path": str(library), "build_seconds": time.perf_counter() - start}
+            return module
     except Exception as exc:  # no compiler, no ninja, no headers, another OS …
+        reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}"
+        _status = {"state": "unavailable", "reason": reason}
         log.warning(
-            "elmokit: native kernels unavailable (%s: %s); the TorchScript/ATen paths run instead (same "
-            "values, slower at batch 1)",
-            type(exc).__name__,
-            str(exc).strip().splitlines()[-1:] or "",
+            "elmokit: native kernels unavailable (%s); the TorchScript/ATen paths run instead (same values, slower at "
+            "batch 1)",
+            reason,
         )
         return None
 

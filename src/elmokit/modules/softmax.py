@@ -31,6 +31,7 @@ from torch import nn
 
 from elmokit.checks import check_int, is_int, positive_int
 from elmokit.errors import ConfigError, InputError, InputTypeError, UsageError
+from elmokit.modules.precision import low_precision_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -72,32 +73,40 @@ class _SampledLogSumExp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, w, b, hit_rows, hit_cols):
-        # the bias as one more input column (h | 1) · (W | b)ᵀ: no separate pass writing b over the (N, S) buffer
-        h1 = torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1)  # (N, D + 1)
-        w1 = torch.cat([w, b.unsqueeze(1)], dim=1)  # (S, D + 1)
-        logits = torch.mm(h1, w1.t())  # (N, S)
-        if hit_rows.numel():
-            logits[hit_rows, hit_cols] = torch.finfo(logits.dtype).min
-        top = logits.amax(dim=1, keepdim=True)
-        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-        probs = logits.sub_(top).exp_()
-        total = probs.sum(dim=1, keepdim=True)
-        probs.div_(total)
-        if hit_rows.numel():
-            probs[hit_rows, hit_cols] = 0.0  # masked logits get no gradient (as masked_fill's backward)
+        # under bf16 autocast the two GEMMs of each pass take bfloat16 copies (float32 results); the softmax itself,
+        # its log-sum-exp and the gradients handed back stay float32 (elmokit.modules.precision)
+        low = low_precision_dtype(h.device.type)
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            # the bias as one more input column (h | 1) · (W | b)ᵀ: no separate pass writing b over the (N, S) buffer
+            h1 = torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1)  # (N, D + 1)
+            w1 = torch.cat([w, b.unsqueeze(1)], dim=1)  # (S, D + 1)
+            if low is not None:
+                h1, w1 = h1.to(low), w1.to(low)
+            logits = torch.mm(h1, w1.t()).float()  # (N, S) float32 (no copy when already float32)
+            if hit_rows.numel():
+                logits[hit_rows, hit_cols] = torch.finfo(logits.dtype).min
+            top = logits.amax(dim=1, keepdim=True)
+            top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+            probs = logits.sub_(top).exp_()
+            total = probs.sum(dim=1, keepdim=True)
+            probs.div_(total)
+            if hit_rows.numel():
+                probs[hit_rows, hit_cols] = 0.0  # masked logits get no gradient (as masked_fill's backward)
         ctx.save_for_backward(h1, w1, probs)
+        ctx.dtypes = (h.dtype, w.dtype, b.dtype)
         return (total.log_() + top).squeeze(1)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         h1, w1, probs = ctx.saved_tensors
-        g = probs.mul_(grad.unsqueeze(1))  # (N, S): ∂lse/∂logits · grad
-        grad_h = torch.mm(g, w1[:, :-1]) if ctx.needs_input_grad[0] else None
+        h_dtype, w_dtype, b_dtype = ctx.dtypes
+        g = probs.mul_(grad.float().unsqueeze(1)).to(h1.dtype)  # (N, S): ∂lse/∂logits · grad
+        grad_h = torch.mm(g, w1[:, :-1]).to(h_dtype) if ctx.needs_input_grad[0] else None
         grad_w = grad_b = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            grad_w1 = torch.mm(g.t(), h1)  # (S, D + 1): the last column is ∂b = Σₙ P·g
-            grad_w, grad_b = grad_w1[:, :-1], grad_w1[:, -1]
+            grad_w1 = torch.mm(g.t(), h1).float()  # (S, D + 1): the last column is ∂b = Σₙ P·g
+            grad_w, grad_b = grad_w1[:, :-1].to(w_dtype), grad_w1[:, -1].to(b_dtype)
         return grad_h, grad_w, grad_b, None, None
 
 

@@ -77,5 +77,6 @@ class TokenEncoder(nn.Module):
             encoded = torch.cat([self.encode_unique(part) for part in unique.split(self.inference_chunk)], dim=0)
         else:
             encoded = self.encode_unique(unique)
-        out = out.index_put((real.nonzero().squeeze(1),), encoded[inverse])
+        # float32 out even under bf16 autocast (the projection's product is then bfloat16): the LSTMs take float32
+        out = out.index_put((real.nonzero().squeeze(1),), encoded[inverse].to(out.dtype))
         return out.view(b, t, self.output_dim)

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from elmokit.config import ElmoConfig
 from elmokit.errors import CheckpointError, ConfigError, UsageError
+from elmokit.modules.precision import Precision
 
 __all__ = [
     "TrainConfig",
@@ -29,6 +30,7 @@ __all__ = [
     "OptimizerName",
     "DecodeErrors",
     "DeviceName",
+    "Precision",
     "RESUME_MAY_CHANGE",
     "MAX_LEARNING_RATE",
     "literal_choices",
@@ -40,6 +42,14 @@ OptimizerName = Literal["adagrad", "adam"]
 DecodeErrors = Literal["strict", "replace", "ignore", "skip"]
 #: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"mps"``; ``"cuda:N"`` strings are accepted too.
 DeviceName = Literal["auto", "cpu", "cuda", "mps"] | str
+
+#: the fields whose value is one of a Literal type's names (checked by :meth:`TrainConfig.validate`)
+_CHOICE_FIELDS = {
+    "batching": Batching,
+    "optimizer": OptimizerName,
+    "decode_errors": DecodeErrors,
+    "precision": Precision,
+}
 
 #: Largest accepted learning rate: far above any that trains (bilm-tf's Adagrad uses 0.2), and low enough that the
 #: optimisers' float32 arithmetic cannot overflow (Adam overflowed at 1e38, Adagrad at 1e39).
@@ -104,6 +114,10 @@ class TrainConfig:
             ``"ignore"`` or ``"skip"`` (drop the line); see :class:`elmokit.data.corpus.TextCorpus`.
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ... With several
             processes, ``auto``/``cuda`` is each process's own GPU (``cuda:LOCAL_RANK``).
+        precision: ``"fp32"`` (default) or ``"bf16"``: the forward and backward passes' matrix products in bfloat16
+            under autocast, with float32 master weights, optimiser state, LSTM cell state, clips, softmax and loss
+            (:mod:`elmokit.modules.precision` lists which op runs in which precision). Fixed for a run (a resume
+            keeps it); held-out perplexity is measured in float32 either way.
         deterministic: run with ``torch.use_deterministic_algorithms(True, warn_only=True)`` while training (restored
             afterwards), so that a run repeats bit-exactly with several CPU threads; without it two identical
             40-step runs of the quickstart model on 2 threads differed by up to 6.8e-4 in a parameter, with it by 0
@@ -154,6 +168,7 @@ class TrainConfig:
     shuffle: bool = True
     decode_errors: DecodeErrors = "strict"
     device: DeviceName = "auto"
+    precision: Precision = "fp32"
     deterministic: bool = True
     checkpoint_every: int = 500
     log_every: int = 10
@@ -185,7 +200,7 @@ class TrainConfig:
             ConfigError: a value out of range or of the wrong kind (names the field and what is expected); no model
                 (neither ``model`` nor ``init_from``).
         """
-        for name, tp in (("batching", Batching), ("optimizer", OptimizerName), ("decode_errors", DecodeErrors)):
+        for name, tp in _CHOICE_FIELDS.items():
             choices = literal_choices(tp)
             if getattr(self, name) not in choices:
                 raise ConfigError(f"TrainConfig.{name} must be {_one_of(choices)}, got {getattr(self, name)!r}")

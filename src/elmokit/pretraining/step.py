@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from elmokit.errors import ElmoError, TrainingError
+from elmokit.modules.precision import autocast
 from elmokit.pretraining.data import PartBatch, StepBatch
 from elmokit.pretraining.objective import DirectionalNLL
 
@@ -47,8 +48,8 @@ class StepResult:
 class StepMixin:
     """:class:`~elmokit.pretraining.trainer.Trainer`'s step: draw the next global batch, one optimiser step on it.
 
-    Uses the trainer's ``config``, ``dist``, ``lm``, ``optimizer``, ``data``, ``sampler``, ``step``, ``lstm_states``
-    and ``_ddp`` (see :class:`~elmokit.pretraining.trainer.Trainer`).
+    Uses the trainer's ``config``, ``device``, ``dist``, ``lm``, ``optimizer``, ``data``, ``sampler``, ``step``,
+    ``lstm_states`` and ``_ddp`` (see :class:`~elmokit.pretraining.trainer.Trainer`).
     """
 
     def next_batch(self) -> StepBatch | None:
@@ -93,14 +94,15 @@ class StepMixin:
             last = i == len(batch.parts) - 1
             sync = contextlib.nullcontext() if self._ddp is None or last else self._ddp.no_sync()
             with sync:
-                fwd, bwd, state = model(
-                    part.data,
-                    batching=c.batching,
-                    state=self._state_for(part),
-                    num_samples=c.n_negative_samples,
-                    generator=self.sampler,
-                    freeze_bilm=frozen,
-                )
+                with autocast(c.precision, self.device):  # the forward pass only; backward follows its dtypes
+                    fwd, bwd, state = model(
+                        part.data,
+                        batching=c.batching,
+                        state=self._state_for(part),
+                        num_samples=c.n_negative_samples,
+                        generator=self.sampler,
+                        freeze_bilm=frozen,
+                    )
                 if fwd.numel() != part.n_tokens or bwd.numel() != part.n_tokens:
                     raise TrainingError(
                         f"internal: part {part.part} of step {step} has {part.n_tokens} targets, "

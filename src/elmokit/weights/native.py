@@ -10,7 +10,8 @@
 * a directory in the native format (``config.json`` + ``model.safetensors``);
 * a directory holding an original ``options.json`` (or ``*options*.json``) and one ``*.hdf5`` weight file;
 * an ELMoForManyLangs folder (``char.dic``, ``word.dic``, ``encoder.pkl``, ``token_embedder.pkl``, ``config.json``):
-  :mod:`elmokit.weights.efml`.
+  :mod:`elmokit.weights.efml`;
+* a zip archive of such a directory (the NLPL repository's ELMo zips): :mod:`elmokit.weights.archive`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from elmokit.errors import ConfigError, InputError, MissingFileError, UsageError
 from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text
 from elmokit.modules.bilm import BiLM, StatefulBiLM
 from elmokit.weights import load_state_checked
+from elmokit.weights.archive import is_model_archive, load_model_archive
 from elmokit.weights.efml import is_efml_folder, load_efml
 from elmokit.weights.efml_vocab import EfmlVocabulary
 
@@ -318,7 +320,8 @@ def load_native(path: str | os.PathLike, *, stateful: bool = False, **bilm_kwarg
 
 def _original_pair(directory: Path) -> tuple[Path, Path]:
     """The one ``*options*.json`` and the one weight HDF5 of an original-format folder. When several ``*.hdf5``
-    lie there (AllenNLP folders also hold embedding dumps), the one named ``*weights*`` is taken.
+    lie there, ``model.hdf5`` is taken (the NLPL repository's name, simple_elmo's first choice), else the one named
+    ``*weights*`` (AllenNLP folders also hold embedding dumps).
 
     Raises:
         MissingFileError: no unique pair, naming the folder, what a model folder holds and what was found.
@@ -326,7 +329,8 @@ def _original_pair(directory: Path) -> tuple[Path, Path]:
     options = sorted(directory.glob("*options*.json"))
     weights = sorted(directory.glob("*.hdf5"))
     if len(weights) > 1:
-        weights = [w for w in weights if "weights" in w.name]
+        named = [w for w in weights if w.name == "model.hdf5"]
+        weights = named or [w for w in weights if "weights" in w.name]
     if len(options) == 1 and len(weights) == 1:
         return options[0], weights[0]
     names = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
@@ -343,12 +347,13 @@ def _original_pair(directory: Path) -> tuple[Path, Path]:
 
 
 def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | None = None, **bilm_kwargs) -> BiLM:
-    """Resolve a released name, a zoo name (:data:`ZOO_MODELS`), a native directory, or an original-format directory to
-    a :class:`BiLM`.
+    """Resolve a released name, a zoo name (:data:`ZOO_MODELS`), a native directory, an original-format directory, or
+    a zip archive of one (the NLPL repository's, :mod:`elmokit.weights.archive`) to a :class:`BiLM`.
 
     Raises:
-        UsageError: a path that is a file (says what to pass instead: the options + weights pair goes to
-            ``load_original`` / ``Embedder(options_file, weight_file)``), or a name that is neither a folder nor a
+        WeightsError: a damaged, unsafe or model-less zip, or a TensorFlow-checkpoint zip (one line naming it).
+        UsageError: a path that is a file other than a zip (says what to pass instead: the options + weights pair goes
+            to ``load_original`` / ``Embedder(options_file, weight_file)``), or a name that is neither a folder nor a
             released or zoo model (lists the known names).
         UsageTypeError: (also a ``TypeError``) not a str / path.
         MissingFileError: a folder that is not a model (names it, says what a model folder holds and what was
@@ -373,6 +378,8 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
         if (path / CONFIG_NAME).is_file():
             return load_native(path, **bilm_kwargs)
         return load_original(*_original_pair(path), **bilm_kwargs)
+    if path.is_file() and is_model_archive(path):  # a zip (NLPL's): its folder, by the same dispatch
+        return load_model_archive(path, lambda folder: load_pretrained_bilm(folder, **bilm_kwargs))
     if path.is_file():
         if path.suffix.lower() in (".hdf5", ".h5"):
             hint = "pass its options.json too: load_original(options_file, weight_file) (or its folder)"
@@ -381,8 +388,8 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
         elif path.name == WEIGHTS_NAME:
             hint = f"pass the folder that holds it (with {CONFIG_NAME})"
         else:
-            hint = f"pass a model folder ({CONFIG_NAME} + {WEIGHTS_NAME}, or *options*.json + *.hdf5)"
-        raise UsageError(f"model {path} is a file, but a model is a folder or a released name: {hint}")
+            hint = f"pass a model folder ({CONFIG_NAME} + {WEIGHTS_NAME}, or *options*.json + *.hdf5) or a zip of one"
+        raise UsageError(f"model {path} is a file, but a model is a folder, a zip or a released name: {hint}")
     key = str(name_or_path).lower()
     if key not in RELEASED:
         text = os.fspath(name_or_path)

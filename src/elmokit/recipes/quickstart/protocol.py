@@ -38,6 +38,7 @@ from elmokit.devices import resolve_device
 from elmokit.embedding import Embedder
 from elmokit.errors import UsageError
 from elmokit.io import LOCK_NAME, atomic_write_text
+from elmokit.modules.precision import check_precision
 from elmokit.pretraining.checkpoint import run_files
 from elmokit.pretraining.perplexity import evaluate_perplexity, unigram_perplexity
 from elmokit.pretraining.trainer import TrainConfig, Trainer, load_lm
@@ -373,6 +374,7 @@ def _train(
     seed: int,
     steps: int | None,
     device: str,
+    precision: str = "fp32",
 ) -> dict:
     """Train on ``files`` (train, held-out) for ``steps`` steps, or as many as fit ``minutes``; the trainer's
     summary."""
@@ -385,6 +387,7 @@ def _train(
         model=job.model().to_options(),
         seed=seed,
         device=device,
+        precision=precision,
         valid_files=[str(held_file)],
         **job.train,
     )
@@ -436,6 +439,7 @@ def run_job(
     seed: int = 0,
     steps: int | None = None,
     device: str = "auto",
+    precision: str = "fp32",
 ) -> dict:
     """The main job's protocol for one :class:`QuickstartJob` (what :func:`run_quickstart` runs): write the split,
     train (a time budget turned into a fixed step count, or ``steps``), score the held-out text with the full softmax
@@ -449,12 +453,21 @@ def run_job(
     if steps is None and not minutes > 0:
         raise UsageError(f"minutes must be > 0, got {minutes}")
     resolve_device(device)  # before any file is touched
+    check_precision(precision, "precision")
     start = time.perf_counter()
     out_dir = Path(out_dir)
     prepare_out_dir(out_dir)
     train, held, info, train_file, held_file = _write_split(job, out_dir)
     summary = _train(
-        job, out_dir, (train_file, held_file), len(train), minutes=minutes, seed=seed, steps=steps, device=device
+        job,
+        out_dir,
+        (train_file, held_file),
+        len(train),
+        minutes=minutes,
+        seed=seed,
+        steps=steps,
+        device=device,
+        precision=precision,
     )
     lm = load_lm(summary["model_dir"])
     scores = _score_heldout(job, lm, train, held, out_dir)
@@ -466,6 +479,7 @@ def run_job(
         job.probe_key: probe,
         **({"corpus": info} if info else {}),
         "steps": summary["steps"],
+        "precision": precision,
         "model_dir": summary["model_dir"],
         "seconds": time.perf_counter() - start,
     }

@@ -1,0 +1,69 @@
+"""Numeric precision of the biLM's computation: ``"fp32"`` (the default everywhere) or ``"bf16"`` (mixed precision).
+
+``"bf16"`` runs the matrix products in bfloat16 under :func:`torch.autocast` (CPU or CUDA): the char CNN's
+convolutions, the highway and projection layers, the LSTMs' input, recurrent and projection products, and the
+softmax's logits. Everything else stays float32:
+
+* the parameters themselves (the "master weights") and the optimiser's state: autocast casts a copy for each product;
+* the LSTM gates' non-linearities, the **cell state**, the cell and projection **clips** and the carried state
+  (:meth:`elmokit.modules.lstm.BiLSTM._run_layer_low_precision`): each step's recurrent product is added to the
+  float32 input contribution, so the gates are computed from float32 sums;
+* the softmax's log-sum-exp and the losses (:mod:`elmokit.modules.softmax` computes them in float32), the loss sum,
+  the gradient norm and its clipping (the gradients land in the float32 parameters' ``.grad``).
+
+bfloat16 keeps float32's exponent range (no loss scaling is needed, unlike float16) with an 8-bit significand: each
+product's inputs are rounded to a relative 2^-9, sums are accumulated in float32 by the BLAS/oneDNN kernels.
+
+Source: mixed-precision training as in Micikevicius et al. 2018 ("Mixed precision training": fp32 master weights,
+low-precision products), with bfloat16 in place of float16 (Kalamkar et al. 2019).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Literal
+
+import torch
+
+from elmokit.errors import ConfigError
+
+__all__ = ["Precision", "PRECISIONS", "autocast", "check_precision", "low_precision_dtype"]
+
+Precision = Literal["fp32", "bf16"]
+#: the accepted names, the default first
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+
+
+def check_precision(precision: object, source: str = "precision") -> str:
+    """Return ``precision`` when it is one of :data:`PRECISIONS`.
+
+    Raises:
+        ConfigError: naming ``source``, the value and the accepted names.
+    """
+    if precision not in PRECISIONS:
+        raise ConfigError(f"{source} must be 'fp32' or 'bf16', got {precision!r}")
+    return str(precision)
+
+
+def autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
+    """The context in which a forward pass runs at ``precision`` on ``device``: bfloat16 autocast for ``"bf16"`` (the
+    device's type: ``cpu``, ``cuda``), a no-op for ``"fp32"``.
+
+    Raises:
+        ConfigError: an unknown precision, or ``"bf16"`` on a device type autocast does not support in bfloat16.
+    """
+    check_precision(precision)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    device_type = torch.device(device).type
+    if device_type not in ("cpu", "cuda", "xpu", "mps"):
+        raise ConfigError(f"precision 'bf16' is not available on device type {device_type!r} (cpu or cuda)")
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+
+
+def low_precision_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast gives matrix products on ``device_type`` right now (``torch.bfloat16`` inside
+    :func:`autocast` with ``"bf16"``), or ``None`` outside autocast."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
