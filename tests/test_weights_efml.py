@@ -178,3 +178,11 @@ def test_the_word_embedding_round_trips_through_options_json():
     options["char_cnn"]["word_embedding"] = {"dim": 16, "n_words": 5}
     with pytest.raises(ConfigError, match="without char_cnn.char_vocab_size"):
         ElmoConfig.from_options(options)
+
+
+def test_a_zip_of_an_efml_folder_loads_as_the_folder(tmp_path):
+    archive = shutil.make_archive(str(tmp_path / "efml"), "zip", root_dir=FIXTURE.parent, base_dir=FIXTURE.name)
+    from_zip, from_folder = load_pretrained_bilm(archive), load_efml(FIXTURE)
+    assert from_zip.char_vocab.words == from_folder.char_vocab.words
+    for (name, a), b in zip(from_zip.state_dict().items(), from_folder.state_dict().values()):
+        assert torch.equal(a, b), name
