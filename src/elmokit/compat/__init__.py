@@ -1,0 +1,1 @@
+"""Compatibility layers for code written against other ELMo libraries: AllenNLP 0.9's ElmoEmbedder (allennlp), ELMoForManyLangs (efml), simple_elmo (simple_elmo)."""
