@@ -1,0 +1,1 @@
+"""Integrations of elmokit models into other libraries' APIs: flair (flair, the `flair` extra)."""
