@@ -62,6 +62,19 @@ def test_seqvec_style_calls_equal_the_embedder(embedder, reference):
     assert empty.shape == (3, 0, 32) and empty.dtype == np.float32
 
 
+def test_bio_embeddings_style_calls(files, reference):
+    # bio_embeddings' SeqVecEmbedder: keyword arguments, embed_batch of residue lists, per-protein sum(0).mean(0)
+    embedder = ElmoEmbedder(weight_file=str(files[1]), options_file=str(files[0]), cuda_device=-1)
+    proteins = [PROTEIN, PROTEIN[:5], "MA"]
+    got = embedder.embed_batch([list(p) for p in proteins])
+    assert [g.shape for g in got] == [(3, len(p), 32) for p in proteins]
+    for g, p in zip(got, proteins):
+        want = reference.embed_sentence(list(p))
+        assert_close_to_scale(g, want, 1e-5)
+        assert_close_to_scale(g.sum(0).mean(0), want.sum(0).mean(0), 1e-5)
+    assert embedder.embed_batch([]) == []
+
+
 def test_batch_to_embeddings_shapes_mask_and_padding(embedder, reference):
     batch = [["The", "cat", "sat", "."], ["Hi"], []]
     activations, mask = embedder.batch_to_embeddings(batch)
