@@ -188,8 +188,10 @@ def test_sigterm_or_sigint_leaves_a_checkpoint_at_the_interrupt(setup, reference
     assert sorted(_losses(out)) == list(range(1, 13))  # training is under way: 12 steps logged, step 13 running
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    # KeyboardInterrupt reached the top: Python ends itself with SIGINT after printing it
-    assert proc.returncode in (-signal.SIGINT, 130), err
+    # KeyboardInterrupt reached the top: Python ends itself with SIGINT after printing it -- or with status 1 when an
+    # exit hook imports a module (CPython 3.11 then no longer re-raises SIGINT): torch._dynamo's compile-time report
+    # imports tabulate at exit where it is installed (flair, in the test extra, brings it)
+    assert proc.returncode in (-signal.SIGINT, 130, 1), err
     assert "KeyboardInterrupt" in err and f"{sig.name}: stopped after step 13, checkpoint written" in err
     assert latest_checkpoint_step(out) == 13 and [c["step"] for c in _manifest(out)["checkpoints"]] == [10, 13]
     assert not (out / "model").exists()
