@@ -155,10 +155,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kernels_info() -> dict:
+    """Where this environment's native batch-1 kernels come from (:func:`elmokit.modules.native.status`), loading
+    them (or building them, once per environment) as ``embed`` would."""
+    from elmokit.modules import native  # lazy: CLI start-up
+
+    native.kernels()
+    return native.status()
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the model's parameter count, layers, output dimension, start state (``"zero"``, or how the stored one was
-    made) and options as JSON (and, for a zoo model, its card's summary; for a zip, the archive, its ``meta.json``
-    fields under ``"meta"`` and its vocabulary size; for a folder with a ``meta.json``, that)."""
+    made), options and where the native kernels came from as JSON (and, for a zoo model, its card's summary; for a
+    zip, the archive, its ``meta.json`` fields under ``"meta"`` and its vocabulary size; for a folder with a
+    ``meta.json``, that)."""
     from elmokit.weights.native import load_pretrained_bilm, resolve_model_name  # lazy: CLI start-up
 
     args.model = str(resolve_model_name(args.model))
@@ -173,6 +183,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "options": model.config.to_options(),
     }
     info.update(_source_info(model, Path(args.model)))
+    info["native_kernels"] = _kernels_info()
     if model.config.char_cnn.word_embedding_dim is not None:
         from elmokit.weights.efml import is_efml_folder  # lazy: CLI start-up
 
@@ -281,6 +292,10 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     )
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("info", parents=parents, help="show a model's configuration and parameter count (JSON)")
+    p = sub.add_parser(
+        "info",
+        parents=parents,
+        help="show a model's configuration and parameter count, and where the native kernels came from (JSON)",
+    )
     p.add_argument("model", type=text_arg, help=_MODEL_HELP)
     p.set_defaults(func=cmd_info)
