@@ -1,0 +1,70 @@
+"""The batch-independence bound ``Embedder`` states: a sentence embedded in any batch equals it embedded alone within
+1e-5 of the largest value of each of its layers (absolute below 1). Property test over batch compositions
+(hypothesis), on random models of the three released shapes (small, medium, original) with weights ×4 (values up to
+~100 and firing clips, as a trained model's), on real text of mixed lengths (UD English-EWT dev).
+
+``python bench/batch_invariance.py`` measured at most 1.2e-6 of the scale on these models (README, "Batches")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import shared_path
+from elmokit import Embedder
+from elmokit.config import PRESETS
+from elmokit.modules.bilm import BiLM
+
+#: the stated bound, relative to each layer's largest |value| (absolute below 1)
+BOUND = 1e-5
+#: hypothesis examples per preset: the original shape's random model costs about a second a batch
+EXAMPLES = {"small": 12, "medium": 8, "original": 4}
+
+
+def _sentences() -> list[list[str]]:
+    """12 sentences of UD English-EWT dev of mixed lengths (1 to ~40 tokens), their own tokenisation."""
+    path = shared_path("data", "ud-english-ewt", "en_ewt-ud-dev.conllu")
+    sentences, current = [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            if current:
+                sentences.append(current)
+                current = []
+        elif not line.startswith("#") and line.split("\t")[0].isdigit():
+            current.append(line.split("\t")[1])
+    by_length = sorted(sentences[:300], key=len)
+    picks = np.linspace(0, len(by_length) - 1, 12).round().astype(int)
+    return [by_length[i] for i in picks if len(by_length[i]) <= 45]
+
+
+@pytest.fixture(scope="module", params=list(EXAMPLES))
+def case(request):
+    torch.manual_seed(0)
+    bilm = BiLM(PRESETS[request.param]())
+    with torch.no_grad():
+        for p in bilm.parameters():
+            p.mul_(4.0)
+    embedder = Embedder(bilm, batch_size=64)
+    sentences = _sentences()
+    alone = [embedder.embed_sentence(s) for s in sentences]
+    return request.param, embedder, sentences, alone
+
+
+def test_a_sentence_in_any_batch_equals_it_alone_within_the_bound(case):
+    preset, embedder, sentences, alone = case
+    assert max(float(np.abs(a).max()) for a in alone) > 20  # the scale the bound is relative to is exercised
+
+    @settings(max_examples=EXAMPLES[preset], deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.lists(st.integers(0, len(sentences) - 1), min_size=2, max_size=len(sentences)))
+    def check(picked):
+        for i, got in zip(picked, embedder.embed_batch([sentences[j] for j in picked])):
+            want = alone[i]
+            for k in range(want.shape[0]):
+                scale = max(1.0, float(np.abs(want[k]).max()))
+                err = float(np.abs(got[k] - want[k]).max())
+                assert err <= BOUND * scale, (preset, i, k, err, scale)
+
+    check()
