@@ -51,7 +51,14 @@ def measure(preset: str, sentences: list[list[str]], trials: int, weight_scale: 
             if float(diff.max()) > worst:
                 worst = float(diff.max())
                 where = {"sentence": i, "tokens": len(sentences[i]), "layer": int(diff.max(axis=(1, 2)).argmax())}
-    return {"preset": preset, "weight_scale": weight_scale, "max_abs": worst, "scale": scale, "max_abs_over_scale": worst / scale, "at": where}
+    return {
+        "preset": preset,
+        "weight_scale": weight_scale,
+        "max_abs": worst,
+        "scale": scale,
+        "max_abs_over_scale": worst / scale,
+        "at": where,
+    }
 
 
 def main() -> None:
