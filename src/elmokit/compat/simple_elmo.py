@@ -93,9 +93,7 @@ class ElmoModel:
             words = read_vocab_words(directory)
         self.vocab = words[:limit] if words and limit else None
         self.bilm = bilm
-        self.embedder = Embedder(
-            bilm, batch_size=self.max_batch_size, vocab_to_cache=self.vocab, empty_tokens="keep"
-        )
+        self.embedder = Embedder(bilm, batch_size=self.max_batch_size, vocab_to_cache=self.vocab, empty_tokens="keep")
         return self
 
     def _ready(self, texts: object, layers: object, session: object, what: str) -> list[Sequence[str]]:

@@ -171,7 +171,8 @@ class ELMoEmbeddings(_flair_base.TokenEmbeddings):
         for sentence, array in zip(sentences, arrays):
             vectors = torch.from_numpy(array)
             if self.embedding_mode == "all":  # (L+1, n, D) → (n, (L+1)·D), layer 0 first
-                vectors = vectors.permute(1, 0, 2).reshape(vectors.shape[1], -1)
+                n_layers, n_tokens, dim = vectors.shape  # explicit sizes: an empty sentence has n = 0
+                vectors = vectors.permute(1, 0, 2).reshape(n_tokens, n_layers * dim)
             vectors = vectors.to(embedder.device)
             for token, vector in zip(sentence, vectors):
                 token.set_embedding(self.name, vector)
