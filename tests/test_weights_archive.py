@@ -4,6 +4,7 @@ Elmo.from_pretrained and the CLI (embed, info, convert)."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import stat
 import tempfile
@@ -163,6 +164,34 @@ def test_damaged_archives_are_one_line_naming_the_file(tmp_path):
     with pytest.raises(WeightsError) as err:
         load_pretrained_bilm(tmp_path / "flipped.zip")
     _one_line(err, str(tmp_path / "flipped.zip"), "'model.hdf5' cannot be read")
+
+
+def test_a_truncated_zip_ending_in_a_stored_zip_member_is_damaged_not_that_member(tmp_path):
+    # an EFML folder zipped without compression: its .pkl members are zips themselves (torch.save). Cut after one of
+    # them, zipfile finds that member's directory; the archive must be reported as damaged, not read as its content
+    inner = io.BytesIO()
+    torch.save({"w": torch.zeros(3)}, inner)
+    with zipfile.ZipFile(tmp_path / "efml.zip", "w", compression=zipfile.ZIP_STORED) as zf:
+        zf.writestr("zhs.model/config.json", "{}")
+        zf.writestr("zhs.model/encoder.pkl", inner.getvalue())
+        zf.writestr("zhs.model/word.dic", "a\t0\n" * 4000)
+    with zipfile.ZipFile(tmp_path / "efml.zip") as zf:
+        info = zf.getinfo("zhs.model/encoder.pkl")
+    end = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.compress_size
+    (tmp_path / "cut.zip").write_bytes((tmp_path / "efml.zip").read_bytes()[:end])
+    with zipfile.ZipFile(tmp_path / "cut.zip") as zf:  # the premise: zipfile alone reads the .pkl's directory
+        assert any(name.endswith("/data.pkl") for name in zf.namelist())
+    with pytest.raises(WeightsError) as err:
+        load_pretrained_bilm(tmp_path / "cut.zip")
+    _one_line(err, str(tmp_path / "cut.zip"), "not a readable zip archive", "entries start at byte")
+
+
+def test_a_model_nested_two_folders_deep_is_pointed_at(tmp_path):
+    folder = nlpl_folder(tmp_path / "m")
+    make_zip(folder, tmp_path / "deep.zip", top="models/ru_elmo")
+    with pytest.raises(WeightsError) as err:
+        load_pretrained_bilm(tmp_path / "deep.zip")
+    _one_line(err, "holds no model at its folder models/", "model files lie in models/ru_elmo/")
 
 
 @pytest.mark.parametrize("name", ["../evil.json", "/abs/options.json", "a/../../evil.json", "C:/x/options.json"])

@@ -88,6 +88,12 @@ def _open_zip(path: Path) -> Iterator[zipfile.ZipFile]:
             f"{path} is not a readable zip archive (truncated or damaged? {exc}): download it again"
         ) from None
     with zf:
+        first = min((info.header_offset for info in zf.infolist()), default=0)
+        if first > 0:  # zipfile found the directory of a zip stored inside the file (a .pkl / .pt), not the file's
+            raise WeightsError(
+                f"{path} is not a readable zip archive (truncated or damaged? its entries start at byte {first}, "
+                "after bytes that belong to none of them: what was read is a zip stored inside it): download it again"
+            )
         yield zf
 
 
@@ -140,9 +146,18 @@ def _model_members(archive: Path, zf: zipfile.ZipFile) -> tuple[str, dict[PurePo
             "(bin/dump_weights.py --save_dir CHECKPOINT_DIR --outfile model.hdf5); zip that with options.json"
         )
     if not any(n.lower().endswith(_MODEL_SUFFIXES) for n in here):
+        deeper = sorted(
+            {
+                str(rel.parent) + "/"
+                for rel in files
+                if len(rel.parts) > 1 and rel.name.lower().endswith(_MODEL_SUFFIXES)
+            }
+        )
+        hint = f": model files lie in {_listing(deeper)}; unzip it and load the model's folder" if deeper else ""
         raise WeightsError(
-            f"{archive} holds no model at {where} (a model is options.json + model.hdf5, or config.json + "
-            f"model.safetensors, at the root or in one top folder); it holds {_listing(names)}"
+            f"{archive} holds no model at {where} (a model is options.json + model.hdf5, config.json + "
+            f"model.safetensors, or an ELMoForManyLangs folder, at the root or in one top folder); it holds "
+            f"{_listing(names)}{hint}"
         )
     return prefix, inner
 
