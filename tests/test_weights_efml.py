@@ -113,6 +113,13 @@ def test_config_path_is_tried_as_given_then_in_the_folder(folder, caplog):
     assert model.config.extra["efml"]["architecture"].startswith(str(folder / "small_arch.json"))
 
 
+def test_a_config_path_that_is_not_a_path_is_named(folder):
+    _set_config_path(folder, 3)
+    _one_line_error(ConfigError, folder, folder / "config.json", "config_path is 3, not a path")
+    _set_config_path(folder, None)
+    _one_line_error(ConfigError, folder, folder / "config.json", "no config_path")
+
+
 def test_then_the_configuration_efml_ships_under_that_name(folder, caplog):
     (folder / "small_arch.json").unlink()
     _set_config_path(folder, "/home/author/configs/cnn_50_100_512_4096_sample.json")
