@@ -249,13 +249,52 @@ def _read_meta(folder: Path, shown: str) -> dict | None:
     return meta if isinstance(meta, dict) else {"meta": meta}
 
 
+def _renamed_text(text: str, folder: Path, shown: str) -> str:
+    """``text`` with the temporary folder's path replaced by the archive's name (``ARCHIVE:member``)."""
+    return text.replace(str(folder) + os.sep, shown).replace(str(folder), shown.rstrip(":/") or shown)
+
+
 def _renamed(exc: ElmoError, folder: Path, shown: str) -> ElmoError:
     """``exc`` with the temporary folder's path in its message replaced by the archive's name."""
-    text = str(exc).replace(str(folder) + os.sep, shown).replace(str(folder), shown.rstrip(":/") or shown)
     try:
-        return type(exc)(text)
+        return type(exc)(_renamed_text(str(exc), folder, shown))
     except TypeError:  # an error class with another constructor: keep it as it is
         return exc
+
+
+#: The loggers that may name the temporary folder while a model folder loads.
+_LOADING_LOGGERS = ("elmokit.weights.efml", "elmokit.weights.native", "elmokit.weights.original", "elmokit.characters")
+
+
+@contextmanager
+def _archive_names_in_logs(folder: Path, shown: str) -> Iterator[None]:
+    """While the extracted folder loads, log records name ``ARCHIVE:member`` rather than the temporary folder (which
+    is gone once the model is loaded)."""
+
+    def rename(record: logging.LogRecord) -> bool:
+        record.msg, record.args = _renamed_text(record.getMessage(), folder, shown), None
+        return True
+
+    loggers = [logging.getLogger(name) for name in _LOADING_LOGGERS]
+    for each in loggers:
+        each.addFilter(rename)
+    try:
+        yield
+    finally:
+        for each in loggers:
+            each.removeFilter(rename)
+
+
+def _renamed_values(value: object, folder: Path, shown: str) -> object:
+    """``value`` (a config's ``extra``: dicts, lists, strings) with the temporary folder named as the archive, so
+    that no deleted path is kept (nor written by ``elmokit convert``): e.g. the EFML architecture file's source."""
+    if isinstance(value, str):
+        return _renamed_text(value, folder, shown)
+    if isinstance(value, dict):
+        return {k: _renamed_values(v, folder, shown) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renamed_values(v, folder, shown) for v in value]
+    return value
 
 
 def load_model_archive(path: str | os.PathLike, load_folder: Callable[[Path], BiLM]) -> BiLM:
@@ -278,9 +317,11 @@ def load_model_archive(path: str | os.PathLike, load_folder: Callable[[Path], Bi
         vocab = read_vocab_words(folder, source=shown)
         meta = _read_meta(folder, shown + META_NAME)
         try:
-            model = load_folder(folder)
+            with _archive_names_in_logs(folder, shown):
+                model = load_folder(folder)
         except ElmoError as exc:
             raise _renamed(exc, folder, shown) from None
     inner = model.bilm if isinstance(model, StatefulBiLM) else model
+    inner.config.extra = _renamed_values(inner.config.extra, folder, shown)
     inner.source_meta, inner.source_vocab, inner.source_archive = meta, vocab, str(archive)
     return model
