@@ -85,6 +85,16 @@ def test_an_empty_sentence_in_a_batch_gets_no_vectors_and_the_others_theirs(mode
     assert_close_to_scale(got, np.concatenate(list(want), axis=-1) if mode == "all" else want, 1e-5)
 
 
+def test_a_whitespace_token_is_embedded_as_flairs_allennlp_embeddings_did(model_files):
+    embeddings = ELMoEmbeddings(options_file=model_files[0], weight_file=model_files[1], embedding_mode="top")
+    sentence = flair_data.Sentence(["The", " ", "bank"])  # flair keeps " " as a token
+    assert [t.text for t in sentence] == ["The", " ", "bank"]
+    embeddings.embed(sentence)  # was: InputError naming an empty_tokens option this class does not take
+    got = torch.stack([token.get_embedding([embeddings.name]) for token in sentence]).numpy()
+    want = Embedder(*model_files, empty_tokens="keep").embed_sentence(["The", " ", "bank"], layers="top")
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_sequence_tagger_trains_saves_and_loads(tmp_path, monkeypatch, model_files):
     torch.manual_seed(0)
     sentences = _conll_sentences(N_TRAIN + 4)
