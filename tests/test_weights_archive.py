@@ -301,3 +301,19 @@ def test_cli_refusals_on_zips_are_one_line(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(UsageError, match="a zip of one"):
         load_pretrained_bilm(tmp_path / "notes.txt")
+
+
+def test_not_enough_room_to_extract_is_one_line_and_extracts_nothing(tmp_path, monkeypatch):
+    from elmokit.weights import archive
+
+    zipped = make_zip(nlpl_folder(tmp_path / "m"), tmp_path / "m.zip")
+    need = sum(info.file_size for info in zipfile.ZipFile(zipped).infolist())
+    real = archive.shutil.disk_usage
+    monkeypatch.setattr(archive.shutil, "disk_usage", lambda p: real(p)._replace(free=need - 1))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with pytest.raises(WeightsError) as err:
+        load_pretrained_bilm(zipped)
+    _one_line(err, str(zipped), "MB to extract into", "set TMPDIR")
+    assert list((tmp_path / "scratch").iterdir()) == []
