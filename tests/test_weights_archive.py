@@ -317,3 +317,10 @@ def test_not_enough_room_to_extract_is_one_line_and_extracts_nothing(tmp_path, m
         load_pretrained_bilm(zipped)
     _one_line(err, str(zipped), "MB to extract into", "set TMPDIR")
     assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_a_pytorch_file_given_as_the_model_is_named_as_one(tmp_path):
+    torch.save({"w": torch.zeros(2)}, tmp_path / "ckpt.pt")  # torch.save writes a zip: archive/data.pkl, …
+    with pytest.raises(UsageError) as err:
+        load_pretrained_bilm(tmp_path / "ckpt.pt")
+    _one_line(err, str(tmp_path / "ckpt.pt"), "is a PyTorch file", "not a model archive")

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from elmokit.errors import ElmoError, MissingFileError, WeightsError
+from elmokit.errors import ElmoError, MissingFileError, UsageError, WeightsError
 from elmokit.modules.bilm import BiLM, StatefulBiLM
 
 __all__ = ["is_model_archive", "load_model_archive", "extract_model_folder", "read_vocab_words", "META_NAME"]
@@ -121,7 +121,8 @@ def _model_members(archive: Path, zf: zipfile.ZipFile) -> tuple[str, dict[PurePo
     (relative to that folder → their entry). Checks every name (:func:`_member_path`).
 
     Raises:
-        WeightsError: an unsafe member, a name held twice, a TensorFlow checkpoint, no model (lists the members)."""
+        WeightsError: an unsafe member, a name held twice, a TensorFlow checkpoint, no model (lists the members).
+        UsageError: a PyTorch file (``torch.save`` writes a zip) given as the model."""
     files: dict[PurePosixPath, zipfile.ZipInfo] = {}
     for info in zf.infolist():
         rel = _member_path(archive, info)
@@ -138,6 +139,12 @@ def _model_members(archive: Path, zf: zipfile.ZipFile) -> tuple[str, dict[PurePo
     here = sorted(str(rel) for rel in inner if len(rel.parts) == 1)
     names = sorted(str(rel) for rel in files)
     where = f"its folder {prefix}" if prefix else "its root"
+    if prefix and "data.pkl" in here and ("version" in here or ".format_version" in here):
+        raise UsageError(
+            f"{archive} is a PyTorch file (torch.save's zip), not a model archive: a model is a folder (or a zip of "
+            "one) with options.json + model.hdf5, config.json + model.safetensors, or ELMoForManyLangs' files, or a "
+            "released name; a run of `elmokit train` keeps its model in OUT_DIR/model"
+        )
     weights = any(n.endswith((".hdf5", ".h5", ".safetensors")) for n in here)
     if not weights and any(_CHECKPOINT_CORE.search(n) for n in here):
         raise WeightsError(
