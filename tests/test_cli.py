@@ -655,6 +655,8 @@ def test_released_name_offline_fails_cleanly(tmp_path, monkeypatch, capsys):
     assert cli_main(["embed", "small", str(tmp_path / "s.txt"), str(tmp_path / "v.h5")]) == 1
     err = _err(capsys)
     assert "elmokit embed: error:" in err and "could not download" in err and "internal error" not in err
+    # the user can fetch the file elsewhere: the message says where it goes
+    assert f"put it at {tmp_path / 'cache'}" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "v.h5").exists()
 
 

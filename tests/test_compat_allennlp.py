@@ -60,6 +60,13 @@ def test_seqvec_style_calls_equal_the_embedder(embedder, reference):
     assert [b.shape[1] for b in batch] == [len(s) for s in sentences[:3]]
     empty = embedder.embed_sentence([])  # 0.9: zeros((3, 0, 1024)) float64 whatever the model
     assert empty.shape == (3, 0, 32) and empty.dtype == np.float32
+    # a blank token: 0.9 embedded it (<bow><eow>), so code that passes one keeps running
+    blank = embedder.embed_sentence(["The", "", "bank"])
+    assert blank.shape == (3, 3, 32)
+    want = Embedder(reference.bilm, empty_tokens="keep").embed_sentence(["The", "", "bank"])
+    assert_close_to_scale(blank, want, 1e-6)
+    activations, mask = embedder.batch_to_embeddings([["The", " "]])
+    assert activations.shape == (1, 3, 2, 32) and mask.tolist() == [[1, 1]]
 
 
 def test_bio_embeddings_style_calls(files, reference):

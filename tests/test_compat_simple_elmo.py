@@ -118,3 +118,16 @@ def test_refusals_are_one_clear_line(nlpl_zip, tmp_path):
             zf.writestr(name, "x")
     with pytest.raises(WeightsError, match="TensorFlow checkpoint.*dump_weights"):
         ElmoModel().load(tmp_path / "ckpt.zip")
+
+
+def test_blank_tokens_are_embedded_as_simple_elmo_embeds_them(nlpl_zip):
+    # simple_elmo's bilm-tf batcher encodes "" as <bow><eow>; text.split(" ") on double spaces gives such tokens
+    model = ElmoModel().load(nlpl_zip, limit=0)
+    texts = [["the", "", "cat"], [" "]]
+    got = model.get_elmo_vectors(texts, layers="top")
+    want = list(Embedder(load_pretrained_bilm(nlpl_zip), empty_tokens="keep").embed_sentences(texts, layers="top"))
+    assert got.shape == (2, 3, 16)
+    assert_close_to_scale(got[0], want[0], 1e-6)
+    assert_close_to_scale(got[1, :1], want[1], 1e-6)
+    assert np.abs(got[0, 1]).max() > 0.01  # the blank token has a real vector
+    assert model.get_elmo_vector_average(texts).shape == (2, 16)

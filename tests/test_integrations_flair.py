@@ -12,7 +12,7 @@ import torch
 
 from conftest import shared_path
 from elmokit import Embedder
-from helpers import fixture_dir
+from helpers import assert_close_to_scale, fixture_dir
 
 flair_data = pytest.importorskip("flair.data", reason="flair is not installed (pip install 'elmokit[flair]')")
 from flair.datasets import FlairDatapointDataset  # noqa: E402
@@ -70,6 +70,28 @@ def test_token_vectors_equal_the_embedders(model_files, mode):
     if mode == "all":  # layer 0, then layer 1, then layer 2, each (n, 32)
         want = np.concatenate(list(want), axis=-1)
     assert got.shape == (len(sentence), embeddings.embedding_length)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", ["all", "top"])
+def test_an_empty_sentence_in_a_batch_gets_no_vectors_and_the_others_theirs(model_files, mode):
+    embeddings = ELMoEmbeddings(options_file=model_files[0], weight_file=model_files[1], embedding_mode=mode)
+    empty, words = flair_data.Sentence(""), flair_data.Sentence(["The", "bank", "closed"])
+    embeddings.embed([empty, words])  # "all" once failed reshaping the empty sentence's (3, 0, 32) array
+    assert len(empty) == 0
+    got = torch.stack([token.get_embedding([embeddings.name]) for token in words]).numpy()
+    want = Embedder(*model_files).embed_sentence(["The", "bank", "closed"], layers=mode)
+    # batched with the empty sentence, not alone: equal to float rounding
+    assert_close_to_scale(got, np.concatenate(list(want), axis=-1) if mode == "all" else want, 1e-5)
+
+
+def test_a_whitespace_token_is_embedded_as_flairs_allennlp_embeddings_did(model_files):
+    embeddings = ELMoEmbeddings(options_file=model_files[0], weight_file=model_files[1], embedding_mode="top")
+    sentence = flair_data.Sentence(["The", " ", "bank"])  # flair keeps " " as a token
+    assert [t.text for t in sentence] == ["The", " ", "bank"]
+    embeddings.embed(sentence)  # was: InputError naming an empty_tokens option this class does not take
+    got = torch.stack([token.get_embedding([embeddings.name]) for token in sentence]).numpy()
+    want = Embedder(*model_files, empty_tokens="keep").embed_sentence(["The", " ", "bank"], layers="top")
     np.testing.assert_array_equal(got, want)
 
 

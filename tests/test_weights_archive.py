@@ -4,6 +4,7 @@ Elmo.from_pretrained and the CLI (embed, info, convert)."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import stat
 import tempfile
@@ -165,6 +166,34 @@ def test_damaged_archives_are_one_line_naming_the_file(tmp_path):
     _one_line(err, str(tmp_path / "flipped.zip"), "'model.hdf5' cannot be read")
 
 
+def test_a_truncated_zip_ending_in_a_stored_zip_member_is_damaged_not_that_member(tmp_path):
+    # an EFML folder zipped without compression: its .pkl members are zips themselves (torch.save). Cut after one of
+    # them, zipfile finds that member's directory; the archive must be reported as damaged, not read as its content
+    inner = io.BytesIO()
+    torch.save({"w": torch.zeros(3)}, inner)
+    with zipfile.ZipFile(tmp_path / "efml.zip", "w", compression=zipfile.ZIP_STORED) as zf:
+        zf.writestr("zhs.model/config.json", "{}")
+        zf.writestr("zhs.model/encoder.pkl", inner.getvalue())
+        zf.writestr("zhs.model/word.dic", "a\t0\n" * 4000)
+    with zipfile.ZipFile(tmp_path / "efml.zip") as zf:
+        info = zf.getinfo("zhs.model/encoder.pkl")
+    end = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.compress_size
+    (tmp_path / "cut.zip").write_bytes((tmp_path / "efml.zip").read_bytes()[:end])
+    with zipfile.ZipFile(tmp_path / "cut.zip") as zf:  # the premise: zipfile alone reads the .pkl's directory
+        assert any(name.endswith("/data.pkl") for name in zf.namelist())
+    with pytest.raises(WeightsError) as err:
+        load_pretrained_bilm(tmp_path / "cut.zip")
+    _one_line(err, str(tmp_path / "cut.zip"), "not a readable zip archive", "entries start at byte")
+
+
+def test_a_model_nested_two_folders_deep_is_pointed_at(tmp_path):
+    folder = nlpl_folder(tmp_path / "m")
+    make_zip(folder, tmp_path / "deep.zip", top="models/ru_elmo")
+    with pytest.raises(WeightsError) as err:
+        load_pretrained_bilm(tmp_path / "deep.zip")
+    _one_line(err, "holds no model at its folder models/", "model files lie in models/ru_elmo/")
+
+
 @pytest.mark.parametrize("name", ["../evil.json", "/abs/options.json", "a/../../evil.json", "C:/x/options.json"])
 def test_unsafe_member_names_are_refused(tmp_path, name):
     with zipfile.ZipFile(tmp_path / "evil.zip", "w") as zf:
@@ -272,3 +301,26 @@ def test_cli_refusals_on_zips_are_one_line(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(UsageError, match="a zip of one"):
         load_pretrained_bilm(tmp_path / "notes.txt")
+
+
+def test_not_enough_room_to_extract_is_one_line_and_extracts_nothing(tmp_path, monkeypatch):
+    from elmokit.weights import archive
+
+    zipped = make_zip(nlpl_folder(tmp_path / "m"), tmp_path / "m.zip")
+    need = sum(info.file_size for info in zipfile.ZipFile(zipped).infolist())
+    real = archive.shutil.disk_usage
+    monkeypatch.setattr(archive.shutil, "disk_usage", lambda p: real(p)._replace(free=need - 1))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with pytest.raises(WeightsError) as err:
+        load_pretrained_bilm(zipped)
+    _one_line(err, str(zipped), "MB to extract into", "set TMPDIR")
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_a_pytorch_file_given_as_the_model_is_named_as_one(tmp_path):
+    torch.save({"w": torch.zeros(2)}, tmp_path / "ckpt.pt")  # torch.save writes a zip: archive/data.pkl, …
+    with pytest.raises(UsageError) as err:
+        load_pretrained_bilm(tmp_path / "ckpt.pt")
+    _one_line(err, str(tmp_path / "ckpt.pt"), "is a PyTorch file", "not a model archive")

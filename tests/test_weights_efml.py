@@ -113,6 +113,13 @@ def test_config_path_is_tried_as_given_then_in_the_folder(folder, caplog):
     assert model.config.extra["efml"]["architecture"].startswith(str(folder / "small_arch.json"))
 
 
+def test_a_config_path_that_is_not_a_path_is_named(folder):
+    _set_config_path(folder, 3)
+    _one_line_error(ConfigError, folder, folder / "config.json", "config_path is 3, not a path")
+    _set_config_path(folder, None)
+    _one_line_error(ConfigError, folder, folder / "config.json", "no config_path")
+
+
 def test_then_the_configuration_efml_ships_under_that_name(folder, caplog):
     (folder / "small_arch.json").unlink()
     _set_config_path(folder, "/home/author/configs/cnn_50_100_512_4096_sample.json")
@@ -186,3 +193,20 @@ def test_a_zip_of_an_efml_folder_loads_as_the_folder(tmp_path):
     assert from_zip.char_vocab.words == from_folder.char_vocab.words
     for (name, a), b in zip(from_zip.state_dict().items(), from_folder.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_a_zip_of_an_efml_folder_is_named_as_the_zip_by_info_logs_and_convert(tmp_path, capsys, caplog):
+    archive = shutil.make_archive(str(tmp_path / "efml"), "zip", root_dir=FIXTURE.parent, base_dir=FIXTURE.name)
+    shown = f"{archive}:{FIXTURE.name}/small_arch.json"
+    with caplog.at_level(logging.WARNING, logger="elmokit.weights.efml"):
+        assert cli_main(["info", archive]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format"] == "ELMoForManyLangs"  # not "converted": the zip holds the EFML folder itself
+    assert info["architecture"].startswith(shown)
+    assert f"using {shown}" in caplog.text and "elmokit-zip-" not in caplog.text  # the temporary folder is gone
+    assert cli_main(["convert", archive, str(tmp_path / "native")]) == 0
+    config = (tmp_path / "native" / "config.json").read_text()
+    assert shown in config and "elmokit-zip-" not in config
+    capsys.readouterr()
+    assert cli_main(["info", str(tmp_path / "native")]) == 0
+    assert json.loads(capsys.readouterr().out)["format"] == "elmokit (converted from ELMoForManyLangs)"

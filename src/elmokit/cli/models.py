@@ -185,9 +185,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     info.update(_source_info(model, Path(args.model)))
     info["native_kernels"] = _kernels_info()
     if model.config.char_cnn.word_embedding_dim is not None:
-        from elmokit.weights.efml import is_efml_folder  # lazy: CLI start-up
-
-        info = {**_efml_info(model, converted=not is_efml_folder(args.model)), **info}
+        info = {**_efml_info(model, converted=not _holds_efml(Path(args.model))), **info}
     card = Path(args.model) / "card.json"
     if card.is_file():
         from elmokit.recipes.zoo.card import read_card  # lazy: CLI start-up
@@ -205,6 +203,21 @@ def cmd_info(args: argparse.Namespace) -> int:
             }
     print(json.dumps(info, indent=2))
     return 0
+
+
+def _holds_efml(path: Path) -> bool:
+    """Whether ``path`` is an ELMoForManyLangs folder, or a zip whose model is one (not a native folder converted from
+    one, which keeps the ``.dic`` files beside its ``model.safetensors``)."""
+    import zipfile  # lazy: CLI start-up
+
+    from elmokit.weights.archive import is_model_archive  # lazy: CLI start-up
+    from elmokit.weights.efml import MARKERS, is_efml_folder  # lazy: CLI start-up
+
+    if not (path.is_file() and is_model_archive(path)):
+        return is_efml_folder(path)
+    with zipfile.ZipFile(path) as zf:  # already read once by the loader
+        names = {name.rsplit("/", 1)[-1] for name in zf.namelist()}
+    return "model.safetensors" not in names and any(name in names for name in MARKERS)
 
 
 def _efml_info(model, converted: bool) -> dict:

@@ -30,6 +30,8 @@ Other differences, all where 0.9 failed or wrote something unusable:
   repeated line is refused before any work (0.9 raised half-way, leaving a partial file);
 * ``embed_file`` writes the output atomically, replaces an existing output only when it is an HDF5 file (0.9 wrote
   over any file), and drops a byte-order mark at the start of the input;
+* blank tokens (``""``, ``" "``) are embedded as 0.9 embedded them (elmokit's own :class:`~elmokit.Embedder` refuses
+  them by default), and a blank *line* in ``embed_file`` is refused, as 0.9 refused it;
 * ``cuda_device`` ≥ 0 without CUDA, and a model file of the wrong kind, raise one clear line
   (:class:`~elmokit.errors.UsageError` / :class:`~elmokit.errors.WeightsError` / :class:`~elmokit.errors.ConfigError`).
 
@@ -214,7 +216,7 @@ class ElmoEmbedder:
         device = _device(cuda_device)
         model = load_model(options_file, weight_file)
         self.embedder: Embedder = (_StatefulEmbedder if stateful else Embedder)(
-            model, device=device, batch_size=DEFAULT_BATCH_SIZE
+            model, device=device, batch_size=DEFAULT_BATCH_SIZE, empty_tokens="keep"
         )
         self.cuda_device = cuda_device
         self.stateful = stateful
@@ -233,8 +235,8 @@ class ElmoEmbedder:
         (layer 0 = ``[t; t]``, zero at padding), mask (B, T) int64 (1 = token), T the longest sentence, without the
         sentence boundaries — as 0.9.
 
-        Raises :class:`~elmokit.errors.InputTypeError` for input of the wrong type (not a list of lists of str) and
-        :class:`~elmokit.errors.InputError` for a blank token."""
+        A blank token is embedded as 0.9 embedded it (begin-of-word, end-of-word). Raises
+        :class:`~elmokit.errors.InputTypeError` for input of the wrong type (not a list of lists of str)."""
         batch = validate_sentences(batch, empty_tokens=self.embedder.empty_tokens, name="batch")
         with torch.no_grad():
             vectors, mask = self.embedder.token_vectors(batch)

@@ -17,10 +17,11 @@ the names, arguments, defaults and output shapes are simple_elmo's; the vectors 
   (n_texts, L+1, 2P)): the mean over a text's tokens, scaled to unit L2 norm; an empty text gives zeros.
 
 ``texts`` is a list of texts, each a list of tokens (simple_elmo's documented input; a text given as one string is
-refused, naming the fix ``text.split()``). ``warmup`` is accepted and has no effect: simple_elmo runs the original's
-stateful biLM and warms its carried state up first; elmokit's inference is stateless, so a text's vectors never depend
-on what ran before. ``session`` (TensorFlow's) must be ``None``. ``get_elmo_substitutes`` (simple_elmo's language-model
-predictions, from ``full=True`` models) is refused.
+refused, naming the fix ``text.split()``; a blank token is embedded, as simple_elmo's bilm-tf batcher embeds it,
+where elmokit's own :class:`~elmokit.embedding.Embedder` refuses it by default). ``warmup`` is accepted and has no
+effect: simple_elmo runs the original's stateful biLM and warms its carried state up first; elmokit's inference is
+stateless, so a text's vectors never depend on what ran before. ``session`` (TensorFlow's) must be ``None``.
+``get_elmo_substitutes`` (simple_elmo's language-model predictions, from ``full=True`` models) is refused.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class ElmoModel:
             words = read_vocab_words(directory)
         self.vocab = words[:limit] if words and limit else None
         self.bilm = bilm
-        self.embedder = Embedder(bilm, batch_size=self.max_batch_size, vocab_to_cache=self.vocab)
+        self.embedder = Embedder(bilm, batch_size=self.max_batch_size, vocab_to_cache=self.vocab, empty_tokens="keep")
         return self
 
     def _ready(self, texts: object, layers: object, session: object, what: str) -> list[Sequence[str]]:
@@ -109,7 +110,7 @@ class ElmoModel:
                 f"{what}: texts must be a list of texts, each a list of tokens, got a list of strings: "
                 "for raw texts pass [text.split() for text in texts]; for one tokenised text pass [tokens]"
             )
-        return validate_sentences(texts, name="texts")
+        return validate_sentences(texts, empty_tokens="keep", name="texts")
 
     def get_elmo_vectors(
         self, texts: Sequence[Sequence[str]], warmup: bool = True, layers: str = "average", session: object = None
@@ -122,7 +123,8 @@ class ElmoModel:
 
         Raises:
             InputTypeError: ``texts`` not a list of lists of str (a text given as a string: tokenise it).
-            InputError: a blank token. UsageError: no model loaded, a bad ``layers``, a ``session``.
+            UsageError: no model loaded, a bad ``layers``, a ``session``. A blank token is embedded (as
+            simple_elmo's bilm-tf batcher encodes it: begin-of-word, end-of-word).
         """
         texts = self._ready(texts, layers, session, "get_elmo_vectors")
         arrays = list(self.embedder.embed_sentences(texts, layers=layers))

@@ -12,7 +12,8 @@ and the same vectors: each token gets, under the name ``elmo-<model>-<mode>``, t
 (``"all"``, (L+1)·D values: layer 0 = ``[t; t]``, then each biLSTM layer ``[forward; backward]``), the top layer
 (``"top"``, D) or their mean (``"average"``, D), where D = 2P (1024 for the released models). flair's embeddings
 (via AllenNLP 0.9) carried the LSTM state from batch to batch; these are stateless: a sentence's vectors do not depend
-on the other sentences of its mini-batch or on the order of training (see :mod:`elmokit.compat.allennlp`).
+on the other sentences of its mini-batch or on the order of training (see :mod:`elmokit.compat.allennlp`). A
+whitespace-only token (flair keeps ``" "`` as a token) is embedded, as flair's AllenNLP-based embeddings embedded it.
 
 **Saving.** The biLM is a submodule: a saved ``SequenceTagger`` (``tagger.save(path)``) holds its weights in its
 state dict and its architecture (options, character vocabulary, start state) in the embeddings' parameters, so
@@ -147,7 +148,7 @@ class ELMoEmbeddings(_flair_base.TokenEmbeddings):
         super().__init__()
         self.embedding_mode = embedding_mode
         self.bilm = bilm.eval().requires_grad_(False)  # a submodule: saved with (and moved with) the flair model
-        self._embedder = Embedder(self.bilm, batch_size=batch_size)
+        self._embedder = Embedder(self.bilm, batch_size=batch_size, empty_tokens="keep")
         layers = self.bilm.num_layers if embedding_mode == "all" else 1
         self._embedding_length = layers * self.bilm.output_dim
 
@@ -171,7 +172,8 @@ class ELMoEmbeddings(_flair_base.TokenEmbeddings):
         for sentence, array in zip(sentences, arrays):
             vectors = torch.from_numpy(array)
             if self.embedding_mode == "all":  # (L+1, n, D) → (n, (L+1)·D), layer 0 first
-                vectors = vectors.permute(1, 0, 2).reshape(vectors.shape[1], -1)
+                n_layers, n_tokens, dim = vectors.shape  # explicit sizes: an empty sentence has n = 0
+                vectors = vectors.permute(1, 0, 2).reshape(n_tokens, n_layers * dim)
             vectors = vectors.to(embedder.device)
             for token, vector in zip(sentence, vectors):
                 token.set_embedding(self.name, vector)

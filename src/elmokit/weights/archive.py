@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from elmokit.errors import ElmoError, MissingFileError, WeightsError
+from elmokit.errors import ElmoError, MissingFileError, UsageError, WeightsError
 from elmokit.modules.bilm import BiLM, StatefulBiLM
 
 __all__ = ["is_model_archive", "load_model_archive", "extract_model_folder", "read_vocab_words", "META_NAME"]
@@ -88,6 +88,12 @@ def _open_zip(path: Path) -> Iterator[zipfile.ZipFile]:
             f"{path} is not a readable zip archive (truncated or damaged? {exc}): download it again"
         ) from None
     with zf:
+        first = min((info.header_offset for info in zf.infolist()), default=0)
+        if first > 0:  # zipfile found the directory of a zip stored inside the file (a .pkl / .pt), not the file's
+            raise WeightsError(
+                f"{path} is not a readable zip archive (truncated or damaged? its entries start at byte {first}, "
+                "after bytes that belong to none of them: what was read is a zip stored inside it): download it again"
+            )
         yield zf
 
 
@@ -115,7 +121,8 @@ def _model_members(archive: Path, zf: zipfile.ZipFile) -> tuple[str, dict[PurePo
     (relative to that folder → their entry). Checks every name (:func:`_member_path`).
 
     Raises:
-        WeightsError: an unsafe member, a name held twice, a TensorFlow checkpoint, no model (lists the members)."""
+        WeightsError: an unsafe member, a name held twice, a TensorFlow checkpoint, no model (lists the members).
+        UsageError: a PyTorch file (``torch.save`` writes a zip) given as the model."""
     files: dict[PurePosixPath, zipfile.ZipInfo] = {}
     for info in zf.infolist():
         rel = _member_path(archive, info)
@@ -132,6 +139,12 @@ def _model_members(archive: Path, zf: zipfile.ZipFile) -> tuple[str, dict[PurePo
     here = sorted(str(rel) for rel in inner if len(rel.parts) == 1)
     names = sorted(str(rel) for rel in files)
     where = f"its folder {prefix}" if prefix else "its root"
+    if prefix and "data.pkl" in here and ("version" in here or ".format_version" in here):
+        raise UsageError(
+            f"{archive} is a PyTorch file (torch.save's zip), not a model archive: a model is a folder (or a zip of "
+            "one) with options.json + model.hdf5, config.json + model.safetensors, or ELMoForManyLangs' files, or a "
+            "released name; a run of `elmokit train` keeps its model in OUT_DIR/model"
+        )
     weights = any(n.endswith((".hdf5", ".h5", ".safetensors")) for n in here)
     if not weights and any(_CHECKPOINT_CORE.search(n) for n in here):
         raise WeightsError(
@@ -140,9 +153,18 @@ def _model_members(archive: Path, zf: zipfile.ZipFile) -> tuple[str, dict[PurePo
             "(bin/dump_weights.py --save_dir CHECKPOINT_DIR --outfile model.hdf5); zip that with options.json"
         )
     if not any(n.lower().endswith(_MODEL_SUFFIXES) for n in here):
+        deeper = sorted(
+            {
+                str(rel.parent) + "/"
+                for rel in files
+                if len(rel.parts) > 1 and rel.name.lower().endswith(_MODEL_SUFFIXES)
+            }
+        )
+        hint = f": model files lie in {_listing(deeper)}; unzip it and load the model's folder" if deeper else ""
         raise WeightsError(
-            f"{archive} holds no model at {where} (a model is options.json + model.hdf5, or config.json + "
-            f"model.safetensors, at the root or in one top folder); it holds {_listing(names)}"
+            f"{archive} holds no model at {where} (a model is options.json + model.hdf5, config.json + "
+            f"model.safetensors, or an ELMoForManyLangs folder, at the root or in one top folder); it holds "
+            f"{_listing(names)}{hint}"
         )
     return prefix, inner
 
@@ -234,13 +256,52 @@ def _read_meta(folder: Path, shown: str) -> dict | None:
     return meta if isinstance(meta, dict) else {"meta": meta}
 
 
+def _renamed_text(text: str, folder: Path, shown: str) -> str:
+    """``text`` with the temporary folder's path replaced by the archive's name (``ARCHIVE:member``)."""
+    return text.replace(str(folder) + os.sep, shown).replace(str(folder), shown.rstrip(":/") or shown)
+
+
 def _renamed(exc: ElmoError, folder: Path, shown: str) -> ElmoError:
     """``exc`` with the temporary folder's path in its message replaced by the archive's name."""
-    text = str(exc).replace(str(folder) + os.sep, shown).replace(str(folder), shown.rstrip(":/") or shown)
     try:
-        return type(exc)(text)
+        return type(exc)(_renamed_text(str(exc), folder, shown))
     except TypeError:  # an error class with another constructor: keep it as it is
         return exc
+
+
+#: The loggers that may name the temporary folder while a model folder loads.
+_LOADING_LOGGERS = ("elmokit.weights.efml", "elmokit.weights.native", "elmokit.weights.original", "elmokit.characters")
+
+
+@contextmanager
+def _archive_names_in_logs(folder: Path, shown: str) -> Iterator[None]:
+    """While the extracted folder loads, log records name ``ARCHIVE:member`` rather than the temporary folder (which
+    is gone once the model is loaded)."""
+
+    def rename(record: logging.LogRecord) -> bool:
+        record.msg, record.args = _renamed_text(record.getMessage(), folder, shown), None
+        return True
+
+    loggers = [logging.getLogger(name) for name in _LOADING_LOGGERS]
+    for each in loggers:
+        each.addFilter(rename)
+    try:
+        yield
+    finally:
+        for each in loggers:
+            each.removeFilter(rename)
+
+
+def _renamed_values(value: object, folder: Path, shown: str) -> object:
+    """``value`` (a config's ``extra``: dicts, lists, strings) with the temporary folder named as the archive, so
+    that no deleted path is kept (nor written by ``elmokit convert``): e.g. the EFML architecture file's source."""
+    if isinstance(value, str):
+        return _renamed_text(value, folder, shown)
+    if isinstance(value, dict):
+        return {k: _renamed_values(v, folder, shown) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renamed_values(v, folder, shown) for v in value]
+    return value
 
 
 def load_model_archive(path: str | os.PathLike, load_folder: Callable[[Path], BiLM]) -> BiLM:
@@ -263,9 +324,11 @@ def load_model_archive(path: str | os.PathLike, load_folder: Callable[[Path], Bi
         vocab = read_vocab_words(folder, source=shown)
         meta = _read_meta(folder, shown + META_NAME)
         try:
-            model = load_folder(folder)
+            with _archive_names_in_logs(folder, shown):
+                model = load_folder(folder)
         except ElmoError as exc:
             raise _renamed(exc, folder, shown) from None
     inner = model.bilm if isinstance(model, StatefulBiLM) else model
+    inner.config.extra = _renamed_values(inner.config.extra, folder, shown)
     inner.source_meta, inner.source_vocab, inner.source_archive = meta, vocab, str(archive)
     return model

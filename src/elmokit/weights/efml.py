@@ -123,9 +123,8 @@ def read_architecture(folder: str | os.PathLike) -> tuple[dict, str]:
     options = _read_json(folder / OPTIONS)
     given = options.get("config_path")
     if not isinstance(given, str) or not given:
-        raise ConfigError(
-            f"{folder / OPTIONS}: no config_path (the architecture file's path), as EFML's trainer writes"
-        )
+        what = "no config_path" if given is None else f"config_path is {given!r}, not a path"
+        raise ConfigError(f"{folder / OPTIONS}: {what} (the architecture file's path, as EFML's trainer writes)")
     as_given = folder / given  # an absolute path stays itself
     base = re.split(r"[\\/]", given)[-1]
     if as_given.is_file():

@@ -190,7 +190,10 @@ def download(url: str, dest: str | os.PathLike, *, opener: Callable | None = Non
             if total and written != total:
                 raise OSError(f"download of {url} stopped at {written} of {total} bytes")
     except OSError as exc:
-        raise OSError(f"could not download {url}: {exc}") from exc
+        raise OSError(
+            f"could not download {url}: {exc} (no network? fetch it elsewhere and put it at {dest}, "
+            "or pass local model files)"
+        ) from exc
     return dest
 
 
