@@ -26,20 +26,10 @@ EWT_DEV = ROOT.parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.co
 
 
 def read_conllu_tokens(path: Path, limit: int) -> list[list[str]]:
-    """The word forms of the first ``limit`` sentences (multiword-token ranges and empty nodes skipped)."""
-    sentences, current = [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            if current:
-                sentences.append(current)
-                current = []
-                if len(sentences) == limit:
-                    break
-        elif not line.startswith("#"):
-            cols = line.split("\t")
-            if cols[0].isdigit():
-                current.append(cols[1])
-    return sentences
+    """The word forms of the first ``limit`` sentences (elmokit's CoNLL-U reader: multiword ranges skipped)."""
+    from elmokit.tasks.readers import read_conllu
+
+    return [list(s.tokens) for s in read_conllu(path, limit=limit)]
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -118,6 +119,39 @@ TINY_TRAIN_OPTIONS = {
 }
 #: Words of the tiny training corpora.
 TINY_WORDS = "the a cat dog sat ran on under mat tree big small red fast slowly quietly".split()
+
+
+def write_tiny_corpus(folder: Path) -> Path:
+    """24 lines of 3 to 7 :data:`TINY_WORDS` in a fixed pattern → ``folder/train.txt`` (returned)."""
+    lines = [" ".join(TINY_WORDS[(7 * i + 3 * j) % len(TINY_WORDS)] for j in range(3 + i % 5)) for i in range(24)]
+    (folder / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder / "train.txt"
+
+
+def tiny_window_config(corpus: Path, out: Path, **changes):
+    """A 12-step stream-window run of :data:`TINY_TRAIN_OPTIONS` on ``corpus`` (checkpoints every 4 steps, 6 sampled
+    negatives, every step logged), with ``changes`` applied: a :class:`~elmokit.pretraining.TrainConfig`."""
+    from elmokit.pretraining.trainer import TrainConfig
+
+    base = dict(
+        train_files=[str(corpus)],
+        out_dir=str(out),
+        model=TINY_TRAIN_OPTIONS,
+        batching="windows",
+        batch_size=2,
+        unroll_steps=5,
+        n_epochs=100,
+        max_steps=12,
+        n_negative_samples=6,
+        dropout=0.1,
+        clip_norm=1.0,
+        seed=0,
+        checkpoint_every=4,
+        log_every=1,
+        progress=False,
+    )
+    base.update(changes)
+    return TrainConfig(**base)
 
 
 def assert_close_to_scale(got, want, tol: float, *, equal_nan: bool = False, dim: int | None = None) -> None:

@@ -17,6 +17,7 @@ from conftest import shared_path
 from elmokit import Embedder
 from elmokit.config import PRESETS
 from elmokit.modules.bilm import BiLM
+from elmokit.tasks.readers import read_conllu
 
 #: the stated bound, relative to each layer's largest |value| (absolute below 1)
 BOUND = 1e-5
@@ -27,15 +28,7 @@ EXAMPLES = {"small": 12, "medium": 8, "original": 4}
 def _sentences() -> list[list[str]]:
     """12 sentences of UD English-EWT dev of mixed lengths (1 to ~40 tokens), their own tokenisation."""
     path = shared_path("data", "ud-english-ewt", "en_ewt-ud-dev.conllu")
-    sentences, current = [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            if current:
-                sentences.append(current)
-                current = []
-        elif not line.startswith("#") and line.split("\t")[0].isdigit():
-            current.append(line.split("\t")[1])
-    by_length = sorted(sentences[:300], key=len)
+    by_length = sorted((list(s.tokens) for s in read_conllu(path, limit=300)), key=len)
     picks = np.linspace(0, len(by_length) - 1, 12).round().astype(int)
     return [by_length[i] for i in picks if len(by_length[i]) <= 45]
 

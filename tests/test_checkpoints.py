@@ -22,7 +22,7 @@ from elmokit.pretraining import checkpoint as ckpt
 from elmokit.pretraining import trainer as trainer_module
 from elmokit.pretraining.hooks import TrainHooks
 from elmokit.pretraining.trainer import TrainConfig, Trainer, latest_checkpoint_step
-from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
+from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS, tiny_window_config, write_tiny_corpus
 
 # a small character model (the original tests' variant, 1 highway layer, 10 characters a token): ~5 ms a step
 TINY, WORDS = TINY_TRAIN_OPTIONS, TINY_WORDS
@@ -39,32 +39,11 @@ def _forget_signals():
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("corpus")
-    lines = [" ".join(WORDS[(7 * i + 3 * j) % len(WORDS)] for j in range(3 + i % 5)) for i in range(24)]
-    (d / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return d / "train.txt"
+    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def _cfg(corpus: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(
-        train_files=[str(corpus)],
-        out_dir=str(out),
-        model=TINY,
-        batching="windows",
-        batch_size=2,
-        unroll_steps=5,
-        n_epochs=100,
-        max_steps=12,
-        n_negative_samples=6,
-        dropout=0.1,
-        clip_norm=1.0,
-        seed=0,
-        checkpoint_every=4,
-        log_every=1,
-        progress=False,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+    return tiny_window_config(corpus, out, **kw)
 
 
 def _losses(out: Path) -> dict[int, float]:

@@ -16,7 +16,7 @@ from elmokit.errors import ConfigError, UsageError
 from elmokit.modules.lstm import BiLSTM
 from elmokit.modules.precision import autocast, check_precision, low_precision_dtype
 from elmokit.pretraining.trainer import TrainConfig, Trainer
-from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
+from helpers import TINY_TRAIN_OPTIONS, tiny_window_config, write_tiny_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -105,33 +105,11 @@ def test_a_start_state_passes_through_unrounded_for_rows_without_steps():
 # ---------------------------------------------------------------------------------------------- training runs
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("corpus")
-    lines = [" ".join(TINY_WORDS[(7 * i + 3 * j) % len(TINY_WORDS)] for j in range(3 + i % 5)) for i in range(24)]
-    (d / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return d / "train.txt"
+    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def _cfg(corpus: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(
-        train_files=[str(corpus)],
-        out_dir=str(out),
-        model=TINY_TRAIN_OPTIONS,
-        batching="windows",
-        batch_size=2,
-        unroll_steps=5,
-        n_epochs=100,
-        max_steps=8,
-        n_negative_samples=6,
-        dropout=0.1,
-        clip_norm=1.0,
-        seed=0,
-        checkpoint_every=4,
-        log_every=1,
-        progress=False,
-        precision="bf16",
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+    return tiny_window_config(corpus, out, **{"max_steps": 8, "precision": "bf16", **kw})
 
 
 def _losses(out: Path) -> dict[int, float]:
