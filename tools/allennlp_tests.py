@@ -1,6 +1,7 @@
 """Run AllenNLP v2.10.1's own ELMo unit tests against elmokit, with only their ELMo imports mapped onto elmokit.
 
-Needs a Python with AllenNLP 2.10.1 installed (../shared/docs/peer-allennlp.md) and elmokit importable
+Needs a Python with AllenNLP 2.10.1 installed (../shared/docs/peer-allennlp.md, plus ``pip install nltk scikit-learn
+tensorboardX termcolor`` for ``allennlp.common.testing``) and elmokit importable
 (``PYTHONPATH=src``), an AllenNLP git directory (the ``fetch`` mirror, or a clone) and the ELMo fixtures
 (../shared/fixtures/allennlp-elmo)::
 
@@ -9,8 +10,9 @@ Needs a Python with AllenNLP 2.10.1 installed (../shared/docs/peer-allennlp.md) 
 
 The four test files (``tests/modules/elmo_test.py``, ``scalar_mix_test.py``,
 ``token_embedders/elmo_token_embedder_test.py``, ``tests/data/token_indexers/elmo_indexer_test.py``) are read from
-the tag with ``git show`` into a temporary folder (nothing of them is kept in this repository) and run unchanged
-by pytest. Before they are imported, the names they import from ``allennlp.modules.elmo`` and
+the tag with ``git show`` into a temporary folder (nothing of them is kept in this repository) and run by pytest,
+unchanged but for one import line (``ConfigurationError`` → :class:`elmokit.errors.ElmoError`, the base of
+elmokit's errors; see ``IMPORTS``). Before they are imported, the names they import from ``allennlp.modules.elmo`` and
 ``allennlp.modules`` are pointed at elmokit's: ``Elmo`` → :class:`elmokit.Elmo`, ``_ElmoBiLm`` /
 ``_ElmoCharacterEncoder`` → :mod:`elmokit.compat.allennlp`, ``batch_to_ids`` → :func:`elmokit.batch_to_ids`,
 ``ScalarMix`` → :class:`elmokit.ScalarMix`; AllenNLP's ``ElmoTokenEmbedder`` builds an elmokit ``Elmo``, and its
