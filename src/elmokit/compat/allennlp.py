@@ -42,8 +42,13 @@ default left as is): a native or original-format model folder, a released or zoo
 reads zips (:func:`elmokit.weights.native.load_pretrained_bilm`), or a loaded :class:`~elmokit.BiLM` /
 :class:`~elmokit.Elmo`.
 
+**AllenNLP 2.x's low-level modules.** :class:`_ElmoBiLm` and :class:`_ElmoCharacterEncoder` take the constructor
+arguments of ``allennlp.modules.elmo``'s and return its dicts (``_ElmoBiLm`` is what ``Elmo(None, None, k,
+module=...)`` takes; stateless unless ``stateful=True``). ``tools/allennlp_tests.py`` runs AllenNLP v2.10.1's ELMo
+tests on them.
+
 Source: AllenNLP v0.9.0 ``allennlp/commands/elmo.py`` (``ElmoEmbedder``) and ``allennlp/modules/elmo.py``
-(``_ElmoBiLm``, stateful).
+(``_ElmoBiLm``, stateful); AllenNLP v2.10.1 ``allennlp/modules/elmo.py``.
 """
 
 from __future__ import annotations
