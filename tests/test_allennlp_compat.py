@@ -1,11 +1,14 @@
 """AllenNLP habits that elmokit supports, checked in elmokit's own words and numbers: a prebuilt biLM as ``module=``,
 (B, N, T, C) inputs, the ScalarMix parameter layout, ``tokens_to_add``, ``vocab_to_cache`` + ``word_inputs``,
-``Embedder(options_file, weight_file)`` and hand-made character ids."""
+``Embedder(options_file, weight_file)``, hand-made character ids, and AllenNLP 2.x's ``_ElmoBiLm`` /
+``_ElmoCharacterEncoder`` (elmokit.compat.allennlp) against AllenNLP's reference outputs. AllenNLP's own tests run
+against elmokit with tools/allennlp_tests.py."""
 
 from __future__ import annotations
 
 import logging
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -13,7 +16,9 @@ from torch import nn
 
 from elmokit import Elmo, Embedder, InputError, TokenVectorCache, UsageError, batch_to_ids
 from elmokit.characters import CharVocabulary
-from helpers import assert_close_to_scale, fixture_dir, fixture_model, tiny_random_bilm
+from elmokit.compat.allennlp import _ElmoBiLm, _ElmoCharacterEncoder
+from elmokit.modules.padding import remove_sentence_boundaries
+from helpers import assert_close_to_scale, expected_top, fixture_dir, fixture_model, fixture_sentences, tiny_random_bilm
 
 SENTS = [["The", "sentence", "."], ["ELMo", "helps", "disambiguate", "ELMo", "from", "Elmo", "."]]
 
@@ -221,3 +226,112 @@ def test_embedder_takes_allennlps_elmoembedder_arguments(bilm):
     for emb in (a, b):
         np.testing.assert_array_equal(emb.embed_sentence(SENTS[1]), expected)
     assert [x.shape for x in a.embed_sentences(SENTS)] == [(3, 3, 32), (3, 7, 32)]
+
+
+# ---------------------------------------------------------------------------------------------- AllenNLP 2.x modules
+@pytest.fixture(scope="module")
+def files():
+    d = fixture_dir("allennlp-elmo")
+    return str(d / "options.json"), str(d / "lm_weights.hdf5")
+
+
+def _fixture_vocab() -> tuple[list[str], np.ndarray]:
+    """vocab_test.txt's words and AllenNLP's context-free token vectors of them (elmo_token_embeddings.hdf5)."""
+    d = fixture_dir("allennlp-elmo")
+    with h5py.File(d / "elmo_token_embeddings.hdf5", "r") as fh:
+        return (d / "vocab_test.txt").read_text(encoding="utf-8").split("\n"), fh["embedding"][...]
+
+
+def test_elmobilm_contract_and_allennlps_reference_outputs(files):
+    sentences = fixture_sentences("allennlp-elmo")
+    stateful, stateless = _ElmoBiLm(*files, stateful=True), _ElmoBiLm(*files)
+    assert stateless.get_num_layers() == stateless.num_layers == 3 and stateless.get_output_dim() == 32
+    assert not any(p.requires_grad for p in stateless.parameters())
+    assert all(p.requires_grad for p in _ElmoBiLm(*files, requires_grad=True).parameters())
+    errors = {"stateful": [], "stateless": []}
+    for i in range(10):  # AllenNLP's batches: sentence i of lists 0, 1, 2
+        ids = batch_to_ids([sentences[k][i].split() for k in range(3)])
+        for name, model in (("stateful", stateful), ("stateless", stateless)):
+            with torch.no_grad():
+                out = model(ids)
+            t = ids.shape[1]
+            assert [a.shape for a in out["activations"]] == [(3, t + 2, 32)] * 3 and out["mask"].shape == (3, t + 2)
+            top, mask = remove_sentence_boundaries(out["activations"][2].unsqueeze(1), out["mask"])
+            for k in range(3):
+                n = len(sentences[k][i].split())
+                assert out["mask"][k].sum() == n + 2 and mask[k].sum() == n
+                errors[name].append(
+                    float((top[k, 0, :n] - torch.tensor(expected_top("allennlp-elmo", k, i))).abs().max())
+                )
+    assert max(errors["stateful"]) <= 1e-5  # AllenNLP's carried state, reproduced
+    assert max(errors["stateless"][:3]) <= 1e-5 and min(errors["stateless"][3:]) > 0.01  # the default: zero state
+    stateful.reset_states()
+    with torch.no_grad():
+        again = stateful(batch_to_ids([sentences[k][0].split() for k in range(3)]))["activations"][2]
+        fresh = stateless(batch_to_ids([sentences[k][0].split() for k in range(3)]))["activations"][2]
+    assert_close_to_scale(again, fresh, 1e-6)
+
+
+def test_elmobilm_vocab_to_cache_is_allennlps_token_table(files):
+    words, table = _fixture_vocab()
+    vocab = ["@@PADDING@@", *words]  # id 0 is padding, as in an AllenNLP vocabulary
+    cached = _ElmoBiLm(*files, vocab_to_cache=vocab)
+    assert_close_to_scale(cached._word_cache.vectors[1:], table, 1e-5)
+    sents = [words[5:8], words[21:22]]  # words of vocab_test.txt ("care ; case", "nomad")
+    chars = batch_to_ids(sents)
+    word_ids = torch.tensor([[vocab.index(w) for w in s] + [0] * (3 - len(s)) for s in sents])
+    plain = _ElmoBiLm(*files)
+    with torch.no_grad():
+        want = plain(chars, chars)  # word_inputs without a cache are ignored, as in AllenNLP
+        for got in (cached(chars, word_ids), cached(None, word_ids)):
+            assert torch.equal(got["mask"], want["mask"])
+            for a, b in zip(got["activations"], want["activations"]):
+                assert_close_to_scale(a, b, 1e-5)
+        oov = word_ids.clone()
+        oov[0, 0] = len(vocab)  # outside the cache: the character ids are used
+        assert_close_to_scale(cached(chars, oov)["activations"][2], want["activations"][2], 1e-6)
+    with pytest.raises(InputError, match="outside the cached vocabulary"):
+        cached(None, oov)
+    late = _ElmoBiLm(*files)
+    late.create_cached_cnn_embeddings(vocab[:10])
+    assert late._word_cache.vectors.shape == (10, 16)
+
+
+def test_elmo_takes_an_elmobilm_module_and_4d_input(files):
+    ids = batch_to_ids(SENTS)
+    ref = _reps(Elmo(*files, 2, dropout=0.0), ids)
+    elmo = Elmo(None, None, 2, dropout=0.0, module=_ElmoBiLm(*files))
+    got = _reps(elmo, ids)
+    assert elmo.get_output_dim() == 32 and len(got["elmo_representations"]) == 2
+    assert torch.equal(got["mask"], ref["mask"])
+    assert_close_to_scale(got["elmo_representations"][0], ref["elmo_representations"][0], 1e-6)
+    stacked = _reps(elmo, torch.stack([ids, ids.flip(0)], dim=1))  # (2, 2, 7, 50)
+    assert stacked["elmo_representations"][1].shape == (2, 2, 7, 32)
+    assert_close_to_scale(stacked["elmo_representations"][1][:, 0], got["elmo_representations"][1], 1e-5)
+    assert_close_to_scale(stacked["elmo_representations"][1][:, 1], got["elmo_representations"][1].flip(0), 1e-5)
+    # AllenNLP code resets the state with elmo._elmo_lstm._elmo_lstm.reset_states(): a no-op when stateless, a reset
+    # of the carried state when stateful
+    stateless = Elmo(*files, 1, dropout=0.0)
+    assert stateless._elmo_lstm._elmo_lstm is stateless.bilm
+    stateless._elmo_lstm._elmo_lstm.reset_states()
+    stateful = Elmo(*files, 1, dropout=0.0, stateful=True)
+    first = _reps(stateful, ids)["elmo_representations"][0]
+    carried = _reps(stateful, ids)["elmo_representations"][0]
+    assert (carried - first).abs().max() > 0.01
+    stateful._elmo_lstm._elmo_lstm.reset_states()
+    assert torch.equal(_reps(stateful, ids)["elmo_representations"][0], first)
+
+
+def test_elmo_character_encoder_is_allennlps_token_table(files):
+    words, table = _fixture_vocab()
+    encoder = _ElmoCharacterEncoder(*files)
+    assert encoder.get_output_dim() == 16
+    chunks = [words[i : i + 50] for i in range(0, len(words), 50)]  # as AllenNLP's test: rows of 50 words
+    with torch.no_grad():
+        out = encoder(batch_to_ids(chunks, empty_tokens="keep"))
+    assert out["token_embedding"].shape == (10, 52, 16) and out["mask"].shape == (10, 52)
+    vectors, mask = remove_sentence_boundaries(out["token_embedding"].unsqueeze(1), out["mask"])
+    assert_close_to_scale(vectors[:, 0][mask], table, 1e-5)
+    boundaries = encoder(batch_to_ids([["<S>", "</S>"]]))["token_embedding"][0]
+    assert_close_to_scale(boundaries[1], boundaries[0], 1e-6)  # the word "<S>" is the <S> row, as in AllenNLP
+    assert_close_to_scale(boundaries[2], boundaries[3], 1e-6)

@@ -42,8 +42,13 @@ default left as is): a native or original-format model folder, a released or zoo
 reads zips (:func:`elmokit.weights.native.load_pretrained_bilm`), or a loaded :class:`~elmokit.BiLM` /
 :class:`~elmokit.Elmo`.
 
+**AllenNLP 2.x's low-level modules.** :class:`_ElmoBiLm` and :class:`_ElmoCharacterEncoder` take the constructor
+arguments of ``allennlp.modules.elmo``'s and return its dicts (``_ElmoBiLm`` is what ``Elmo(None, None, k,
+module=...)`` takes; stateless unless ``stateful=True``). ``tools/allennlp_tests.py`` runs AllenNLP v2.10.1's ELMo
+tests on them.
+
 Source: AllenNLP v0.9.0 ``allennlp/commands/elmo.py`` (``ElmoEmbedder``) and ``allennlp/modules/elmo.py``
-(``_ElmoBiLm``, stateful).
+(``_ElmoBiLm``, stateful); AllenNLP v2.10.1 ``allennlp/modules/elmo.py``.
 """
 
 from __future__ import annotations
@@ -60,16 +65,26 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
-from elmokit.characters import validate_sentences
+from elmokit.characters import boundary_char_ids, validate_sentences
 from elmokit.devices import resolve_device
-from elmokit.elmo import Elmo
+from elmokit.elmo import Elmo, TokenVectorCache
 from elmokit.embedding import Embedder, resolve_model
 from elmokit.errors import InputError, UsageError, UsageTypeError
 from elmokit.modules.bilm import BiLM, StatefulBiLM
+from elmokit.modules.padding import add_sentence_boundaries
 from elmokit.weights.native import RELEASED, cache_dir, download, load_pretrained_bilm
 
-__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_OPTIONS_FILE", "DEFAULT_WEIGHT_FILE", "ElmoEmbedder", "load_model"]
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_OPTIONS_FILE",
+    "DEFAULT_WEIGHT_FILE",
+    "ElmoEmbedder",
+    "_ElmoBiLm",
+    "_ElmoCharacterEncoder",
+    "load_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -369,3 +384,105 @@ def _check_lines(path: Path, label: str, use_sentence_keys: bool) -> None:
             f"{label}: line {repeated[1]} repeats line {repeated[0]}, and use_sentence_keys=True names datasets by "
             "sentence: remove the repeat, or key by line number (use_sentence_keys=False)"
         )
+
+
+# ---------------------------------------------------------------------------------------------- AllenNLP 2.x modules
+def _frozen_model(options_file: object, weight_file: object, requires_grad: bool) -> BiLM:
+    """:func:`load_model` with every parameter's ``requires_grad`` set as AllenNLP sets it (no default files)."""
+    model = load_model(options_file, weight_file)
+    model.requires_grad_(requires_grad)
+    return model
+
+
+class _ElmoCharacterEncoder(nn.Module):
+    """AllenNLP 2.x's ``_ElmoCharacterEncoder`` (``allennlp.modules.elmo``): the context-free token vectors, with
+    ``<S>`` and ``</S>`` added, of a model :func:`load_model` loads (``options_file`` + ``weight_file``).
+
+    ``forward(inputs (B, T, C) long)`` → ``{"mask": (B, T + 2) bool, "token_embedding": (B, T + 2, P) float}``
+    (zero at padding, where AllenNLP leaves the vector of an all-padding row); ``get_output_dim()`` → P. Raises as
+    :meth:`elmokit.BiLM.check_char_ids` for malformed ids, and as :func:`load_model`.
+
+    Source: AllenNLP v2.10.1 ``allennlp/modules/elmo.py``.
+    """
+
+    def __init__(self, options_file: object, weight_file: object, requires_grad: bool = False) -> None:
+        super().__init__()
+        self.bilm = _frozen_model(options_file, weight_file, requires_grad)
+
+    def get_output_dim(self) -> int:
+        return self.bilm.config.lstm.projection_dim
+
+    def forward(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.bilm.check_char_ids(inputs)
+        c = self.bilm.config.char_cnn
+        bos, eos = boundary_char_ids(c.max_characters_per_token, c.char_vocab_size)
+        ids, mask = add_sentence_boundaries(inputs.long(), bos, eos)
+        vectors = self.bilm.token_encoder(ids) * mask.unsqueeze(-1)
+        return {"mask": mask, "token_embedding": vectors}
+
+
+class _ElmoBiLm(nn.Module):
+    """AllenNLP 2.x's ``_ElmoBiLm`` (``allennlp.modules.elmo``) on an elmokit :class:`~elmokit.BiLM`: the module
+    ``Elmo(None, None, k, module=...)`` takes, with the same constructor and output.
+
+    Args:
+        options_file, weight_file: as :func:`load_model` (an original ``options.json`` + HDF5, URLs too).
+        requires_grad: fine-tune the biLM (sets every parameter's ``requires_grad``).
+        vocab_to_cache: words whose token vectors are computed once (:class:`~elmokit.TokenVectorCache`); word id i
+            means ``vocab_to_cache[i]``, 0 is padding. :meth:`create_cached_cnn_embeddings` sets it later.
+        stateful: carry each batch row's LSTM state into the next call, as AllenNLP does
+            (:class:`~elmokit.modules.bilm.StatefulBiLM`; :meth:`reset_states` forgets it). Default ``False``: every
+            sentence starts from the zero state, so its vectors do not depend on earlier batches.
+
+    ``forward(inputs (B, T, C) long, word_inputs (B, T) long = None)`` → ``{"activations": [L + 1 tensors
+    (B, T + 2, 2P)], "mask": (B, T + 2) bool}``, boundaries included; layer 0 is ``[t; t]``. With a cache and
+    ``word_inputs`` the character ids are used only for ids outside the cache (``inputs`` may then be ``None``);
+    without a cache ``word_inputs`` are ignored, as in AllenNLP. ``num_layers`` / ``get_num_layers()`` → L + 1,
+    ``get_output_dim()`` → 2P.
+
+    Raises:
+        InputError / InputTypeError: malformed ids (as :meth:`elmokit.BiLM.forward`); a word id outside the cache
+            without ``inputs``. Loading errors as :func:`load_model`.
+
+    Source: AllenNLP v2.10.1 ``allennlp/modules/elmo.py`` (``_ElmoBiLm``). Unlike it, an id outside the cache falls
+    back to ``inputs`` only when the id is out of range (AllenNLP: on any ``RuntimeError`` / ``IndexError``).
+    """
+
+    def __init__(
+        self,
+        options_file: object,
+        weight_file: object,
+        requires_grad: bool = False,
+        vocab_to_cache: Sequence[str] | None = None,
+        *,
+        stateful: bool = False,
+    ) -> None:
+        super().__init__()
+        model = _frozen_model(options_file, weight_file, requires_grad)
+        self._requires_grad = requires_grad
+        self._elmo_lstm = StatefulBiLM(model) if stateful else model
+        self.num_layers = model.num_layers
+        self._word_cache: TokenVectorCache | None = None
+        if vocab_to_cache:
+            self.create_cached_cnn_embeddings(vocab_to_cache)
+
+    def get_output_dim(self) -> int:
+        return self._elmo_lstm.output_dim
+
+    def get_num_layers(self) -> int:
+        return self.num_layers
+
+    def reset_states(self) -> None:
+        """Forget the carried LSTM state (``stateful=True``; a no-op otherwise)."""
+        self._elmo_lstm.reset_states()
+
+    def create_cached_cnn_embeddings(self, tokens: Sequence[str]) -> None:
+        """Compute and keep the token vectors of ``tokens`` (id i = ``tokens[i]``; trainable when fine-tuning)."""
+        self._word_cache = TokenVectorCache(self._elmo_lstm, tokens, trainable=self._requires_grad)
+
+    def forward(self, inputs: torch.Tensor | None, word_inputs: torch.Tensor | None = None) -> dict:
+        if self._word_cache is not None and word_inputs is not None:
+            out = self._word_cache.run(self._elmo_lstm, inputs, word_inputs, keep_sentence_boundaries=True)
+        else:
+            out = self._elmo_lstm(inputs, keep_sentence_boundaries=True)
+        return {"activations": list(out.layers.unbind(1)), "mask": out.mask}

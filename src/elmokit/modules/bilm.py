@@ -148,6 +148,11 @@ class BiLM(nn.Module):
             self.clear_derived_weights()
         return self
 
+    _elmo_lstm = property(lambda self: self, doc="Itself: AllenNLP code's elmo._elmo_lstm._elmo_lstm.reset_states()")
+
+    def reset_states(self) -> None:
+        """Nothing to forget: a :class:`BiLM` keeps no state between calls (:class:`StatefulBiLM` does)."""
+
     @property
     def num_layers(self) -> int:
         """L + 1."""
@@ -424,11 +429,9 @@ class BiLM(nn.Module):
             and all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in state)
         )
         if not ok or tuple(state[0].shape) != want[0] or tuple(state[1].shape) != want[1]:
-            got = (
-                tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in state)
-                if isinstance(state, (tuple, list))
-                else type(state).__name__
-            )
+            got = type(state).__name__
+            if isinstance(state, (tuple, list)):
+                got = tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in state)
             raise InputError(
                 f"state must be (c, h) float tensors of shapes {want[0]} and {want[1]} "
                 f"(2 directions, L layers, B rows), got {got}"
@@ -453,18 +456,13 @@ class BiLM(nn.Module):
         layer_outputs, final_state = self.run_lstm(
             tokens, lengths, state, steps=None if boundary_steps else lengths - 1
         )
-        if not boundary_steps:
-            final_state = None
         m = mask.unsqueeze(-1).to(tokens.dtype)
         layers = [torch.cat([tokens, tokens], dim=-1) * m]
         layers.extend(torch.cat([fwd, bwd], dim=-1) for fwd, bwd in layer_outputs)
         stacked = torch.stack(layers, dim=1)  # (B, L+1, T', 2P)
         fwd_top, bwd_top = layer_outputs[-1]
-        if strip:
-            out_layers, out_mask = remove_sentence_boundaries(stacked, mask)
-        else:
-            out_layers, out_mask = stacked, mask
-        return BiLMOutput(out_layers, out_mask, tokens, fwd_top, bwd_top, mask, final_state)
+        out_layers, out_mask = remove_sentence_boundaries(stacked, mask) if strip else (stacked, mask)
+        return BiLMOutput(out_layers, out_mask, tokens, fwd_top, bwd_top, mask, final_state if boundary_steps else None)
 
     def run_lstm(
         self,
@@ -551,6 +549,8 @@ class StatefulBiLM(nn.Module):
             if name in ("bilm", "_state"):
                 raise
             return getattr(self._modules["bilm"], name)  # config, num_layers, token_encoder, char_vocab, ...
+
+    _elmo_lstm = property(lambda self: self, doc="Itself: elmo._elmo_lstm._elmo_lstm.reset_states() resets it")
 
     def reset_states(self) -> None:
         """Forget the carried state: the next call starts from the model's start state (zeros unless one is stored)."""
