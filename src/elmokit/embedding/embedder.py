@@ -211,12 +211,12 @@ class Embedder:
         kernels' packed copies, for more tokens and rows the fused highway and the reordered LSTM copies. The first
         call to take a path otherwise paid for them: 40 ms of a 15 ms call at batch 3 on the small shape, 4× its
         steady time (``bench/cold_start.py``). Two passes over a few synthetic words; nothing is kept but the
-        model's caches (it stays stateless)."""
+        model's caches: the stateless pass runs even in a subclass whose own passes carry a state."""
         few = [["a", "b"]]
         many = [[f"w{i}", f"v{i}"] for i in range(native.MAX_LSTM_ROWS + 1)]  # > 12 distinct tokens, > 8 rows
         spec = self.output_spec()
         for batch in (few, many):
-            self._forward(batch, spec)
+            Embedder._forward(self, batch, spec)
 
     def set_token_cache(self, vocab_to_cache: Sequence[str] | TokenVectorCache | None) -> None:
         """Use (or, with ``None``, stop using) a token-vector cache; see the ``vocab_to_cache`` argument.
