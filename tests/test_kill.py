@@ -20,9 +20,7 @@ from safetensors.torch import load_file
 from conftest import REPO_ROOT
 from elmokit.pretraining.checkpoint import KILL_POINTS
 from elmokit.pretraining.trainer import latest_checkpoint_step
-from helpers import TINY_TRAIN_OPTIONS, TINY_WORDS
-
-TINY, WORDS = TINY_TRAIN_OPTIONS, TINY_WORDS
+from helpers import tiny_window_config, write_tiny_corpus
 
 # Runs Trainer directly (not the CLI) inside interrupts.handling_signals(), as the CLI's main does. With a pause step,
 # that step waits (inside its deferred block) until a signal has arrived, so the test can send SIGTERM/SIGINT while a
@@ -67,33 +65,15 @@ print(json.dumps({"steps": summary["steps"]}))
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("kill")
-    lines = [" ".join(WORDS[(7 * i + 3 * j) % len(WORDS)] for j in range(3 + i % 5)) for i in range(24)]
-    (d / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_tiny_corpus(d)
     (d / "run.py").write_text(SCRIPT, encoding="utf-8")
     return d
 
 
 def _config(setup: Path, out: Path, **kw) -> dict:
-    base = dict(
-        train_files=[str(setup / "train.txt")],
-        out_dir=str(out),
-        model=TINY,
-        batching="windows",
-        batch_size=2,
-        unroll_steps=5,
-        n_epochs=100,
-        max_steps=20,
-        n_negative_samples=6,
-        dropout=0.1,
-        clip_norm=1.0,
-        seed=0,
-        checkpoint_every=5,
-        keep_checkpoints=2,
-        log_every=1,
-        progress=False,
-    )
-    base.update(kw)
-    return base
+    """The tiny windowed run (20 steps, a checkpoint every 5), as the JSON the child process builds its config from."""
+    changes = {"max_steps": 20, "checkpoint_every": 5, "keep_checkpoints": 2, **kw}
+    return tiny_window_config(setup / "train.txt", out, **changes).to_dict()
 
 
 def _start(setup: Path, config: dict, *, resume: bool = False, pause_step: int = 0, kill_at: str | None = None):
