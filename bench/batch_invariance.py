@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from precision import EWT_DEV, read_conllu_tokens  # bench/precision.py: the same sentences
+from inference import EWT_DEV, read_conllu_forms  # bench/inference.py: the same sentences
 
 
 def measure(preset: str, sentences: list[list[str]], trials: int, weight_scale: float = 1.0, seed: int = 0) -> dict:
@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--weight-scales", default="1,4", help="each preset is measured with its weights times each")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    sentences = read_conllu_tokens(EWT_DEV, args.sentences)
+    sentences = read_conllu_forms(EWT_DEV, args.sentences)
     for preset in args.presets.split(","):
         for scale in map(float, args.weight_scales.split(",")):
             print(json.dumps(measure(preset, sentences, args.trials, scale)), flush=True)

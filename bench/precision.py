@@ -15,21 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-EWT_DEV = ROOT.parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
-
-
-def read_conllu_tokens(path: Path, limit: int) -> list[list[str]]:
-    """The word forms of the first ``limit`` sentences (elmokit's CoNLL-U reader: multiword ranges skipped)."""
-    from elmokit.tasks.readers import read_conllu
-
-    return [list(s.tokens) for s in read_conllu(path, limit=limit)]
+sys.path.insert(0, str(Path(__file__).parent))
+from inference import EWT_DEV, read_conllu_forms  # noqa: E402  (the same sentences as bench/inference.py)
 
 
 def main() -> None:
@@ -41,8 +35,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from elmokit import Embedder, load_pretrained_bilm
 
-    dev = EWT_DEV if EWT_DEV.is_file() else next((EWT_DEV.parent).glob("*dev*.conllu"))
-    sentences = read_conllu_tokens(dev, args.sentences)
+    sentences = read_conllu_forms(EWT_DEV, args.sentences)
     bilm = load_pretrained_bilm(args.model)
     embedders = {p: Embedder(bilm, batch_size=64, precision=p) for p in ("fp32", "bf16")}
     outputs, seconds = {}, {"fp32": [], "bf16": []}
