@@ -95,7 +95,7 @@ def child(args: argparse.Namespace) -> None:
     elmokit_threads.set_threads(args.threads or elmokit_threads.default_threads())  # as the CLI does
     result: dict = {"threads": torch.get_num_threads(), "omp": elmokit_threads.openmp_settings()}
     if args.workload == "train":
-        from elmokit.pretraining.trainer import TrainConfig, build_trainer
+        from elmokit.pretraining.trainer import TrainConfig, build_trainer, enter_determinism
         from elmokit.recipes.quickstart import load_lee_corpus, quickstart_config
 
         train, _ = load_lee_corpus()
@@ -125,7 +125,7 @@ def child(args: argparse.Namespace) -> None:
         )
         trainer = build_trainer(config)
         trainer.lm.train()
-        torch.use_deterministic_algorithms(config.deterministic, warn_only=True)
+        enter_determinism(config.deterministic)  # as the training loop does
         times, total = _timed(lambda: trainer.train_step(trainer.next_batch()), args.seconds, 3, 5)
         result.update(rate=len(times) / total, unit="steps/s", runs=len(times))
     else:

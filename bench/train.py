@@ -60,7 +60,7 @@ def child(args: argparse.Namespace) -> None:
         allocator = "C library defaults (no elmokit.allocator)"
 
     try:  # this tree
-        from elmokit.pretraining.trainer import TrainConfig, build_trainer
+        from elmokit.pretraining.trainer import TrainConfig, build_trainer, enter_determinism
     except ImportError:  # a reference tree from before the package was named pretraining
         from elmokit.training.trainer import TrainConfig, Trainer
 
@@ -129,7 +129,7 @@ def child(args: argparse.Namespace) -> None:
         # the step the training loop runs: draw the step's batch, train_step (forward, backward, clip, update)
         trainer = build_trainer(config)
         trainer.lm.train()
-        torch.use_deterministic_algorithms(config.deterministic, warn_only=True)  # as the loop runs its steps
+        enter_determinism(config.deterministic)  # as the loop runs its steps
         for _ in range(args.warmup):
             trainer.train_step(trainer.next_batch())
         start = time.perf_counter()

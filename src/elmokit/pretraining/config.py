@@ -121,7 +121,8 @@ class TrainConfig:
         deterministic: run with ``torch.use_deterministic_algorithms(True, warn_only=True)`` while training (restored
             afterwards), so that a run repeats bit-exactly with several CPU threads; without it two identical
             40-step runs of the quickstart model on 2 threads differed by up to 6.8e-4 in a parameter, with it by 0
-            (``bench/determinism.py``). It cost about 6 % of the step time there.
+            (``bench/determinism.py``). It cost about 6 % of the step time there. PyTorch's NaN fill of new tensors,
+            which that mode turns on, stays off (:func:`elmokit.pretraining.trainer.enter_determinism`).
         checkpoint_every / log_every: in steps.
         checkpoint_minutes: also write a checkpoint whenever this many minutes (wall clock) passed since the last one
             (``None`` = by steps only; > 0 when set). Checkpoints are also written at the end and on Ctrl-C/SIGTERM.
