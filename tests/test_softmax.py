@@ -256,6 +256,35 @@ def test_fused_sampled_logsumexp_equals_composed_ops():
         assert_close_to_scale(got, t.grad, 1e-5)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fused_sampled_logsumexp_in_blocks_equals_one_block(monkeypatch, precision):
+    """The forward's blocks of rows change nothing: 16-row blocks (hits in several blocks, a last short block) give
+    the one-block result bit for bit — loss and gradients — in float32 and under bf16 autocast."""
+    from elmokit.modules import softmax
+    from elmokit.modules.precision import autocast
+
+    torch.manual_seed(5)
+    V, D, N, S = 60, 8, 53, 24
+    h, w, b = torch.randn(N, D), torch.randn(S, D), torch.randn(S)
+    sampled = torch.randperm(V)[:S]
+    targets = torch.cat([sampled[:3], torch.randint(0, V, (N - 3,))])[torch.randperm(N)]
+    rows, cols = softmax._accidental_hits(targets, sampled, V)
+    assert rows.numel() >= 3 and len(set((rows // 16).tolist())) >= 2  # hits fall in more than one block
+    weights = torch.randn(N)
+
+    def run(block_elements):
+        monkeypatch.setattr(softmax, "_BLOCK_ELEMENTS", block_elements)
+        leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+        with autocast(precision, "cpu"):
+            out = softmax._SampledLogSumExp.apply(*leaves, rows, cols)
+        (out * weights).sum().backward()
+        return [out.detach(), *(t.grad for t in leaves)]
+
+    blocked, whole = run(16 * S), run(N * S)  # 16 rows a block (4 blocks, the last of 5 rows) vs one block
+    for got, want in zip(blocked, whole):
+        assert torch.equal(got, want)
+
+
 def test_fused_sampled_logsumexp_all_hits_row_has_no_gradient():
     """S = 1 and the only sample is the row's target: the row's loss is a_y alone and no gradient reaches W_s."""
     from elmokit.modules.softmax import _SampledLogSumExp
