@@ -21,9 +21,10 @@ from elmokit.analysis.sense_protocol import (
     score_choices,
     select_settings,
     static_candidates,
+    static_setting_name,
     window_vectors,
 )
-from elmokit.analysis.senses import SenseExample, cv_folds, example_vectors, read_coarsewsd
+from elmokit.analysis.senses import SenseExample, choose_static_settings, cv_folds, example_vectors, read_coarsewsd
 from elmokit.errors import InputError, UsageError
 from helpers import tiny_random_bilm
 
@@ -100,6 +101,36 @@ def test_grouped_folds_keep_groups_apart_so_a_group_memorising_setting_loses():
     assert select_settings(train, y, groups, ["a", "b"], concat=None)["elmo"]["1nn"]["cv"] == got["cv"]
 
 
+def test_word2vec_choice_is_the_old_choose_static_settings(kv_small):
+    # the old protocol's word2vec row is read off the fair protocol's word2vec choice: same grid, folds, tie rule
+    rng = np.random.default_rng(0)
+    words = ["money", "loan", "water", "River", "x", "y"]
+    mem = []
+    for g in range(24):  # noisy contexts: the settings score differently (chosen: ±10 target in, ±5 target out)
+        sense = "fin" if g % 2 else "riv"
+        pool = words[:2] if sense == "fin" else words[2:4]
+        toks = [str(rng.choice(pool if rng.random() < 0.3 else words)) for _ in range(12)]
+        mem.append(SenseExample(tuple(toks[:6] + ["bank"] + toks[6:]), 6, 7, sense, f"g{g}"))
+    old = choose_static_settings(kv_small, mem, ["fin", "riv"], folds=4)
+    assert {old[c]["settings"]["window"] for c in old} == {10, 5} and old["1nn"]["cv_macro_f1"] < 1
+    folds = cv_folds([e.label for e in mem], [e.group for e in mem], 4, 0)
+    cands = static_candidates(kv_small, mem)
+    for clf in ("1nn", "centroid"):
+        new = choose(cands, [e.label for e in mem], ["fin", "riv"], folds, clf)
+        assert new["setting"] == static_setting_name(old[clf]["settings"])
+        assert new["cv_macro_f1"] == old[clf]["cv_macro_f1"]
+
+
+@pytest.fixture(scope="module")
+def kv_small():
+    from gensim.models import KeyedVectors
+
+    kv = KeyedVectors(vector_size=3)
+    vecs = np.array([[1, 0, 0], [2, 0.5, 0], [0, 1, 0], [0, 2, 0.5], [0, 0, 1], [0.3, 0.3, 1]], dtype=np.float32)
+    kv.add_vectors(["money", "loan", "water", "River", "bank", "x"], vecs)
+    return kv
+
+
 def test_probe_params_are_the_grid_argmax_on_train():
     train, y, groups = _synthetic(seed=3)
     folds = cv_folds(y, groups, 5, 0)
@@ -119,6 +150,7 @@ def test_probe_predicts_a_separable_case_and_checks_input():
     y = ["n", "n", "n", "p", "p", "p"]
     assert list(probe_predict(x, y, np.array([[-5.0], [0.5], [4.0]]), C=10.0)) == ["n", "p", "p"]
     assert list(probe_predict(x, ["n"] * 6, np.array([[9.0]]))) == ["n"]  # one sense: nothing to fit
+    assert probe_predict(x, y, np.zeros((0, 1))).shape == (0,)
     with pytest.raises(UsageError):
         probe_predict(x, y, x, C=0.0)
     with pytest.raises(InputError):

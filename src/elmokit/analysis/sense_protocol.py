@@ -219,7 +219,7 @@ def probe_predict(
 ) -> np.ndarray:
     """Linear probe: scikit-learn ``StandardScaler`` then ``LogisticRegression(C=C, class_weight=class_weight,
     solver="lbfgs", max_iter=PROBE_MAX_ITER)`` fitted on (N, D) ``memory``; returns the (M,) predicted labels of
-    ``queries`` (object array). A memory with one sense predicts it everywhere (nothing to fit).
+    ``queries`` (object array). A memory with one sense predicts it everywhere (nothing to fit); no queries, nothing.
 
     Raises: InputError: an empty memory, labels not lined up, or widths that differ. UsageError: ``C`` <= 0."""
     mem, q = np.asarray(memory, dtype=np.float64), np.asarray(queries, dtype=np.float64)
@@ -228,7 +228,7 @@ def probe_predict(
         raise InputError(f"probe: memory {mem.shape} with {len(labels)} labels, queries {q.shape}")
     if not C > 0:
         raise UsageError(f"probe: C must be > 0, got {C!r}")
-    if len(set(labels.tolist())) == 1:
+    if len(set(labels.tolist())) == 1 or len(q) == 0:
         return np.full(len(q), labels[0], dtype=object)
     linear = import_optional("sklearn.linear_model", "senses", "the linear probe (scikit-learn)")
     preprocessing = import_optional("sklearn.preprocessing", "senses", "the linear probe (scikit-learn)")
