@@ -13,7 +13,18 @@ memory and the queries. Sentences are cut to ``--context`` tokens on each side (
 
 Scores: 1-NN and nearest-centroid (cosine) accuracy and macro-F1 for layers 0..L and their average, the MFS, and the
 word2vec window baseline (``zoo/elmokit-zh/word2vec``, settings chosen by 5-fold group cross-validation on the
-memory). Writes ``experiments/results/senses-apple.{md,json}`` and ``senses-apple.png`` (the query occurrences);
+memory).
+
+Fair protocol (issue 27, :mod:`elmokit.analysis.sense_protocol`), as ``senses_coarsewsd.py``: ELMo's layer, fixed mix
+and window, the word2vec window's settings and the linear probe's C and class weighting are all chosen by the same
+stratified group 5-fold cross-validation on the memory (a review is a group); the queries are read once, for the
+chosen settings' scores; the [ELMo; word2vec window] row joins the two parts' choices, each L2-normalised. The old
+fixed-layer rows stay in the table beside the new ones.
+
+Another model than the zoo's (a quick check): ``--model DIR --word2vec DIR --segmenter jieba`` (a folder without
+``tokenizer.json``: segment the reviews with jieba, as the zoo and quickstart Chinese corpora are).
+
+Writes ``experiments/results/senses-apple.{md,json}`` and ``senses-apple.png`` (the query occurrences);
 embeddings are cached under ``$ELMOKIT_CACHE/senses/``.
 """
 
@@ -25,6 +36,8 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+from sense_tables import choices_table, protocol_note, summary_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "zh-online-shopping-10cats" / "online_shopping_10_cats.csv"
@@ -43,26 +56,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="split seed (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: %(default)s)")
+    parser.add_argument("--word2vec", type=Path, default=None, help="word2vec folder (default: <model>/word2vec)")
+    parser.add_argument(
+        "--segmenter",
+        choices=("model", "jieba"),
+        default="model",
+        help="model: the zoo model's recorded tokeniser; jieba: jieba words (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--windows", default="0,2,5", help="ELMo windows (± tokens) offered to the choice (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--folds", type=int, default=5, help="cross-validation folds on the memory (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
+    windows = [int(w) for w in args.windows.split(",")]
+    if 0 not in windows:
+        parser.error("--windows must include 0 (the target span, as the old protocol reads it)")
 
     import torch
 
     from elmokit import Embedder
     from elmokit.analysis.polysemy import plot_occurrences
-    from elmokit.analysis.senses import (
-        build_apple_set,
-        centroid_predict,
-        choose_static_settings,
-        example_vectors,
-        group_split,
-        layer_scores,
-        mfs_scores,
-        nn1_predict,
-        scores,
-        static_context_vectors,
+    from elmokit.analysis.sense_protocol import (
+        elmo_candidates,
+        fair_protocol,
+        static_candidates,
+        static_setting_name,
+        window_vectors,
     )
+    from elmokit.analysis.senses import STATIC_GRID, build_apple_set, group_split, layer_scores, mfs_scores
     from elmokit.baselines.word2vec import load_word2vec
-    from elmokit.data.tokenizers import load_tokenizer
+    from elmokit.data.tokenizers import load_tokenizer, split_chinese, word_tokenizer
     from elmokit.io import atomic_write_text, file_sha256
     from elmokit.weights.native import cache_dir, resolve_model_name
 
@@ -70,31 +95,38 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     folder = Path(resolve_model_name(args.model))
     model_key = file_sha256(folder / "model.safetensors")
-    data = build_apple_set(args.data, load_tokenizer(args.model))
+    if args.segmenter == "jieba":
+        words_of = word_tokenizer("jieba")
+        tokenize = lambda text: [t for sent in split_chinese(text) if (t := words_of(sent))]
+    else:
+        tokenize = load_tokenizer(args.model)
+    data = build_apple_set(args.data, tokenize)
     memory, queries = group_split(data.examples, 0.5, args.seed)
     assert not {e.group for e in memory} & {e.group for e in queries}
     senses = sorted({e.label for e in data.examples})
     embedder = Embedder(str(folder), batch_size=64)
     cache = cache_dir() / "senses" / "apple"
     t_embed = time.time()
-    mem_v = example_vectors(embedder, memory, context=args.context, cache_dir=cache, model_key=model_key)
-    q_v = example_vectors(embedder, queries, context=args.context, cache_dir=cache, model_key=model_key)
+    mem_w = window_vectors(embedder, memory, windows, context=args.context, cache_dir=cache, model_key=model_key)
+    q_w = window_vectors(embedder, queries, windows, context=args.context, cache_dir=cache, model_key=model_key)
+    mem_v, q_v = mem_w[0], q_w[0]  # the target span: the old protocol's vectors
     t_embed = time.time() - t_embed
     y_mem, y_q = [e.label for e in memory], [e.label for e in queries]
     layers = layer_scores(mem_v, y_mem, q_v, y_q, senses)
-    kv = load_word2vec(folder / "word2vec")
-    chosen = choose_static_settings(kv, memory, senses, folds=5, seed=0)
+    kv = load_word2vec(args.word2vec or folder / "word2vec")
+    fam_mem = {"elmo": elmo_candidates(mem_w), "word2vec": static_candidates(kv, memory)}
+    fam_q = {"elmo": elmo_candidates(q_w), "word2vec": static_candidates(kv, queries)}
+    fair = fair_protocol(fam_mem, fam_q, y_mem, [e.group for e in memory], y_q, senses, folds=args.folds, seed=0)
+    # the old word2vec row is the fair protocol's word2vec choice for 1-NN / centroid (same grid, folds, tie rule)
+    grid_of = {static_setting_name(st): st for st in STATIC_GRID}
     static = {}
-    for clf, predict in (("1nn", nn1_predict), ("centroid", centroid_predict)):
-        st = chosen[clf]["settings"]
+    for clf in ("1nn", "centroid"):
+        got = fair["families"]["word2vec"][clf]
         static[clf] = {
-            **scores(
-                y_q,
-                predict(static_context_vectors(kv, memory, **st), y_mem, static_context_vectors(kv, queries, **st)),
-                senses,
-            ),
-            "settings": st,
-            "cv_macro_f1": chosen[clf]["cv_macro_f1"],
+            "accuracy": got["accuracy"],
+            "macro_f1": got["macro_f1"],
+            "settings": grid_of[got["setting"]],
+            "cv_macro_f1": got["cv_macro_f1"],
         }
     mfs = mfs_scores(y_mem, y_q, senses)
 
@@ -105,8 +137,16 @@ def main(argv: list[str] | None = None) -> int:
 
     st = data.stats
     lines = [
-        f"苹果 in online_shopping_10_cats: fruit (水果) vs Apple (平板, 计算机, 手机). Cells: accuracy % / "
+        f"苹果 in online_shopping_10_cats, fair protocol (settings chosen on the memory only). Cells: accuracy % / "
         f"macro-F1 % on the queries. Model `{args.model}`; context ±{args.context} tokens.",
+        "",
+        *summary_table({"苹果": fair}, {"苹果": layers}),
+        "",
+        *choices_table({"苹果": fair}),
+        "",
+        protocol_note(args.folds, windows),
+        "",
+        "The old protocol's table (fixed layers at the target; the word2vec window chosen on the memory):",
         "",
     ]
     head = ["method", "1-NN", "nearest centroid"]
@@ -177,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
                 "mfs": mfs,
                 "static": static,
                 "layers": layers,
+                "windows": windows,
+                "folds": args.folds,
+                "fair": {"mfs": fair["mfs"], "families": fair["families"]},
+                "fair_cv": fair["choices"],
                 "wall_seconds": round(wall, 1),
             },
             ensure_ascii=False,

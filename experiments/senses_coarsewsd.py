@@ -17,6 +17,17 @@ cross-validation on **train** (layer average, mean of 1-NN and centroid macro-F1
 used for test. Sentences are cut to ``--context`` tokens on each side of the target (default 30, to fit the CPU
 budget: 6,258 of the 33,566 train + test sentences, 18.6 %, lose some tokens; the median sentence has 28).
 
+Fair protocol (issue 27, :mod:`elmokit.analysis.sense_protocol`): the ELMo rows get what the word2vec row gets —
+per word and classifier, a setting chosen by the same stratified group 5-fold cross-validation on train only: a layer,
+the average of all layers or of layers 1..L, each at the target or averaged over ±``--windows`` tokens around it;
+beside it the [ELMo; word2vec window] concatenation (each part L2-normalised, each part at its own choice), and a
+linear probe (logistic regression, C and class weighting chosen on train) beside 1-NN and nearest centroid for every
+representation. The old fixed-layer rows are still computed and printed beside the new ones; each word's chosen
+settings are in the tables and the JSON (``fair``).
+
+Another model than the zoo's (a quick check): ``--model DIR --word2vec DIR --train-text FILE`` (the biLM folder,
+vectors from :func:`elmokit.baselines.word2vec.train_word2vec`, and the text the truecasing table is counted on).
+
 Writes ``experiments/results/senses-coarsewsd.{md,json}`` and ``senses-bank.png`` (the 455 bank test occurrences);
 embeddings are cached under ``$ELMOKIT_CACHE/senses/``.
 """
@@ -31,6 +42,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from sense_tables import choices_table, per_word_table, protocol_note, summary_table
 
 from elmokit.threads import default_threads  # (imports elmokit before torch: its OpenMP wait setting applies)
 
@@ -61,30 +73,43 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: %(default)s)")
     parser.add_argument("--words", default=None, help="comma-separated subset (default: all 20)")
+    parser.add_argument("--word2vec", type=Path, default=None, help="word2vec folder (default: <model>/word2vec)")
+    parser.add_argument(
+        "--train-text", type=Path, default=None, help="text counted for truecasing (default: <model>/corpus/train.txt)"
+    )
+    parser.add_argument(
+        "--windows", default="0,2,5", help="ELMo windows (± tokens) offered to the choice (default: %(default)s)"
+    )
+    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds on train (default: %(default)s)")
     args = parser.parse_args(argv)
+    windows = [int(w) for w in args.windows.split(",")]
+    if 0 not in windows:
+        parser.error("--windows must include 0 (the target span: the old protocol and the casing choice use it)")
 
     import torch
 
     from elmokit import Embedder
     from elmokit.analysis.polysemy import plot_occurrences
+    from elmokit.analysis.sense_protocol import (
+        elmo_candidates,
+        fair_protocol,
+        static_candidates,
+        static_setting_name,
+        window_vectors,
+    )
     from elmokit.analysis.senses import (
         CASINGS,
+        STATIC_GRID,
         SenseExample,
-        centroid_predict,
-        choose_static_settings,
         coarsewsd_senses,
         coarsewsd_words,
         cv_folds,
         cv_score,
-        example_vectors,
         layer_scores,
         mfs_scores,
-        nn1_predict,
         read_coarsewsd,
         read_coarsewsd_baselines,
         recase,
-        scores,
-        static_context_vectors,
         truecase_table,
     )
     from elmokit.baselines.word2vec import load_word2vec
@@ -103,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     test = {w: read_coarsewsd(args.data, w, "test") for w in words}
 
     counts: Counter[str] = Counter()
-    with open(folder / "corpus" / "train.txt", encoding="utf-8") as fh:
+    with open(args.train_text or folder / "corpus" / "train.txt", encoding="utf-8") as fh:
         for line in fh:
             counts.update(line.split())
     table = truecase_table(counts)
@@ -116,53 +141,65 @@ def main(argv: list[str] | None = None) -> int:
     def vectors(examples_by_word, casing):
         start = time.time()
         flat = [e for w in words for e in cased(examples_by_word[w], casing)]
-        arr = example_vectors(embedder, flat, context=args.context, cache_dir=cache, model_key=model_key)
+        arr = window_vectors(embedder, flat, windows, context=args.context, cache_dir=cache, model_key=model_key)
         out, a = {}, 0
-        for w in words:
-            out[w] = arr[a : a + len(examples_by_word[w])]
+        for w in words:  # {word: {window: (n, L+1, D)}}
+            out[w] = {k: v[a : a + len(examples_by_word[w])] for k, v in arr.items()}
             a += len(examples_by_word[w])
         t_embed[0] += time.time() - start
         return out
 
     # ---- casing, chosen by cross-validation on train
-    folds = {w: cv_folds([e.label for e in train[w]], [e.group for e in train[w]], 5, 0) for w in words}
+    # (the casing is chosen at the target span, window 0, as in the old protocol; only the best casing's vectors are
+    # kept in memory)
+    folds = {w: cv_folds([e.label for e in train[w]], [e.group for e in train[w]], args.folds, 0) for w in words}
     casing_cv = {}
-    train_vecs = {}
+    best_train = (None, -1.0, None)
     for casing in CASINGS:
         v = vectors(train, casing)
-        train_vecs[casing] = v
         per = {
-            clf: float(np.mean([cv_score(v[w].mean(axis=1), train[w], senses[w], folds[w], clf) for w in words]))
+            clf: float(np.mean([cv_score(v[w][0].mean(axis=1), train[w], senses[w], folds[w], clf) for w in words]))
             for clf in ("1nn", "centroid")
         }
         casing_cv[casing] = {**per, "mean": (per["1nn"] + per["centroid"]) / 2}
         print(
-            f"# casing {casing}: train 5-fold CV macro-F1 (layer average) 1-NN {100 * per['1nn']:.1f}, centroid "
+            f"# casing {casing}: train {args.folds}-fold CV macro-F1 (layer average) 1-NN {100 * per['1nn']:.1f}, "
+            f"centroid "
             f"{100 * per['centroid']:.1f} ({time.time() - t0:.0f} s)",
             file=sys.stderr,
         )
-    casing = max(CASINGS, key=lambda c: (casing_cv[c]["mean"], -CASINGS.index(c)))
-    train_v = train_vecs[casing]
-    test_v = vectors(test, casing)
+        if casing_cv[casing]["mean"] > best_train[1]:  # ties: the earlier casing
+            best_train = (casing, casing_cv[casing]["mean"], v)
+        del v
+    casing, _, train_w = best_train
+    test_w = vectors(test, casing)
+    train_v = {w: train_w[w][0] for w in words}  # the old protocol: the target span
+    test_v = {w: test_w[w][0] for w in words}
 
     # ---- scores
-    kv = load_word2vec(folder / "word2vec")
+    kv = load_word2vec(args.word2vec or folder / "word2vec")
     authors = read_coarsewsd_baselines(args.data / "SOURCE.md")
-    results = {}
+    grid_of = {static_setting_name(st): st for st in STATIC_GRID}
+    results, fair = {}, {}
     for w in words:
         y_mem = [e.label for e in train[w]]
         y_q = [e.label for e in test[w]]
         tr_c, te_c = cased(train[w], casing), cased(test[w], casing)
-        chosen = choose_static_settings(kv, tr_c, senses[w], folds=5, seed=0)
+        fam_tr = {"elmo": elmo_candidates(train_w[w]), "word2vec": static_candidates(kv, tr_c)}
+        fam_te = {"elmo": elmo_candidates(test_w[w]), "word2vec": static_candidates(kv, te_c)}
+        groups = [e.group for e in train[w]]
+        fair[w] = fair_protocol(fam_tr, fam_te, y_mem, groups, y_q, senses[w], folds=args.folds, seed=0)
+        print(f"# {w}: fair protocol done ({time.time() - t0:.0f} s)", file=sys.stderr)
+        # the word2vec window row of the old protocol is the fair protocol's word2vec choice for 1-NN / centroid
+        # (same grid, folds and tie rule as choose_static_settings)
         static = {}
-        for clf, predict in (("1nn", nn1_predict), ("centroid", centroid_predict)):
-            st = chosen[clf]["settings"]
-            mem_s = static_context_vectors(kv, tr_c, **st)
-            q_s = static_context_vectors(kv, te_c, **st)
+        for clf in ("1nn", "centroid"):
+            got = fair[w]["families"]["word2vec"][clf]
             static[clf] = {
-                **scores(y_q, predict(mem_s, y_mem, q_s), senses[w]),
-                "settings": st,
-                "cv_macro_f1": chosen[clf]["cv_macro_f1"],
+                "accuracy": got["accuracy"],
+                "macro_f1": got["macro_f1"],
+                "settings": grid_of[got["setting"]],
+                "cv_macro_f1": got["cv_macro_f1"],
             }
         results[w] = {
             "n_train": len(y_mem),
@@ -183,7 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     cols_a = ["MFS", "word2vec window, centroid"] + [f"ELMo {names[k]}" for k in layer_keys]
     author_cols = authors["columns"][1:]  # their MFS column is ours recomputed; keep the authors' methods
-    lines = []
+    lines = [
+        f"CoarseWSD-20 test, fair protocol, average over {len(words)} word(s). Cells: accuracy % / macro-F1 %. "
+        f"Model `{args.model}`; casing `{casing}`; ±{args.context} tokens of context.",
+        "",
+        *summary_table(fair, {w: results[w]["layers"] for w in words}),
+        "",
+        protocol_note(args.folds, windows),
+        "",
+        "The old protocol's tables follow (fixed layers at the target span; the word2vec window chosen on train).",
+        "",
+    ]
     lines.append(
         f"CoarseWSD-20 test, nearest sense centroid (cosine). Cells: accuracy % / macro-F1 %. Model "
         f"`{args.model}`; casing: `{casing}` (chosen on train); each sentence cut to ±{args.context} tokens "
@@ -249,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         'Loureiro et al. (2021): "1NN" = nearest sense centroid of BERT vectors (sum of the last 4 '
         "layers); FTX = supervised fastText classifiers (not a nearest-neighbour method)."
     )
+    lines += ["", "Fair protocol per word: test macro-F1 % (word2vec window / ELMo / [ELMo; word2vec]).", ""]
+    lines += per_word_table(fair)
+    lines += ["", "Settings chosen on train, per word (ELMo: layer or mix, ±window; probe: C, class weights).", ""]
+    lines += choices_table(fair)
+    lines.append("")
     wall = time.time() - t0
     lines.append(
         f"Wall time {wall / 60:.1f} min, of which biLM embedding {t_embed[0] / 60:.1f} min (≈ 0 when "
@@ -277,7 +329,11 @@ def main(argv: list[str] | None = None) -> int:
                 "casing": casing,
                 "casing_cv": casing_cv,
                 "context": args.context,
+                "windows": windows,
+                "folds": args.folds,
                 "words": results,
+                "fair": {w: {"mfs": r["mfs"], "families": r["families"]} for w, r in fair.items()},
+                "fair_cv": {w: r["choices"] for w, r in fair.items()},
                 "wall_seconds": round(wall, 1),
             },
             indent=1,
