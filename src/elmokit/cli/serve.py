@@ -140,7 +140,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         "--api-key",
         type=str,
         default=None,
-        help="require 'Authorization: Bearer KEY' on every route but / and /health (default: none)",
+        help="require 'Authorization: Bearer KEY' on every route but /, /examples and /health (default: none)",
     )
     p.add_argument("--insecure-no-auth", action="store_true", help="allow a non-loopback --host without --api-key")
     p.add_argument(

@@ -15,7 +15,7 @@ Routes (the README's "Serving" section has examples):
 * ``GET /health`` (200 once the probe sentence has embedded; 503 before, or when the inference loop has stopped),
   ``GET /info``, ``GET /metrics`` (Prometheus), ``GET /`` (the polysemy page), ``GET /examples`` (its examples).
 
-Statuses: 401 (no or wrong ``Authorization: Bearer`` key when the server has one; every route but ``/``, ``/health``),
+Statuses: 401 (no or wrong ``Authorization: Bearer`` key when the server has one; every route but ``/``, ``/examples``, ``/health``),
 413 (body over ``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences or options: one line naming the
 field and index, in the library's wording), 429 with ``Retry-After`` (over ``--max-concurrent-requests``), 503 with
 ``Retry-After`` (no inference loop). A client that disconnects while its sentences wait has them dropped from the queue
@@ -78,8 +78,8 @@ responses = import_optional("fastapi.responses", "serve", "elmokit serve (the HT
 Request = fastapi.Request
 Response = responses.Response
 
-#: Paths answered without the API key: the page (static, no data) and the health probe of load balancers.
-_OPEN_PATHS = ("/", "/health")
+#: Paths answered without the API key: the page and its examples (static, no model) and the health probe.
+_OPEN_PATHS = ("/", "/health", "/examples")
 _POLL_SECONDS = 0.05  # how often a waiting request checks whether its client is still there
 
 

@@ -157,7 +157,8 @@ def parse_embed(body: dict, settings: ServeSettings, num_layers: int) -> EmbedRe
     try:
         spec = OutputSpec.make(**options, num_layers=num_layers)
     except ElmoError as exc:
-        raise _invalid(str(exc), next(iter(options), None)) from None
+        named = [k for k in options if str(exc).startswith(k)]
+        raise _invalid(str(exc), named[0] if named else next(iter(options), None)) from None
     return EmbedRequest(sentences, spec)
 
 

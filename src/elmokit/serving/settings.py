@@ -37,7 +37,7 @@ class ServeSettings:
         max_client_sentences: sentences (or texts) in one request; more is answered 422.
         max_tokens_per_sentence: tokens in one sentence; more is answered 422.
         payload_limit: request body bytes; more is answered 413.
-        api_key: the Bearer token every route but ``/health`` requires (``None``: none).
+        api_key: the Bearer token every route but ``/``, ``/examples`` and ``/health`` requires (``None``: none).
         cors_origins: origins allowed by CORS (empty: no CORS headers).
         device / precision: where and how the model runs (:class:`~elmokit.Embedder`'s options).
         workers: processes, each with its own model and inference loop, sharing the port.
