@@ -13,20 +13,18 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import numpy as np
 import pytest
 
+from elmokit.cli import main
+from elmokit.embedding import Embedder
+from elmokit.embedding.pooling import OutputSpec
+from elmokit.serving.batcher import Batcher
+from elmokit.serving.settings import ServeSettings
+from elmokit.weights.fingerprint import bilm_fingerprint
+from elmokit.weights.native import load_pretrained_bilm
 from serve_helpers import KEY, SENTENCES, metric, running_server, save_tiny_model, within_bound
-
-import httpx  # noqa: E402  (after serve_helpers: it skips the module without the serve extra)
-
-from elmokit.cli import main  # noqa: E402
-from elmokit.embedding import Embedder  # noqa: E402
-from elmokit.embedding.pooling import OutputSpec  # noqa: E402
-from elmokit.serving.batcher import Batcher  # noqa: E402
-from elmokit.serving.settings import ServeSettings  # noqa: E402
-from elmokit.weights.fingerprint import bilm_fingerprint  # noqa: E402
-from elmokit.weights.native import load_pretrained_bilm  # noqa: E402
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 

@@ -15,11 +15,12 @@ Routes (the README's "Serving" section has examples):
 * ``GET /health`` (200 once the probe sentence has embedded; 503 before, or when the inference loop has stopped),
   ``GET /info``, ``GET /metrics`` (Prometheus), ``GET /`` (the polysemy page), ``GET /examples`` (its examples).
 
-Statuses: 401 (no or wrong ``Authorization: Bearer`` key when the server has one; every route but ``/``, ``/examples``, ``/health``),
-413 (body over ``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences or options: one line naming the
-field and index, in the library's wording), 429 with ``Retry-After`` (over ``--max-concurrent-requests``), 503 with
-``Retry-After`` (no inference loop). A client that disconnects while its sentences wait has them dropped from the queue
-(logged as status 499). Errors are JSON in the OpenAI error shape ``{"error": {"message", "type", "param", "code"}}``.
+Statuses: 401 (no or wrong ``Authorization: Bearer`` key when the server has one; every route but ``/``,
+``/examples``, ``/health``), 413 (body over ``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences or
+options: one line naming the field and index, in the library's wording), 429 with ``Retry-After`` (over
+``--max-concurrent-requests``), 503 with ``Retry-After`` (no inference loop). A client that disconnects while its
+sentences wait has them dropped from the queue (logged as status 499). Errors are JSON in the OpenAI error shape
+``{"error": {"message", "type", "param", "code"}}``.
 
 FastAPI (on Starlette) rather than bare Starlette: the same ASGI core, with the OpenAPI schema of the routes at
 ``/openapi.json`` for free; its interactive docs pages are off (they load scripts from a CDN).
