@@ -83,16 +83,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(settings, sock, announce=announce)
 
 
-def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    """Register ``elmokit serve``."""
-    p = sub.add_parser(
-        "serve",
-        parents=parents,
-        help="serve embeddings over HTTP (dynamic batching, /metrics, an OpenAI-compatible route, a polysemy page)",
-        description="Serve MODEL over HTTP: POST /embed, /v1/embeddings (OpenAI schema), /similar; GET /health, "
-        "/info, /metrics and / (the polysemy page). Requests are batched dynamically by a token budget. Needs "
-        "pip install 'elmokit[serve]'.",
-    )
+def _add_batching_options(p: argparse.ArgumentParser) -> None:
+    """MODEL, where to listen, and the batching budget and request limits."""
     p.add_argument("model", type=text_arg, help=f"{RELEASED_HELP}, or elmokit-en / elmokit-zh")
     p.add_argument("--host", type=text_arg, default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="port; 0 picks a free one (default: %(default)s)")
@@ -136,6 +128,10 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         default=2_000_000,
         help="request body bytes; more get 413 (default: %(default)s)",
     )
+
+
+def _add_access_options(p: argparse.ArgumentParser) -> None:
+    """Who may call (API key, CORS), where and how the model runs, and the text and OpenAI-route rules."""
     p.add_argument(
         "--api-key",
         type=str,
@@ -165,5 +161,19 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         default="average",
         help="/v1/embeddings layer rule: top, average, a layer or weights (default: %(default)s)",
     )
+
+
+def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """Register ``elmokit serve``."""
+    p = sub.add_parser(
+        "serve",
+        parents=parents,
+        help="serve embeddings over HTTP (dynamic batching, /metrics, an OpenAI-compatible route, a polysemy page)",
+        description="Serve MODEL over HTTP: POST /embed, /v1/embeddings (OpenAI schema), /similar; GET /health, "
+        "/info, /metrics and / (the polysemy page). Requests are batched dynamically by a token budget. Needs "
+        "pip install 'elmokit[serve]'.",
+    )
+    _add_batching_options(p)
+    _add_access_options(p)
     add_threads_option(p)
     p.set_defaults(func=cmd_serve, interrupted_note=lambda args: "the server stopped before it started")
