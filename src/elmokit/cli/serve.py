@@ -138,7 +138,11 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="require 'Authorization: Bearer KEY' on every route but /, /examples and /health (default: none)",
     )
-    p.add_argument("--insecure-no-auth", action="store_true", help="allow a non-loopback --host without --api-key")
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="allow a non-loopback --host without --api-key (default: refuse)",
+    )
     p.add_argument(
         "--cors-origin",
         action="append",
