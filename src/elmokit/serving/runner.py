@@ -75,9 +75,9 @@ def serve(
         return 0 if server.started else 1
     settings.to_env()
     config = uvicorn.Config("elmokit.serving.app:app_from_env", factory=True, workers=settings.workers, **options)
-    server = _Server(config)
     if announce is not None:
         announce(port)
-    supervisors.Multiprocess(config, target=server.run, sockets=[sock]).run()
+    # each worker runs uvicorn's own server: a SIGTERM from the supervisor shuts it down gracefully, then ends it
+    supervisors.Multiprocess(config, sockets=[sock]).run()
     sys.stderr.flush()
     return 0
