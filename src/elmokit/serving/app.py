@@ -326,6 +326,7 @@ def similar_result(state: ServerState, req: SimilarRequest) -> dict:
             {"id": i, "sentence": o.sentence, "start": o.start, "end": o.end, "label": o.label}
             for i, o in enumerate(occurrences)
         ],
+        "layer_names": names,  # the layers' order (a JavaScript object puts "1", "2" before "0 (static)")
         "layers": {
             name: {"summary": label_similarity(m, labels), "cosine": np.round(m, 6).tolist()}
             for name, m in zip(names, sims)
