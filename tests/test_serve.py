@@ -275,6 +275,31 @@ def test_429_with_retry_after_over_max_concurrent_requests(server):
         state.batcher.resume()
 
 
+def test_unknown_routes_and_methods_answer_in_the_error_shape(server):
+    client, _ = server
+    r = client.get("/embeddings")
+    assert (
+        r.status_code == 404
+        and "GET /embeddings: no such route; the routes are POST /embed" in r.json()["error"]["message"]
+    )
+    r = client.get("/embed")
+    assert r.status_code == 405 and r.json()["error"]["message"].startswith("GET /embed: not allowed")
+
+
+def test_cors_only_when_asked(server, model_dir, embedder):
+    client, _ = server
+    preflight = {"Origin": "http://example.org", "Access-Control-Request-Method": "POST"}
+    assert "access-control-allow-origin" not in client.options("/embed", headers=preflight).headers
+    settings = ServeSettings(model=str(model_dir), api_key=KEY, cors_origins=("http://example.org",))
+    with running_server(settings, embedder) as (url, _):
+        r = httpx.options(f"{url}/embed", headers={**preflight, "Access-Control-Request-Headers": "authorization"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://example.org"
+        r = httpx.post(f"{url}/embed", json={"sentences": [["a"]]}, headers={**AUTH, "Origin": "http://example.org"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://example.org"
+        r = httpx.post(f"{url}/embed", json={"sentences": [["a"]]}, headers={"Origin": "http://example.org"})
+        assert r.status_code == 401  # CORS lets the browser in, the key is still required
+
+
 def test_503_when_the_inference_worker_is_gone(model_dir, embedder):
     with running_server(ServeSettings(model=str(model_dir)), embedder) as (url, state):
         assert httpx.get(f"{url}/health").status_code == 200

@@ -81,6 +81,7 @@ Response = responses.Response
 
 #: Paths answered without the API key: the page and its examples (static, no model) and the health probe.
 _OPEN_PATHS = ("/", "/health", "/examples")
+_ROUTES = "the routes are POST /embed, /v1/embeddings, /similar; GET /health, /info, /metrics, /, /examples"
 _POLL_SECONDS = 0.05  # how often a waiting request checks whether its client is still there
 
 
@@ -211,7 +212,9 @@ class _Guard:
             await send(message)
 
         try:
-            if self.expected is not None and scope["path"] not in _OPEN_PATHS and not self._authorised(scope):
+            # a CORS preflight (OPTIONS) carries no credentials: the CORS layer answers it
+            open_path = scope["path"] in _OPEN_PATHS or scope["method"] == "OPTIONS"
+            if self.expected is not None and not open_path and not self._authorised(scope):
                 error = RequestError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", None)
                 error.headers["WWW-Authenticate"] = "Bearer"
                 await _error(error)(scope, receive, send_status)
@@ -428,6 +431,13 @@ def create_app(settings: ServeSettings, embedder: Embedder | None = None):
     app.add_api_route("/v1/embeddings", _openai_route(state), methods=["POST"])
     app.add_api_route("/similar", _similar_route(state), methods=["POST"])
     _read_routes(app, state)
+
+    async def not_here(request: Request, exc) -> Response:
+        what = "no such route" if exc.status_code == 404 else "not allowed"
+        return _error(RequestError(exc.status_code, f"{request.method} {request.url.path}: {what}; {_ROUTES}"))
+
+    app.add_exception_handler(404, not_here)
+    app.add_exception_handler(405, not_here)
     if settings.cors_origins:
         cors = import_optional("fastapi.middleware.cors", "serve", "elmokit serve (the HTTP server)")
         app.add_middleware(
