@@ -49,6 +49,19 @@ def test_a_port_in_use_is_one_line_before_the_model_loads(model_dir, capsys):
     assert main(["serve", str(model_dir / "nope")]) == 2 and "does not exist" in _err(capsys)
 
 
+def test_without_the_serve_extra_the_command_names_the_install(model_dir, monkeypatch, capsys):
+    for key in [k for k in sys.modules if k == "uvicorn" or k.startswith("uvicorn.")]:
+        monkeypatch.setitem(sys.modules, key, None)  # import uvicorn now fails
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    monkeypatch.delitem(sys.modules, "elmokit.serving.runner", raising=False)  # imported afresh
+    assert main(["serve", str(model_dir)]) == 2
+    err = _err(capsys).strip()
+    assert err == (
+        "elmokit serve: error: elmokit serve (the HTTP server) needs uvicorn, which is not installed: "
+        "pip install 'elmokit[serve]'"
+    )
+
+
 def _start(model_dir, *extra: str) -> tuple[subprocess.Popen, str]:
     """``python -m elmokit serve MODEL --port 0 ...``; returns the process and its base URL once /health is 200."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"}
