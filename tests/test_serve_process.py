@@ -38,6 +38,8 @@ def test_a_public_host_needs_an_api_key_or_insecure_no_auth(model_dir, capsys):
     assert main(["serve", str(model_dir), "--api-key", " "]) == 2 and "--api-key is empty" in _err(capsys)
     assert main(["serve", str(model_dir), "--openai-layers", "all"]) == 2
     assert "--openai-layers all gives several vectors" in _err(capsys)
+    assert main(["serve", str(model_dir), "--openai-layers", "7", "--port", "0"]) == 2  # found when the model loads
+    assert "layers=7 is not a layer of this model" in _err(capsys)
 
 
 def test_a_port_in_use_is_one_line_before_the_model_loads(model_dir, capsys):

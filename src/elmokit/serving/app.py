@@ -109,6 +109,8 @@ class ServerState:
     def __init__(self, settings: ServeSettings, embedder: Embedder) -> None:
         self.settings = settings
         self.embedder = embedder
+        # the /v1/embeddings rule against this model (a layer it lacks: UsageError at start-up, not a 500 per request)
+        self.openai_spec = embedder.output_spec(settings.openai_layers, settings.openai_pool)
         self.metrics = Metrics()
         self.batcher = Batcher(
             embedder,
@@ -265,7 +267,7 @@ def _embed_route(state: ServerState):
 def _openai_route(state: ServerState):
     async def embeddings(request: Request) -> Response:
         async def handle(body: dict) -> Response:
-            req, _, fmt = parse_openai(body, state.settings, state.embedder.num_layers, state.embedder.output_dim)
+            req, _, fmt = parse_openai(body, state.settings, state.openai_spec, state.embedder.output_dim)
             arrays = await state.run(request, req.sentences, req.spec)
             data = [
                 {

@@ -162,9 +162,10 @@ def parse_embed(body: dict, settings: ServeSettings, num_layers: int) -> EmbedRe
     return EmbedRequest(sentences, spec)
 
 
-def parse_openai(body: dict, settings: ServeSettings, num_layers: int, dim: int) -> tuple[EmbedRequest, str, str]:
-    """A ``/v1/embeddings`` body → (request, model name asked, encoding format). ``input`` is a string or a list of
-    strings, tokenised with the server's tokenizer; ``dimensions``, when given, must be the model's width."""
+def parse_openai(body: dict, settings: ServeSettings, spec: OutputSpec, dim: int) -> tuple[EmbedRequest, str, str]:
+    """A ``/v1/embeddings`` body → (request under ``spec``, model name asked, encoding format). ``input`` is a string
+    or a list of strings, tokenised with the server's tokenizer; ``dimensions``, when given, must be the model's
+    width."""
     _check_fields(body, _OPENAI_FIELDS)
     if "input" not in body:
         raise _invalid("'input' is required: a string or a list of strings", "input")
@@ -187,7 +188,6 @@ def parse_openai(body: dict, settings: ServeSettings, num_layers: int, dim: int)
                 "(--max-tokens-per-sentence)",
                 "input",
             )
-    spec = OutputSpec.make(settings.openai_layers, settings.openai_pool, num_layers=num_layers)
     return EmbedRequest(sentences, spec), str(body.get("model", "")), fmt
 
 
