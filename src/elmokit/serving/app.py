@@ -214,9 +214,7 @@ class _Guard:
             await send(message)
 
         try:
-            # a CORS preflight (OPTIONS) carries no credentials: the CORS layer answers it
-            open_path = scope["path"] in _OPEN_PATHS or scope["method"] == "OPTIONS"
-            if self.expected is not None and not open_path and not self._authorised(scope):
+            if self.expected is not None and scope["path"] not in _OPEN_PATHS and not self._authorised(scope):
                 error = RequestError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", None)
                 error.headers["WWW-Authenticate"] = "Bearer"
                 await _error(error)(scope, receive, send_status)
@@ -412,8 +410,10 @@ def _read_routes(app, state: ServerState) -> None:
 
 
 def create_app(settings: ServeSettings, embedder: Embedder | None = None):
-    """The ASGI application for ``settings`` (its model loaded now unless ``embedder`` is given). The inference loop
-    starts with the application (its lifespan) and, at shutdown, finishes the work it accepted before it stops.
+    """The ASGI application for ``settings`` (its model loaded now unless ``embedder`` is given); its ``state`` is the
+    :class:`ServerState`. The inference loop starts with the application (its lifespan) and, at shutdown, finishes
+    the work it accepted before it stops. Layers, outside in: CORS (only with ``cors_origins``), the API key and the
+    request metrics, FastAPI's routes.
 
     Raises the model loaders' errors (naming the model)."""
     embedder = embedder if embedder is not None else load_embedder(settings)
@@ -428,7 +428,6 @@ def create_app(settings: ServeSettings, embedder: Embedder | None = None):
     app = fastapi.FastAPI(
         title="elmokit", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json"
     )
-    app.state.server = state
     app.add_api_route("/embed", _embed_route(state), methods=["POST"])
     app.add_api_route("/v1/embeddings", _openai_route(state), methods=["POST"])
     app.add_api_route("/similar", _similar_route(state), methods=["POST"])
@@ -440,15 +439,17 @@ def create_app(settings: ServeSettings, embedder: Embedder | None = None):
 
     app.add_exception_handler(404, not_here)
     app.add_exception_handler(405, not_here)
-    if settings.cors_origins:
+    outer = _Guard(app, state)
+    if settings.cors_origins:  # outside the key check: preflights pass, and a 401 reaches the page readably
         cors = import_optional("fastapi.middleware.cors", "serve", "elmokit serve (the HTTP server)")
-        app.add_middleware(
-            cors.CORSMiddleware,
+        outer = cors.CORSMiddleware(
+            outer,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "Accept"],
         )
-    return _Guard(app, state)
+        outer.state = state
+    return outer
 
 
 def app_from_env():
