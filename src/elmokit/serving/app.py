@@ -82,7 +82,6 @@ Response = responses.Response
 #: Paths answered without the API key: the page and its examples (static, no model) and the health probe.
 _OPEN_PATHS = ("/", "/health", "/examples")
 _ROUTES = "the routes are POST /embed, /v1/embeddings, /similar; GET /health, /info, /metrics, /, /examples"
-_POLL_SECONDS = 0.05  # how often a waiting request checks whether its client is still there
 
 
 class _ClientGone(Exception):
@@ -155,19 +154,26 @@ class ServerState:
         except WorkerStopped as exc:
             raise RequestError(503, str(exc), None, {"Retry-After": "1"}) from None
         waiter = asyncio.wrap_future(job.future)
-        while True:
-            done, _ = await asyncio.wait({waiter}, timeout=_POLL_SECONDS)
-            if done:
-                break
-            if await request.is_disconnected():
-                self.metrics.dropped.inc(self.batcher.cancel(job))
-                raise _ClientGone()
+        gone = asyncio.ensure_future(_disconnect(request))
+        try:
+            await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not waiter.done():  # the client went away first
+            self.metrics.dropped.inc(self.batcher.cancel(job))
+            raise _ClientGone()
         try:
             return waiter.result()
         except WorkerStopped as exc:
             raise RequestError(503, str(exc), None, {"Retry-After": "1"}) from None
         except ElmoError as exc:
             raise RequestError(422, str(exc)) from None
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client disconnects (the body has been read: the server's next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
