@@ -685,6 +685,7 @@ def test_every_help_shows_defaults_and_describes_positionals():
         "tag",
         "classify",
         "similar",
+        "serve",
     }
     for name, sub in commands.items():
         for action in sub._actions:

@@ -36,10 +36,14 @@ OPTIONAL = {
     "seqeval": "seqeval",
     "conllu": "conllu",
     "flair": "flair",
+    "fastapi": "fastapi",
+    "uvicorn": "uvicorn",
+    "prometheus-client": "prometheus_client",
 }
 #: Extras that ``all`` leaves out (``test`` installs them, so the suite runs their tests): flair brings transformers,
-#: huggingface-hub, boto3 and its own pins (~240 MB), for one integration.
-NOT_IN_ALL = {"flair"}
+#: huggingface-hub, boto3 and its own pins (~240 MB), for one integration; serve's web stack (FastAPI, uvicorn,
+#: prometheus-client) is for running a server, not for using the library.
+NOT_IN_ALL = {"flair", "fastapi", "uvicorn", "prometheus-client"}
 
 
 def _project() -> dict:

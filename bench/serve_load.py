@@ -1,0 +1,276 @@
+"""Load test of ``elmokit serve`` on loopback, against the offline ``Embedder`` in the same run.
+
+Random weights of the released "small" configuration (LSTM 1024 → 128, output 256) are saved to a temporary folder;
+the sentences are the first ``--sentences`` of UD English-EWT dev (``../shared/data/ud-english-ewt``, read by
+``bench/inference.py``'s reader). The run, in order:
+
+1. offline: ``Embedder.embed_sentences`` (batch 64, length-sorted) over the sentences, once pooled (``layers=average,
+   pool=mean``) and once all layers, in this process with ``--threads`` torch threads: real tokens/s;
+2. ``elmokit serve`` (a child process, ``--threads``, loopback, port 0) driven by ``--clients`` concurrent clients for
+   ``--seconds`` each, one sentence a request, with three outputs: pooled JSON (``/embed`` average + mean), all-layer
+   binary (``Accept: application/x-npz``) and all-layer JSON;
+3. the same server with ``--max-batch-sentences 1`` (no dynamic batching), pooled;
+4. ``--overload-clients`` clients against ``--max-concurrent-requests --overload-limit``, pooled: only 200 and 429
+   may come back (a client honours ``Retry-After``), no time-outs.
+
+Each load phase is bounded by ``--seconds`` and ``--max-requests``; requests time out after ``--timeout`` s. The clients
+are plain asyncio HTTP/1.1 keep-alive connections (no HTTP library: the clients share the machine with the server, so
+they must cost little). Reported per phase: real tokens/s of the 200 answers, requests/s, latency p50/p95/p99 (ms),
+responses by status, time-outs and connection errors, the server's peak RSS (VmHWM, MB); and the ratios to offline.
+
+Run (on a quiet machine; the figures of issue 23)::
+
+    python bench/serve_load.py --clients 32 --seconds 60 --threads 2
+
+A short check that it works: ``python bench/serve_load.py --clients 4 --seconds 2 --sentences 200 --overload-clients
+32 --overload-limit 8``. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from inference import EWT_DEV, ROOT, read_conllu_forms  # noqa: E402  (the same sentences as bench/inference.py)
+
+HOST = "127.0.0.1"  # loopback only
+
+
+# ---------------------------------------------------------------------------------------------- the model, offline
+def make_model(folder: Path, seed: int = 0) -> Path:
+    """Random "small"-configuration weights (random biases) saved in elmokit's format."""
+    import torch
+
+    from elmokit import elmo_small
+    from elmokit.modules.bilm import BiLM
+    from elmokit.weights.native import save_pretrained
+
+    torch.manual_seed(seed)
+    model = BiLM(elmo_small())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "bias" in name:
+                p.uniform_(-0.1, 0.1)
+    return save_pretrained(model, folder)
+
+
+def offline(model_dir: Path, sentences: list[list[str]], threads: int) -> dict:
+    """Real tokens/s of ``Embedder.embed_sentences`` (batch 64), pooled and all layers (one warm-up pass first)."""
+    import torch
+
+    from elmokit import Embedder, load_pretrained_bilm
+
+    torch.set_num_threads(threads)
+    embedder = Embedder(load_pretrained_bilm(model_dir))
+    tokens = sum(len(s) for s in sentences)
+    out = {}
+    for name, options in (("pooled", {"layers": "average", "pool": "mean"}), ("all_layers", {})):
+        list(embedder.embed_sentences(sentences[:64], 64, **options))
+        start = time.perf_counter()
+        for _ in embedder.embed_sentences(sentences, 64, **options):
+            pass
+        seconds = time.perf_counter() - start
+        out[name] = {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the server
+def start_server(model_dir: Path, threads: int, *extra: str) -> tuple[subprocess.Popen, int]:
+    """``elmokit serve`` on loopback, port 0; returns the process and its port once ``/health`` answers 200."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(threads)}
+    cmd = [sys.executable, "-m", "elmokit", "serve", str(model_dir), "--host", HOST, "--port", "0"]
+    proc = subprocess.Popen(
+        [*cmd, "--threads", str(threads), *extra], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+    )
+    deadline = time.monotonic() + 120
+    port = None
+    while port is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line and proc.poll() is not None:
+            raise RuntimeError(f"the server ended with {proc.returncode}")
+        m = re.search(r"on http://127\.0\.0\.1:(\d+)/", line)
+        port = int(m.group(1)) if m else None
+    import threading
+
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+    while time.monotonic() < deadline:
+        status, _ = asyncio.run(_one(port, "GET", "/health", b"", {}))
+        if status == 200:
+            return proc, port
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the server never became healthy")
+
+
+def stop_server(proc: subprocess.Popen) -> dict:
+    """The server's peak RSS (VmHWM, MB), then SIGTERM; its exit status."""
+    peak = float("nan")
+    with open(f"/proc/{proc.pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) / 1024
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = "killed"
+    return {"peak_rss_mb": peak, "exit_status": code}
+
+
+# ---------------------------------------------------------------------------------------------- the clients
+async def _request(reader, writer, method: str, path: str, body: bytes, headers: dict) -> tuple[int, dict]:
+    """One HTTP/1.1 request on a keep-alive connection: (status, response headers); the body is read and dropped."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {len(body)}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    writer.write(head.encode() + b"\r\n" + body)
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    got = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        key, _, value = line.decode().partition(":")
+        got[key.strip().lower()] = value.strip()
+    await reader.readexactly(int(got.get("content-length", 0)))
+    return status, got
+
+
+async def _one(port: int, method: str, path: str, body: bytes, headers: dict) -> tuple[int, dict]:
+    try:
+        reader, writer = await asyncio.open_connection(HOST, port)
+    except OSError:
+        return 0, {}
+    try:
+        return await _request(reader, writer, method, path, body, headers)
+    except (OSError, asyncio.IncompleteReadError, IndexError, ValueError):
+        return 0, {}
+    finally:
+        writer.close()
+
+
+async def _client(port, requests, counter, deadline, cap, timeout, record) -> None:
+    """One client: requests in turn from the shared ``counter`` until ``deadline`` or ``cap`` requests."""
+    conn = None
+    while time.monotonic() < deadline and counter[0] < cap:
+        i = counter[0]
+        counter[0] += 1
+        body, headers, tokens = requests[i % len(requests)]
+        try:
+            if conn is None:
+                conn = await asyncio.open_connection(HOST, port)
+            start = time.perf_counter()
+            status, got = await asyncio.wait_for(_request(*conn, "POST", "/embed", body, headers), timeout)
+            record.append((status, time.perf_counter() - start, tokens))
+            if status == 429:
+                await asyncio.sleep(float(got.get("retry-after", 1)))
+        except asyncio.TimeoutError:
+            record.append(("timeout", timeout, 0))
+            conn = None
+        except (OSError, asyncio.IncompleteReadError, IndexError, ValueError):
+            record.append(("connection error", 0.0, 0))
+            conn = None
+            await asyncio.sleep(0.05)
+    if conn is not None:
+        conn[1].close()
+
+
+def load(port: int, requests: list, clients: int, seconds: float, cap: int, timeout: float) -> dict:
+    """``clients`` concurrent clients for ``seconds`` (at most ``cap`` requests): throughput and latency."""
+    record: list = []
+
+    async def main():
+        deadline = time.monotonic() + seconds
+        counter = [0]
+        await asyncio.gather(
+            *(_client(port, requests, counter, deadline, cap, timeout, record) for _ in range(clients))
+        )
+
+    start = time.perf_counter()
+    asyncio.run(main())
+    elapsed = time.perf_counter() - start
+    ok = [(lat, tok) for status, lat, tok in record if status == 200]
+    lat = np.array([x for x, _ in ok]) * 1000 if ok else np.array([np.nan])
+    statuses: dict[str, int] = {}
+    for status, _, _ in record:
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+    return {
+        "clients": clients,
+        "seconds": elapsed,
+        "requests": len(record),
+        "by_status": statuses,
+        "tokens_per_s": sum(t for _, t in ok) / elapsed,
+        "requests_per_s": len(ok) / elapsed,
+        "latency_ms": {q: float(np.percentile(lat, int(q[1:]))) for q in ("p50", "p95", "p99")},
+    }
+
+
+def bodies(sentences: list[list[str]], mode: str) -> list[tuple[bytes, dict, int]]:
+    """One request per sentence: (body, headers, tokens)."""
+    options = {"pooled": {"layers": "average", "pool": "mean"}, "binary": {}, "json": {}}[mode]
+    headers = {"Content-Type": "application/json"}
+    if mode == "binary":
+        headers["Accept"] = "application/x-npz"
+    return [(json.dumps({"sentences": [s], **options}).encode(), headers, len(s)) for s in sentences]
+
+
+# ---------------------------------------------------------------------------------------------- the run
+def phase(model_dir, sentences, args, modes, clients, *extra) -> dict:
+    proc, port = start_server(model_dir, args.threads, *extra)
+    try:
+        out = {
+            mode: load(port, bodies(sentences, mode), clients, args.seconds, args.max_requests, args.timeout)
+            for mode in modes
+        }
+    finally:
+        out["server"] = stop_server(proc)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=60.0, help="per load phase")
+    p.add_argument("--sentences", type=int, default=2000, help="the first N of EWT dev (it holds 2,001)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads, offline and in the server")
+    p.add_argument("--max-requests", type=int, default=1_000_000, help="per phase, whatever the time")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    p.add_argument("--overload-clients", type=int, default=512)
+    p.add_argument("--overload-limit", type=int, default=64, help="the server's --max-concurrent-requests")
+    args = p.parse_args()
+    sentences = read_conllu_forms(EWT_DEV, args.sentences)
+    result: dict = {"sentences": len(sentences), "tokens": sum(len(s) for s in sentences), "args": vars(args)}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_model(Path(tmp) / "small")
+        result["offline"] = offline(model_dir, sentences, args.threads)
+        print(json.dumps({"offline": result["offline"]}), flush=True)
+        result["server"] = phase(model_dir, sentences, args, ("pooled", "binary", "json"), args.clients)
+        print(json.dumps({"server": result["server"]}), flush=True)
+        result["batch1"] = phase(model_dir, sentences, args, ("pooled",), args.clients, "--max-batch-sentences", "1")
+        print(json.dumps({"batch1": result["batch1"]}), flush=True)
+        limit = ("--max-concurrent-requests", str(args.overload_limit))
+        result["overload"] = phase(model_dir, sentences, args, ("pooled",), args.overload_clients, *limit)
+    off, srv = result["offline"], result["server"]
+    result["ratios"] = {
+        "pooled_vs_offline": srv["pooled"]["tokens_per_s"] / off["pooled"]["tokens_per_s"],
+        "binary_all_layers_vs_offline": srv["binary"]["tokens_per_s"] / off["all_layers"]["tokens_per_s"],
+        "json_all_layers_vs_offline": srv["json"]["tokens_per_s"] / off["all_layers"]["tokens_per_s"],
+        "dynamic_vs_batch1": srv["pooled"]["tokens_per_s"] / result["batch1"]["pooled"]["tokens_per_s"],
+    }
+    over = result["overload"]["pooled"]["by_status"]
+    result["overload_only_200_and_429"] = set(over) <= {"200", "429"}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,464 @@
+"""The HTTP application (FastAPI): one model per process, the routes, the limits and their statuses.
+
+Routes (the README's "Serving" section has examples):
+
+* ``POST /embed``: ``{"sentences": [["The", "bank"], …]}`` (token lists) or ``{"texts": [...], "tokenizer": …}``,
+  options ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as :meth:`Embedder.embed_batch`. JSON
+  (tokens, shape and vectors per sentence), or an ``.npz`` archive with ``Accept: application/x-npz``
+  (:mod:`elmokit.serving.schemas` says why npz). Values are :meth:`Embedder.embed_batch`'s on the same sentences
+  within its documented batch-independence bound (the batch a sentence shares is the server's choice).
+* ``POST /v1/embeddings``: the OpenAI embeddings schema; sentence vectors are ``--openai-layers`` (default: the
+  average of the L+1 layers) mean-pooled over real tokens (shown by ``/info``).
+* ``POST /similar``: a word, sentences and optional labels → per-layer cosine matrices, their summaries (with labels
+  the within/across gap) and each layer's 2-D projection: :mod:`elmokit.analysis.polysemy`'s functions, the numbers of
+  ``elmokit similar --json``.
+* ``GET /health`` (200 once the probe sentence has embedded; 503 before, or when the inference loop has stopped),
+  ``GET /info``, ``GET /metrics`` (Prometheus), ``GET /`` (the polysemy page), ``GET /examples`` (its examples).
+
+Statuses: 401 (no or wrong ``Authorization: Bearer`` key when the server has one; every route but ``/``,
+``/examples``, ``/health``), 413 (body over ``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences or
+options: one line naming the field and index, in the library's wording), 429 with ``Retry-After`` (over
+``--max-concurrent-requests``), 503 with ``Retry-After`` (no inference loop). A client that disconnects while its
+sentences wait has them dropped from the queue (logged as status 499). Errors are JSON in the OpenAI error shape
+``{"error": {"message", "type", "param", "code"}}``.
+
+FastAPI (on Starlette) rather than bare Starlette: the same ASGI core, with the OpenAPI schema of the routes at
+``/openapi.json`` for free; its interactive docs pages are off (they load scripts from a CDN).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import importlib.resources
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from elmokit.analysis.polysemy import (
+    find_occurrences,
+    label_similarity,
+    layer_names,
+    layer_similarities,
+    occurrence_vectors,
+    plot_scale,
+)
+from elmokit.characters import validate_sentences
+from elmokit.data.text_checks import is_cjk
+from elmokit.embedding import Embedder
+from elmokit.embedding.pooling import OutputSpec
+from elmokit.errors import ElmoError, import_optional
+from elmokit.serving.batcher import Batcher, Job, WorkerStopped
+from elmokit.serving.metrics import Metrics
+from elmokit.serving.schemas import (
+    NPZ_TYPE,
+    RequestError,
+    SimilarRequest,
+    base64_vector,
+    npz_bytes,
+    parse_embed,
+    parse_json,
+    parse_openai,
+    parse_similar,
+)
+from elmokit.serving.settings import ServeSettings
+from elmokit.weights.fingerprint import bilm_fingerprint
+from elmokit.weights.native import load_pretrained_bilm
+
+__all__ = ["create_app", "app_from_env", "load_embedder", "ServerState"]
+
+logger = logging.getLogger(__name__)
+
+fastapi = import_optional("fastapi", "serve", "elmokit serve (the HTTP server)")
+responses = import_optional("fastapi.responses", "serve", "elmokit serve (the HTTP server)")
+Request = fastapi.Request
+Response = responses.Response
+
+#: Paths answered without the API key: the page and its examples (static, no model) and the health probe.
+_OPEN_PATHS = ("/", "/health", "/examples")
+_ROUTES = "the routes are POST /embed, /v1/embeddings, /similar; GET /health, /info, /metrics, /, /examples"
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its work was queued."""
+
+
+def load_embedder(settings: ServeSettings) -> Embedder:
+    """The settings' model, loaded once: an :class:`~elmokit.Embedder` on ``device`` at ``precision``, with the
+    batching budget as its ``max_batch_tokens``. Raises the loaders' errors (naming the model)."""
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    return Embedder(
+        load_pretrained_bilm(settings.model),
+        device=settings.device,
+        precision=settings.precision,
+        batch_size=settings.max_batch_sentences,
+        max_batch_tokens=settings.max_batch_tokens,
+    )
+
+
+class ServerState:
+    """What one process serves: settings, embedder, batcher, metrics, and the count of requests in flight."""
+
+    def __init__(self, settings: ServeSettings, embedder: Embedder) -> None:
+        self.settings = settings
+        self.embedder = embedder
+        # the /v1/embeddings rule against this model (a layer it lacks: UsageError at start-up, not a 500 per request)
+        self.openai_spec = embedder.output_spec(settings.openai_layers, settings.openai_pool)
+        self.metrics = Metrics()
+        self.batcher = Batcher(
+            embedder,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_batch_sentences=settings.max_batch_sentences,
+            max_wait_ms=settings.max_wait_ms,
+            on_batch=self.metrics.observe_batch,
+        )
+        self.in_flight = 0
+        self.fingerprint = bilm_fingerprint(embedder.bilm)
+        self.model_name = Path(str(settings.model)).name or str(settings.model)
+
+    @contextlib.contextmanager
+    def slot(self):
+        """Hold one of the ``max_concurrent_requests`` slots; raise 429 (``Retry-After: 1``) when none is free, 503
+        when the inference loop is not running."""
+        if not self.batcher.ready.is_set():
+            raise RequestError(
+                503, "the model is not ready (starting, or its worker stopped)", None, {"Retry-After": "1"}
+            )
+        if self.in_flight >= self.settings.max_concurrent_requests:
+            raise RequestError(
+                429,
+                f"too many requests in flight (--max-concurrent-requests {self.settings.max_concurrent_requests}): "
+                "retry after a second",
+                None,
+                {"Retry-After": "1"},
+            )
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+
+    async def run(self, request: Request, sentences: list[list[str]], spec: OutputSpec) -> list[np.ndarray]:
+        """Queue the sentences and wait for their arrays; a client that disconnects meanwhile has its queued
+        sentences dropped (:class:`_ClientGone`). Raises 503 when the loop stops."""
+        try:
+            job: Job = self.batcher.submit(sentences, spec)
+        except WorkerStopped as exc:
+            raise RequestError(503, str(exc), None, {"Retry-After": "1"}) from None
+        waiter = asyncio.wrap_future(job.future)
+        gone = asyncio.ensure_future(_disconnect(request))
+        try:
+            await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not waiter.done():  # the client went away first
+            self.metrics.dropped.inc(self.batcher.cancel(job))
+            raise _ClientGone()
+        try:
+            return waiter.result()
+        except WorkerStopped as exc:
+            raise RequestError(503, str(exc), None, {"Retry-After": "1"}) from None
+        except ElmoError as exc:
+            raise RequestError(422, str(exc)) from None
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client disconnects (the body has been read: the server's next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is over ``limit`` bytes (by its Content-Length or as it arrives)."""
+    length = request.headers.get("content-length")
+    too_big = f"the request body is over the limit of {limit} bytes (--payload-limit): split the request"
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise RequestError(413, too_big)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, too_big)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(data: object, status: int = 200, headers: dict | None = None) -> Response:
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+
+def _error(exc: RequestError) -> Response:
+    return _json(exc.body(), exc.status, exc.headers)
+
+
+class _Guard:
+    """The outer ASGI layer: the API key (401), and each request's route, status and duration into the metrics."""
+
+    def __init__(self, app, state: ServerState) -> None:
+        self.app, self.state = app, state
+        key = state.settings.api_key
+        self.expected = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), [500]
+
+        async def send_status(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            if self.expected is not None and scope["path"] not in _OPEN_PATHS and not self._authorised(scope):
+                error = RequestError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", None)
+                error.headers["WWW-Authenticate"] = "Bearer"
+                await _error(error)(scope, receive, send_status)
+            else:
+                await self.app(scope, receive, send_status)
+        finally:
+            self.state.metrics.observe_request(scope["path"], status[0], time.perf_counter() - start)
+
+    def _authorised(self, scope) -> bool:
+        given = dict(scope.get("headers") or []).get(b"authorization", b"")
+        return hmac.compare_digest(given, self.expected)
+
+
+async def _answer(state: ServerState, request: Request, handler) -> Response:
+    """Run an embedding route's ``handler(body)`` inside a slot, turning refusals into their statuses."""
+    try:
+        with state.slot():
+            body = parse_json(await _read_body(request, state.settings.payload_limit))
+            return await handler(body)
+    except RequestError as exc:
+        return _error(exc)
+    except _ClientGone:
+        return Response(status_code=499)
+
+
+def _embed_route(state: ServerState):
+    async def embed(request: Request) -> Response:
+        accept = request.headers.get("accept", "")
+        if "application/x-npy" in accept:
+            return _error(RequestError(406, f"binary output is an .npz archive: send 'Accept: {NPZ_TYPE}'", "accept"))
+
+        async def handle(body: dict) -> Response:
+            req = parse_embed(body, state.settings, state.embedder.num_layers)
+            arrays = await state.run(request, req.sentences, req.spec)
+            if NPZ_TYPE in accept:
+                return Response(npz_bytes(arrays), media_type=NPZ_TYPE)
+            data = [
+                {"index": i, "tokens": s, "shape": list(a.shape), "vectors": a.tolist()}
+                for i, (s, a) in enumerate(zip(req.sentences, arrays))
+            ]
+            return _json({"model": state.model_name, "options": req.spec.settings(), "data": data})
+
+        return await _answer(state, request, handle)
+
+    return embed
+
+
+def _openai_route(state: ServerState):
+    async def embeddings(request: Request) -> Response:
+        async def handle(body: dict) -> Response:
+            req, _, fmt = parse_openai(body, state.settings, state.openai_spec, state.embedder.output_dim)
+            arrays = await state.run(request, req.sentences, req.spec)
+            data = [
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": base64_vector(a) if fmt == "base64" else a.astype(np.float32).tolist(),
+                }
+                for i, a in enumerate(arrays)
+            ]
+            n = sum(len(s) for s in req.sentences)
+            usage = {"prompt_tokens": n, "total_tokens": n}
+            return _json({"object": "list", "data": data, "model": state.model_name, "usage": usage})
+
+        return await _answer(state, request, handle)
+
+    return embeddings
+
+
+class _QueuedEmbedder:
+    """What :func:`~elmokit.analysis.polysemy.occurrence_vectors` needs of an embedder, through the batcher's queue
+    (so ``/similar`` shares the process's one inference loop)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.num_layers = state.embedder.num_layers
+        self.output_dim = state.embedder.output_dim
+
+    def embed_sentences(self, sentences, batch_size=None, **options):  # noqa: ARG002 (the batcher's budget rules)
+        spec = self.state.embedder.output_spec(**options)
+        return iter(self.state.batcher.embed_sync(validate_sentences(list(sentences)), spec))
+
+
+def similar_result(state: ServerState, req: SimilarRequest) -> dict:
+    """``/similar``'s answer, as ``elmokit similar --json`` computes it (every layer and the average): the
+    occurrences, per layer the cosine matrix (rounded to 6 decimals as the command prints it) and its summary, and
+    per layer the 2-D projection :func:`~elmokit.analysis.polysemy.plot_scale` draws (unit vectors, one scale).
+
+    Raises:
+        RequestError: 422 when the word occurs in no sentence."""
+    occurrences = find_occurrences(req.sentences, req.word, req.match, req.labels)
+    match = req.match if req.match != "auto" else ("span" if is_cjk(req.word) else "token")
+    if not occurrences:
+        raise RequestError(
+            422,
+            f"the word {req.word!r} occurs in none of the {len(req.sentences)} sentences (matched as "
+            f"{'one whole token' if match == 'token' else 'a run of whole tokens'}; check the spelling, case and "
+            "tokenisation)",
+            "word",
+        )
+    vectors = occurrence_vectors(_QueuedEmbedder(state), req.sentences, occurrences, context=req.context)
+    sims = layer_similarities(vectors)
+    n_layers = state.embedder.num_layers
+    names = layer_names(n_layers)
+    labels = [o.label for o in occurrences] if req.labels is not None else None
+    coords, limit = plot_scale(vectors, list(range(n_layers)) + ["average"])
+    return {
+        "word": req.word,
+        "model": state.model_name,
+        "match": match,
+        "occurrences": [
+            {"id": i, "sentence": o.sentence, "start": o.start, "end": o.end, "label": o.label}
+            for i, o in enumerate(occurrences)
+        ],
+        "layer_names": names,  # the layers' order (a JavaScript object puts "1", "2" before "0 (static)")
+        "layers": {
+            name: {"summary": label_similarity(m, labels), "cosine": np.round(m, 6).tolist()}
+            for name, m in zip(names, sims)
+        },
+        "projection": {"limit": limit, "layers": {name: xy.tolist() for name, xy in zip(names, coords)}},
+    }
+
+
+def _similar_route(state: ServerState):
+    async def similar(request: Request) -> Response:
+        async def handle(body: dict) -> Response:
+            req = parse_similar(body, state.settings)
+            try:
+                return _json(await asyncio.to_thread(similar_result, state, req))
+            except WorkerStopped as exc:
+                raise RequestError(503, str(exc), None, {"Retry-After": "1"}) from None
+
+        return await _answer(state, request, handle)
+
+    return similar
+
+
+def _read_routes(app, state: ServerState) -> None:
+    """The GET routes: /health, /info, /metrics, the page and its examples."""
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.batcher.ready.is_set() and state.batcher.alive:
+            return _json({"status": "ok"})
+        why = "starting" if state.batcher.alive else "the inference worker stopped"
+        return _json({"status": why}, 503, {"Retry-After": "1"})
+
+    @app.get("/info")
+    async def info() -> Response:
+        import elmokit  # lazy: the package's version (elmokit is loaded already)
+
+        embedder = state.embedder
+        return _json(
+            {
+                "model": state.model_name,
+                "model_path": str(state.settings.model),
+                "fingerprint": state.fingerprint,
+                "version": elmokit.__version__,
+                "layers": embedder.num_layers,
+                "dim": embedder.output_dim,
+                "device": str(embedder.device),
+                "precision": embedder.precision,
+                "openai": {
+                    "layers": state.settings.openai_layers,
+                    "pool": state.settings.openai_pool,
+                    "tokenizer": state.settings.tokenizer,
+                    "rule": "each input string is tokenised, embedded, the layers selected, then pooled over its "
+                    "real tokens only (no sentence boundaries)",
+                },
+                "limits": state.settings.limits(),
+                "settings": state.settings.public(),
+            }
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.scrape(state.batcher.queued), media_type=state.metrics.content_type)
+
+    @app.get("/")
+    async def page() -> Response:
+        html = importlib.resources.files("elmokit.serving").joinpath("page/index.html").read_bytes()
+        return Response(html, media_type="text/html; charset=utf-8")
+
+    @app.get("/examples")
+    async def examples() -> Response:
+        from elmokit.recipes.quickstart.en import BANK_SENTENCES  # lazy: only the page's examples need the recipes
+        from elmokit.recipes.quickstart.zh import APPLE_SENTENCES  # lazy: as above
+
+        def pack(rows, word):
+            return {"word": word, "sentences": [t for _, t, _ in rows], "labels": [lab for lab, _, _ in rows]}
+
+        return _json({"bank": pack(BANK_SENTENCES, "bank"), "苹果": pack(APPLE_SENTENCES, "苹果")})
+
+
+def create_app(settings: ServeSettings, embedder: Embedder | None = None):
+    """The ASGI application for ``settings`` (its model loaded now unless ``embedder`` is given); its ``state`` is the
+    :class:`ServerState`. The inference loop starts with the application (its lifespan) and, at shutdown, finishes
+    the work it accepted before it stops. Layers, outside in: CORS (only with ``cors_origins``), the API key and the
+    request metrics, FastAPI's routes.
+
+    Raises the model loaders' errors (naming the model)."""
+    embedder = embedder if embedder is not None else load_embedder(settings)
+    state = ServerState(settings, embedder)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        state.batcher.start()
+        yield
+        await asyncio.to_thread(state.batcher.stop)
+
+    app = fastapi.FastAPI(
+        title="elmokit", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json"
+    )
+    app.add_api_route("/embed", _embed_route(state), methods=["POST"])
+    app.add_api_route("/v1/embeddings", _openai_route(state), methods=["POST"])
+    app.add_api_route("/similar", _similar_route(state), methods=["POST"])
+    _read_routes(app, state)
+
+    async def not_here(request: Request, exc) -> Response:
+        what = "no such route" if exc.status_code == 404 else "not allowed"
+        return _error(RequestError(exc.status_code, f"{request.method} {request.url.path}: {what}; {_ROUTES}"))
+
+    app.add_exception_handler(404, not_here)
+    app.add_exception_handler(405, not_here)
+    outer = _Guard(app, state)
+    if settings.cors_origins:  # outside the key check: preflights pass, and a 401 reaches the page readably
+        cors = import_optional("fastapi.middleware.cors", "serve", "elmokit serve (the HTTP server)")
+        outer = cors.CORSMiddleware(
+            outer,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Accept"],
+        )
+        outer.state = state
+    return outer
+
+
+def app_from_env():
+    """The application for the settings in :data:`~elmokit.serving.settings.SETTINGS_ENV` (each process of
+    ``--workers N`` calls it, loading its own model)."""
+    return create_app(ServeSettings.from_env())

@@ -1,0 +1,238 @@
+"""Request bodies → checked inputs, and arrays → response bodies, for the routes of :mod:`elmokit.serving.app`.
+
+Every check raises :class:`RequestError` with the HTTP status and one line naming the field (and the sentence and
+token index) in the library's wording: the sentence checks are :func:`elmokit.characters.validate_sentences`'s, the
+output options :class:`~elmokit.embedding.pooling.OutputSpec`'s. Unknown fields are refused, never ignored.
+
+Binary output is an ``.npz`` archive (``Accept: application/x-npz``): a response holds one array per sentence, of
+different lengths unless pooled, and ``.npy`` holds a single array; the archive's members ``"0"``, ``"1"``, … are the
+sentences in input order, each ``.npy`` inside (read with ``numpy.load(io.BytesIO(body))``, no pickle).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from elmokit.characters import validate_sentences
+from elmokit.data.tokenizers import TOKENIZERS, word_tokenizer
+from elmokit.embedding.pooling import OutputSpec
+from elmokit.errors import ElmoError
+from elmokit.serving.settings import ServeSettings
+
+__all__ = [
+    "RequestError",
+    "EmbedRequest",
+    "SimilarRequest",
+    "NPZ_TYPE",
+    "parse_json",
+    "parse_embed",
+    "parse_openai",
+    "parse_similar",
+    "npz_bytes",
+    "base64_vector",
+]
+
+NPZ_TYPE = "application/x-npz"
+
+_EMBED_FIELDS = ("sentences", "texts", "tokenizer", "layers", "pool", "keep_sentence_boundaries", "dtype")
+_OPENAI_FIELDS = ("input", "model", "encoding_format", "user", "dimensions")
+_SIMILAR_FIELDS = ("word", "sentences", "texts", "tokenizer", "labels", "match", "context")
+
+
+class RequestError(Exception):
+    """A request the server refuses: ``status`` (401, 413, 422, 429, 503), ``message`` (one line), ``param`` (the
+    field it names, or ``None``) and ``headers`` (e.g. ``Retry-After``)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers or {}
+
+    def body(self) -> dict:
+        """The JSON error body (the OpenAI error shape, which its client reads)."""
+        kind = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable"}
+        return {
+            "error": {
+                "message": self.message,
+                "type": kind.get(self.status, "invalid_request_error"),
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+
+def _invalid(message: str, param: str | None) -> RequestError:
+    return RequestError(422, message, param)
+
+
+def parse_json(body: bytes) -> dict:
+    """The body as a JSON object. Raises :class:`RequestError` 422 naming the position of a syntax error."""
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise _invalid(f"the request body is not valid JSON{where}: {getattr(exc, 'msg', exc)}", None) from None
+    if not isinstance(value, dict):
+        raise _invalid(f"the request body must be a JSON object, got a {type(value).__name__}", None)
+    return value
+
+
+def _check_fields(body: dict, allowed: Sequence[str]) -> None:
+    unknown = [k for k in body if k not in allowed]
+    if unknown:
+        raise _invalid(f"unknown field {unknown[0]!r}: the fields are {', '.join(allowed)}", unknown[0])
+
+
+def _tokenize_texts(texts: object, tokenizer: object, field: str, settings: ServeSettings) -> list[list[str]]:
+    """``texts`` (a list of strings) → token lists with ``tokenizer``. Raises :class:`RequestError` 422."""
+    if tokenizer not in TOKENIZERS:
+        raise _invalid(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}", "tokenizer")
+    if not isinstance(texts, list):
+        raise _invalid(f"{field} must be a list of strings, got a {type(texts).__name__}", field)
+    _check_count(len(texts), field, settings)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise _invalid(f"{field}[{i}] is a {type(text).__name__}; {field} must be a list of strings", field)
+    try:
+        tokenize = word_tokenizer(str(tokenizer))
+    except ElmoError as exc:  # a tokenizer whose library this server lacks
+        raise _invalid(str(exc), "tokenizer") from None
+    return [tokenize(text) for text in texts]
+
+
+def _check_count(n: int, field: str, settings: ServeSettings) -> None:
+    if n > settings.max_client_sentences:
+        raise _invalid(
+            f"{field} holds {n} entries; this server takes at most {settings.max_client_sentences} per request "
+            "(--max-client-sentences): split the request",
+            field,
+        )
+
+
+def _sentences(body: dict, settings: ServeSettings) -> tuple[list[list[str]], str]:
+    """The request's sentences (given, or ``texts`` tokenised) and the field they came from."""
+    if ("sentences" in body) == ("texts" in body):
+        raise _invalid("give exactly one of 'sentences' (token lists) and 'texts' (strings)", "sentences")
+    if "texts" in body:
+        sentences = _tokenize_texts(body["texts"], body.get("tokenizer", settings.tokenizer), "texts", settings)
+        field = "texts"
+    else:
+        if "tokenizer" in body:
+            raise _invalid("'tokenizer' goes with 'texts'; 'sentences' are already token lists", "tokenizer")
+        sentences, field = body["sentences"], "sentences"
+        if isinstance(sentences, list):
+            _check_count(len(sentences), field, settings)
+    try:
+        sentences = validate_sentences(sentences, name=field)
+    except ElmoError as exc:
+        raise _invalid(str(exc), field) from None
+    for i, sentence in enumerate(sentences):
+        if len(sentence) > settings.max_tokens_per_sentence:
+            raise _invalid(
+                f"sentence {i} has {len(sentence)} tokens; this server takes at most "
+                f"{settings.max_tokens_per_sentence} per sentence (--max-tokens-per-sentence)",
+                field,
+            )
+    return [list(s) for s in sentences], field
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    """A checked ``/embed`` (or ``/v1/embeddings``) request: its token lists and output spec."""
+
+    sentences: list[list[str]]
+    spec: OutputSpec
+
+
+def parse_embed(body: dict, settings: ServeSettings, num_layers: int) -> EmbedRequest:
+    """A ``/embed`` body → :class:`EmbedRequest`. Raises :class:`RequestError` 422 naming the field."""
+    _check_fields(body, _EMBED_FIELDS)
+    sentences, _ = _sentences(body, settings)
+    options = {k: body[k] for k in ("layers", "pool", "keep_sentence_boundaries", "dtype") if k in body}
+    try:
+        spec = OutputSpec.make(**options, num_layers=num_layers)
+    except ElmoError as exc:
+        named = [k for k in options if str(exc).startswith(k)]
+        raise _invalid(str(exc), named[0] if named else next(iter(options), None)) from None
+    return EmbedRequest(sentences, spec)
+
+
+def parse_openai(body: dict, settings: ServeSettings, spec: OutputSpec, dim: int) -> tuple[EmbedRequest, str, str]:
+    """A ``/v1/embeddings`` body → (request under ``spec``, model name asked, encoding format). ``input`` is a string
+    or a list of strings, tokenised with the server's tokenizer; ``dimensions``, when given, must be the model's
+    width."""
+    _check_fields(body, _OPENAI_FIELDS)
+    if "input" not in body:
+        raise _invalid("'input' is required: a string or a list of strings", "input")
+    texts = body["input"]
+    texts = [texts] if isinstance(texts, str) else texts
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise _invalid(f"encoding_format must be 'float' or 'base64', got {fmt!r}", "encoding_format")
+    if body.get("dimensions") not in (None, dim):
+        raise _invalid(
+            f"dimensions: this model's vectors have {dim} dimensions, got {body['dimensions']!r}", "dimensions"
+        )
+    sentences = _tokenize_texts(texts, settings.tokenizer, "input", settings)
+    for i, s in enumerate(sentences):
+        if not s:
+            raise _invalid(f"input[{i}] holds no token (an empty or whitespace-only string)", "input")
+        if len(s) > settings.max_tokens_per_sentence:
+            raise _invalid(
+                f"input[{i}] has {len(s)} tokens; this server takes at most {settings.max_tokens_per_sentence} "
+                "(--max-tokens-per-sentence)",
+                "input",
+            )
+    return EmbedRequest(sentences, spec), str(body.get("model", "")), fmt
+
+
+@dataclass(frozen=True)
+class SimilarRequest:
+    """A checked ``/similar`` request (as ``elmokit similar``'s input): word, token lists, labels, match, context."""
+
+    word: str
+    sentences: list[list[str]]
+    labels: list[str] | None
+    match: str
+    context: int | None
+
+
+def parse_similar(body: dict, settings: ServeSettings) -> SimilarRequest:
+    """A ``/similar`` body → :class:`SimilarRequest` (``labels``: one string per sentence, or absent)."""
+    _check_fields(body, _SIMILAR_FIELDS)
+    word = body.get("word")
+    if not isinstance(word, str) or not word or word != word.strip() or len(word.split()) != 1:
+        raise _invalid(f"word must be one word without whitespace, got {word!r}", "word")
+    sentences, _ = _sentences(body, settings)
+    labels = body.get("labels")
+    if labels is not None:
+        if not isinstance(labels, list) or len(labels) != len(sentences):
+            n = len(labels) if isinstance(labels, list) else type(labels).__name__
+            raise _invalid(f"labels must be a list of one string per sentence ({len(sentences)}), got {n}", "labels")
+        for i, label in enumerate(labels):
+            if not isinstance(label, str) or not label.strip():
+                raise _invalid(f"labels[{i}] must be a non-empty string, got {label!r}", "labels")
+    match = body.get("match", "auto")
+    if match not in ("auto", "token", "span"):
+        raise _invalid(f"match must be one of ('auto', 'token', 'span'), got {match!r}", "match")
+    context = body.get("context")
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 0):
+        raise _invalid(f"context must be an int >= 0 or null, got {context!r}", "context")
+    return SimilarRequest(word, sentences, labels, match, context)
+
+
+def npz_bytes(arrays: Sequence[np.ndarray]) -> bytes:
+    """The arrays as an uncompressed ``.npz`` archive, members ``"0"``, ``"1"``, … in order."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **{str(i): a for i, a in enumerate(arrays)})
+    return buffer.getvalue()
+
+
+def base64_vector(vector: np.ndarray) -> str:
+    """A vector as the OpenAI API's ``base64`` encoding: little-endian float32 bytes, base64."""
+    return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode("ascii")

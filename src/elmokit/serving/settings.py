@@ -1,0 +1,110 @@
+"""The server's settings: the model, the batching budget and every limit a request meets (``elmokit serve``'s options).
+
+They travel as JSON in the environment variable :data:`SETTINGS_ENV` to the worker processes of ``--workers N``
+(each loads its own model) and are shown by ``GET /info``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+from elmokit.errors import UsageError
+
+__all__ = ["ServeSettings", "SETTINGS_ENV", "LOOPBACK_HOSTS"]
+
+#: The environment variable that carries the settings (JSON) to the worker processes.
+SETTINGS_ENV = "ELMOKIT_SERVE_SETTINGS"
+
+#: Addresses that only this machine can reach: serving on any other needs ``--api-key`` or ``--insecure-no-auth``.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What ``elmokit serve`` was started with.
+
+    Attributes:
+        model: the model folder, original-format folder or released name (loaded once at start-up).
+        host / port: where to listen (default loopback, 8080).
+        max_batch_tokens: padded token positions per forward pass (B × longest sentence).
+        max_batch_sentences: sentences per forward pass.
+        max_wait_ms: how long the oldest queued sentence waits for others to join its batch (ms).
+        max_concurrent_requests: embedding requests (``/embed``, ``/v1/embeddings``, ``/similar``) in flight at once;
+            one more is answered 429 with ``Retry-After``.
+        max_client_sentences: sentences (or texts) in one request; more is answered 422.
+        max_tokens_per_sentence: tokens in one sentence; more is answered 422.
+        payload_limit: request body bytes; more is answered 413.
+        api_key: the Bearer token every route but ``/``, ``/examples`` and ``/health`` requires (``None``: none).
+        cors_origins: origins allowed by CORS (empty: no CORS headers).
+        device / precision: where and how the model runs (:class:`~elmokit.Embedder`'s options).
+        workers: processes, each with its own model and inference loop, sharing the port.
+        tokenizer: how ``texts`` and the OpenAI route's strings become tokens when a request does not say.
+        openai_layers / openai_pool: the layer rule and pooling of ``/v1/embeddings`` sentence vectors.
+        threads: torch threads per process.
+    """
+
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_batch_tokens: int = 8192
+    max_batch_sentences: int = 64
+    max_wait_ms: float = 2.0
+    max_concurrent_requests: int = 512
+    max_client_sentences: int = 256
+    max_tokens_per_sentence: int = 512
+    payload_limit: int = 2_000_000
+    api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    device: str | None = None
+    precision: str = "fp32"
+    workers: int = 1
+    tokenizer: str = "whitespace"
+    openai_layers: str = "average"
+    openai_pool: str = "mean"
+    threads: int | None = None
+
+    def check_bind(self, insecure_no_auth: bool) -> None:
+        """Raise :class:`UsageError` when the server would listen beyond this machine without an API key (unless
+        ``insecure_no_auth``)."""
+        if self.host not in LOOPBACK_HOSTS and self.api_key is None and not insecure_no_auth:
+            raise UsageError(
+                f"--host {self.host} can be reached from other machines: give --api-key KEY (clients send "
+                "'Authorization: Bearer KEY'), or --insecure-no-auth to serve without one"
+            )
+
+    def limits(self) -> dict:
+        """The limits a client meets (``/info``)."""
+        names = (
+            "max_batch_tokens",
+            "max_batch_sentences",
+            "max_wait_ms",
+            "max_concurrent_requests",
+            "max_client_sentences",
+            "max_tokens_per_sentence",
+            "payload_limit",
+        )
+        return {name: getattr(self, name) for name in names}
+
+    def public(self) -> dict:
+        """The settings without the API key (``/info``): whether one is required instead."""
+        out = dataclasses.asdict(self)
+        out["api_key"] = "required" if self.api_key else None
+        out["cors_origins"] = list(self.cors_origins)
+        return out
+
+    def to_env(self) -> None:
+        """Put these settings into :data:`SETTINGS_ENV` (for the worker processes)."""
+        os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_env(cls) -> ServeSettings:
+        """The settings :meth:`to_env` stored. Raises :class:`UsageError` when there are none."""
+        text = os.environ.get(SETTINGS_ENV)
+        if not text:
+            raise UsageError(f"{SETTINGS_ENV} is not set: start the server with `elmokit serve MODEL`")
+        data = json.loads(text)
+        data["cors_origins"] = tuple(data.get("cors_origins") or ())
+        return cls(**data)
