@@ -24,6 +24,7 @@ from elmokit.pretraining.hooks import TrainHooks
 from elmokit.pretraining.trainer import Trainer
 from elmokit.vocabulary import Vocabulary
 from run_hooks import TestHooks
+from zoo_staged import write_zh_staged
 
 pytest.importorskip("jieba")
 pytest.importorskip("gensim")
@@ -119,6 +120,7 @@ def _make_zh_data(root):
         _write(root / "zh-resume-ner" / name, "吴 B-NAME\n重 E-NAME\n\n")
     for name in ("zh-ud-dev.conllu", "zh-ud-test.conllu"):
         _write(root / "ud-chinese-gsd" / name, "# text = 同樣\n1\t同樣\t_\tADV\tRB\t_\t0\troot\t_\t_\n\n")
+    write_zh_staged(root, ["".join(sent(6)) + "。" for _ in range(16)])
     # a WikiText-style test file (the en recipe scores WikiText-2 test; here its path is overridden)
     _write(root / "wikitext.txt", " \n = 标题 = \n \n 今天 天气 很 好 . 他 喜欢 <unk> 读书 ! 明天 3 @.@ 5 下雨 \n")
     return root
