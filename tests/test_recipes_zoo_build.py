@@ -39,6 +39,7 @@ from elmokit.recipes.zoo.build import (  # noqa: E402
     read_card,
     wikitext_sentences,
 )
+from elmokit.recipes.zoo.sources import RECIPES  # noqa: E402
 
 WORDS = "今天 天气 很 好 我们 去 公园 散步 明天 可能 下雨 他 喜欢 读书 学习 中文 老师 学生 城市 发展".split()
 
@@ -158,6 +159,21 @@ def built(zh_data, tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------------------------------- the build
+def test_card_lists_every_source_with_its_licence(built):
+    """The card names each training source's licence (several are research-only) and the n-gram filter's sets."""
+    _, folder, card = built
+    readme = (folder / "README.md").read_text(encoding="utf-8")
+    sources = {s["name"]: s for s in card["data"]["sources"]}
+    assert list(sources) == [s.name for s in RECIPES["zh"].sources]
+    for src in RECIPES["zh"].sources:
+        assert src.licence and sources[src.name]["licence"] == src.licence
+        assert f"- {src.name} (`{src.folder}`): {src.licence}" in readme
+    assert "RESEARCH / LEARNING USE ONLY: (c) CCTV" in readme
+    assert "Wikipedia text: CC BY-SA 3.0" in readme and "public domain works" in readme
+    assert card["data"]["ngram_filter"]["n"] == 13 and "zh-msra-ner-unsplit (1 sentences)" in readme
+    assert sources["zh-news-cctv"]["dropped_ngram_overlap"] == 1  # zoo_staged.PLANTED_NEWS quotes the MSRA sentence
+
+
 def test_card_records_the_files_with_matching_sha256(built):
     cache, folder, card = built
     assert folder == cache / "zoo" / "elmokit-zh"

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from conftest import shared_path
-from zoo_staged import MSRA_SENTENCE, PLANTED_NEWS, write_zh_staged
 from elmokit.errors import DataError, MissingFileError, UsageError
 from elmokit.recipes.zoo import (
     RECIPES,
@@ -23,6 +22,7 @@ from elmokit.recipes.zoo import (
     sentence_key,
 )
 from elmokit.recipes.zoo.corpora import Recipe, _KeptOutIndex, split_chinese, split_english
+from zoo_staged import MSRA_SENTENCE, PLANTED_NEWS, write_zh_staged
 
 pytest.importorskip("jieba")
 pytest.importorskip("sacremoses")

@@ -266,8 +266,12 @@ def _data(card: dict) -> list[str]:
             f"{s.get('dropped_ngram_overlap', 0)} / {s['dropped_duplicate']} | {s['train_sentences']:,} | "
             f"{s['train_tokens']:,} | {s['heldout_sentences']:,} | {s['heldout_tokens']:,} |"
         )
-    lines += ["", "Licences of the training text (from each data folder's SOURCE.md; check them before you "]
-    lines[-1] += "redistribute the model or use it commercially):", ""
+    lines += [
+        "",
+        "Licences of the training text (from each data folder's SOURCE.md; check them before you redistribute the "
+        "model or use it commercially):",
+        "",
+    ]
     lines += [f"- {s['name']} (`{s['folder']}`): {s.get('licence') or 'not recorded'}" for s in d["sources"]]
     lines += ["", "Kept out: " + "; ".join(d["kept_out"]) + "."]
     ngram = d.get("ngram_filter")

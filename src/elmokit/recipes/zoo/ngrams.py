@@ -126,8 +126,13 @@ class NgramIndex:
             added = mine[~_member(mine, seen)]
             seen = _sorted_unique(np.concatenate([seen, added]))
             self.info.append(
-                {"name": ko.name, "folder": ko.folder, "files": list(ko.files), "sentences": count,
-                 "ngrams_added": int(added.size)}  # fmt: skip
+                {
+                    "name": ko.name,
+                    "folder": ko.folder,
+                    "files": list(ko.files),
+                    "sentences": count,
+                    "ngrams_added": int(added.size),
+                }
             )
         self.hashes = seen  # sorted, unique
         self.size = int(seen.size)
