@@ -15,7 +15,7 @@ from conftest import shared_path
 from elmokit.errors import DataError
 from elmokit.recipes.zoo.ngrams import NgramIndex, chinese_view, english_views
 from elmokit.recipes.zoo.pretext import staged_text_reader, text_cache_path
-from elmokit.recipes.zoo.sources import RECIPES
+from elmokit.recipes.zoo.sources import RECIPES, resolve_data_dir
 from zoo_staged import write_xz_documents
 
 pytest.importorskip("sacremoses")
@@ -152,3 +152,8 @@ def test_real_coarsewsd_sentence_planted_in_real_wikipedia_is_dropped(tmp_path):
     planted = ["Critics", "wrote", "that", *words[2:12], "."]
     assert index.hits([*doc[:3], planted, *doc[3:]]) == {3}
     assert np.all(np.diff(index.hashes.astype(np.float64)) >= 0)  # sorted, as the lookup needs
+
+
+def test_default_data_folder_is_the_shared_folder_beside_the_repository(monkeypatch):
+    monkeypatch.delenv("ELMOKIT_DATA", raising=False)
+    assert resolve_data_dir() == shared_path("data")

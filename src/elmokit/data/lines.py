@@ -55,8 +55,8 @@ def open_binary(path: str | os.PathLike):
     Why stream rather than decompress once into a cache: a training run reads its shards once an epoch, positions are
     counted in sentences (not bytes, see :class:`elmokit.data.shards.CorpusCursor`), so an exact resume re-reads
     one shard up to its saved sentence count whatever the encoding, and a second copy of a user's corpus on disk (a
-    compressed corpus is typically 3-4 times smaller) is not made behind their back. The cost is the decompression
-    time (xz about 50-100 MB/s of text per core; gzip several times faster).
+    compressed corpus is several times smaller) is not made behind their back. The cost is the decompression time
+    on every read, which ``bench/corpus_prepare.py`` measures per format against plain text.
 
     Raises:
         OSError: the file cannot be opened (as :func:`open`). A corrupt compressed stream raises while it is read

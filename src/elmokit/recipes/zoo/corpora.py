@@ -329,6 +329,19 @@ def _ngram_index(r: Recipe, data: Path) -> NgramIndex | None:
     return ngram
 
 
+def _ngram_manifest(r: Recipe, ngram: NgramIndex | None) -> dict | None:
+    """The manifest's ``ngram_filter``: n, unit, the filtered sources, per set its sentences and n-grams added."""
+    if ngram is None:
+        return None
+    return {
+        "n": ngram.n,
+        "unit": "tokens (normalisations A and B)" if ngram.language == "en" else "characters (NFKC, no spaces)",
+        "sources": [s.name for s in r.sources if s.ngram_filter],
+        "sets": ngram.info,
+        "ngrams": ngram.size,
+    }
+
+
 def build_corpus(
     name: str,
     data_dir: str | os.PathLike | None = None,
@@ -395,15 +408,7 @@ def build_corpus(
         "split": _SPLIT,
         "sources": sources,
         "kept_out": index.info,
-        "ngram_filter": None
-        if ngram is None
-        else {
-            "n": ngram.n,
-            "unit": "tokens (normalisations A and B)" if ngram.language == "en" else "characters (NFKC, no spaces)",
-            "sources": [s.name for s in r.sources if s.ngram_filter],
-            "sets": ngram.info,
-            "ngrams": ngram.size,
-        },
+        "ngram_filter": _ngram_manifest(r, ngram),
         "exclusions": list(r.exclusions),
         "segmenters": {k: v for k, v in versions.items() if any(s.tokenisation == k for s in r.sources)},
         "files": files,

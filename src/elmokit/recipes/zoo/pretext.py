@@ -16,9 +16,9 @@ folder's name, each file's name and sha256, and the tokeniser's name and version
 read to its end (a build with ``limit`` or an interrupted one leaves no partial file), so preparation resumes at
 source granularity: an interrupted ``elmokit zoo build`` tokenises again only the sources it had not finished, and a
 rerun with the same files and tokenisers reads every source from the cache (decompression and ``str.split`` only).
-Measured on a 1 MB sample (one core, OMP threads 1, a shared machine: indicative only): about 190k English words/s
-(sacremoses with the sentence splitter) and 360k Chinese characters/s (jieba), i.e. about 3 minutes for the 31.4M
-English words and 1 minute for the 22.9M Chinese characters on one core.
+On a 1 MB sample (one thread, on a machine shared with other jobs: indicative only) the tokenisers ran at about
+190k English words and 360k Chinese characters per CPU second, i.e. a few minutes of one core for the 31.4M English
+words and the 22.9M Chinese characters; ``bench/corpus_prepare.py`` measures it per source on a quiet machine.
 
 Documents with no sentence left after tokenisation are skipped (the same way from the files and from the cache, so
 document numbers, which seed the held-out split, do not depend on the cache).

@@ -479,7 +479,8 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     elif os.environ.get("ELMOKIT_DATA"):
         path, how = Path(os.environ["ELMOKIT_DATA"]), "$ELMOKIT_DATA"
     else:
-        path, how = Path(__file__).resolve().parents[3].parent / "shared" / "data", "the default ../shared/data"
+        # src/elmokit/recipes/zoo/sources.py: parents[4] is the repository root
+        path, how = Path(__file__).resolve().parents[4].parent / "shared" / "data", "the default ../shared/data"
     if not path.is_dir():
         raise MissingFileError(
             f"data folder not found: {path} (from {how}; give data_dir / --data-dir or set "
