@@ -132,7 +132,8 @@ def read_lines(path: str | os.PathLike, errors: str = "strict") -> list[tuple[in
 
     For commands whose output must line up with their input lines (``embed``, ``score``); training reads
     :class:`TextCorpus` instead (streamed, shuffled, blank lines dropped). Lines are decoded by :func:`decode_line`
-    (invalid UTF-8 and NUL bytes are bad lines).
+    (invalid UTF-8 and NUL bytes are bad lines). A ``.xz`` / ``.gz`` / ``.bz2`` file is decompressed
+    (:func:`open_binary`).
 
     Raises:
         UsageError: an unknown ``errors`` mode.

