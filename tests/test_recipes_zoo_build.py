@@ -24,6 +24,7 @@ from elmokit.pretraining.hooks import TrainHooks
 from elmokit.pretraining.trainer import Trainer
 from elmokit.vocabulary import Vocabulary
 from run_hooks import TestHooks
+from zoo_staged import write_zh_staged
 
 pytest.importorskip("jieba")
 pytest.importorskip("gensim")
@@ -38,6 +39,7 @@ from elmokit.recipes.zoo.build import (  # noqa: E402
     read_card,
     wikitext_sentences,
 )
+from elmokit.recipes.zoo.sources import RECIPES  # noqa: E402
 
 WORDS = "今天 天气 很 好 我们 去 公园 散步 明天 可能 下雨 他 喜欢 读书 学习 中文 老师 学生 城市 发展".split()
 
@@ -119,6 +121,7 @@ def _make_zh_data(root):
         _write(root / "zh-resume-ner" / name, "吴 B-NAME\n重 E-NAME\n\n")
     for name in ("zh-ud-dev.conllu", "zh-ud-test.conllu"):
         _write(root / "ud-chinese-gsd" / name, "# text = 同樣\n1\t同樣\t_\tADV\tRB\t_\t0\troot\t_\t_\n\n")
+    write_zh_staged(root, ["".join(sent(6)) + "。" for _ in range(16)])
     # a WikiText-style test file (the en recipe scores WikiText-2 test; here its path is overridden)
     _write(root / "wikitext.txt", " \n = 标题 = \n \n 今天 天气 很 好 . 他 喜欢 <unk> 读书 ! 明天 3 @.@ 5 下雨 \n")
     return root
@@ -156,6 +159,21 @@ def built(zh_data, tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------------------------------- the build
+def test_card_lists_every_source_with_its_licence(built):
+    """The card names each training source's licence (several are research-only) and the n-gram filter's sets."""
+    _, folder, card = built
+    readme = (folder / "README.md").read_text(encoding="utf-8")
+    sources = {s["name"]: s for s in card["data"]["sources"]}
+    assert list(sources) == [s.name for s in RECIPES["zh"].sources]
+    for src in RECIPES["zh"].sources:
+        assert src.licence and sources[src.name]["licence"] == src.licence
+        assert f"- {src.name} (`{src.folder}`): {src.licence}" in readme
+    assert "RESEARCH / LEARNING USE ONLY: (c) CCTV" in readme
+    assert "Wikipedia text: CC BY-SA 3.0" in readme and "public domain works" in readme
+    assert card["data"]["ngram_filter"]["n"] == 13 and "zh-msra-ner-unsplit (1 sentences)" in readme
+    assert sources["zh-news-cctv"]["dropped_ngram_overlap"] == 1  # zoo_staged.PLANTED_NEWS quotes the MSRA sentence
+
+
 def test_card_records_the_files_with_matching_sha256(built):
     cache, folder, card = built
     assert folder == cache / "zoo" / "elmokit-zh"

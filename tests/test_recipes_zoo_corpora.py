@@ -22,6 +22,7 @@ from elmokit.recipes.zoo import (
     sentence_key,
 )
 from elmokit.recipes.zoo.corpora import Recipe, _KeptOutIndex, split_chinese, split_english
+from zoo_staged import MSRA_SENTENCE, PLANTED_NEWS, write_zh_staged
 
 pytest.importorskip("jieba")
 pytest.importorskip("sacremoses")
@@ -130,13 +131,14 @@ def zh_data(tmp_path_factory):
         _write(root / "zh-resume-ner" / name, "吴 B-NAME\n重 M-NAME\n阳 E-NAME\n\n")
     for name in ("zh-ud-dev.conllu", "zh-ud-test.conllu"):
         _write(root / "ud-chinese-gsd" / name, "# text = 同樣\n1\t同樣\t_\tADV\tRB\t_\t0\troot\t_\t_\n\n")
+    write_zh_staged(root, ["".join(_rng_sentence(rng, 6)) + "。" for _ in range(16)])
     return root
 
 
 @pytest.fixture(scope="module")
 def zh_built(zh_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("zh")
-    manifest = build_corpus("zh", data_dir=zh_data, out_dir=out, heldout_fraction=0.3)
+    manifest = build_corpus("zh", data_dir=zh_data, out_dir=out, heldout_fraction=0.3, text_cache=out.parent / "tc")
     return out, manifest
 
 
@@ -191,11 +193,44 @@ def test_written_files_and_manifest(zh_built):
     )
 
 
+def test_planted_ngram_quote_is_dropped_and_the_rest_kept(zh_built):
+    """A news paragraph quoting 15 characters of an MSRA sentence (an evaluation file no other rule reads) is
+    dropped by the n-gram filter; the other paragraph of its document and the other staged text are kept."""
+    out, manifest = zh_built
+    rows = {s["name"]: s for s in manifest["sources"]}
+    assert rows["zh-news-cctv"]["dropped_ngram_overlap"] == 1
+    assert all(r["dropped_ngram_overlap"] == 0 for name, r in rows.items() if name != "zh-news-cctv")
+    written = set(_keys(out / "train.txt")) | set(_keys(out / "heldout.txt"))
+    assert sentence_key(PLANTED_NEWS) not in written
+    cctv = rows["zh-news-cctv"]
+    assert cctv["sentences_read"] == 8 and cctv["documents"] == 4 and cctv["lines_read"] == 8 + 4  # + blank lines
+    assert cctv["train_sentences"] + cctv["heldout_sentences"] == 7
+    assert rows["zh-wikipedia"]["train_sentences"] + rows["zh-wikipedia"]["heldout_sentences"] == 4
+    ngram = manifest["ngram_filter"]
+    assert ngram["n"] == 13 and ngram["sources"] == ["zh-news-cctv", "zh-wikipedia", "zh-classical-novels"]
+    sets = {x["name"]: x for x in ngram["sets"]}
+    assert sets["zh-msra-ner-unsplit"]["sentences"] == 1
+    assert sets["zh-msra-ner-unsplit"]["ngrams_added"] == len(MSRA_SENTENCE) - 13 + 1
+    assert rows["zh-news-cctv"]["licence"].startswith("RESEARCH / LEARNING USE ONLY")
+    assert rows["zh-news-cctv"]["tokenised_cache"]["how"] == "written"
+
+
 def test_split_is_deterministic_and_seeded(zh_data, zh_built, tmp_path):
     out, manifest = zh_built
-    again = build_corpus("zh", data_dir=zh_data, out_dir=tmp_path / "again", heldout_fraction=0.3)
+    again = build_corpus(
+        "zh", data_dir=zh_data, out_dir=tmp_path / "again", heldout_fraction=0.3, text_cache=out.parent / "tc"
+    )
     assert again["files"] == manifest["files"]
-    other = build_corpus("zh", data_dir=zh_data, out_dir=tmp_path / "other", heldout_fraction=0.3, seed=1)
+    # the staged text came from the tokenised cache this time, with the same counts
+    for a, b in zip(again["sources"], manifest["sources"]):
+        if b.get("tokenised_cache"):
+            assert a["tokenised_cache"] == {**b["tokenised_cache"], "how": "read"}
+        assert {k: v for k, v in a.items() if k != "tokenised_cache"} == {
+            k: v for k, v in b.items() if k != "tokenised_cache"
+        }
+    other = build_corpus(
+        "zh", data_dir=zh_data, out_dir=tmp_path / "other", heldout_fraction=0.3, seed=1, text_cache=tmp_path / "tc"
+    )
     assert other["files"]["heldout.txt"]["sha256"] != manifest["files"]["heldout.txt"]["sha256"]
 
 
@@ -266,6 +301,16 @@ FIRST_SENTENCES = {
     ("en", "enwiki-extract"): "Anarchism is a political philosophy that advocates self-governed societies",
     ("zh", "peoples-daily-199801"): "迈向 充满 希望 的 新 世纪 —— 一九九八年 新年 讲话 （ 附 图片 １ 张 ）",
     ("zh", "waimai-10k"): "很快 ， 好吃 ， 味道 足 ， 量 大",
+    # the staged pretraining text: PTB-style sacremoses tokens, jieba words
+    ("en", "en-wikipedia-2014"): "Anarchism is a political philosophy that advocates stateless societies",
+    ("en", "en-wikipedia-2021"): "Jarred Shaw ( born September 28 , 1990 ) is an American professional basketball",
+    ("en", "en-gutenberg"): "Most of the simple verses which compose this volume were written for a very dear child ,",
+    ("en", "en-imdb-unsup"): "I admit , the great majority of films released before say 1933 are just not for me .",
+    ("en", "en-news-reuters21578"): "Showers continued throughout the week in the Bahia cocoa zone , alleviating",
+    ("en", "en-news-bbc"): "Quarterly profits at US media giant TimeWarner jumped 76 % to $ 1.13bn ( £ 600m )",
+    ("zh", "zh-news-cctv"): "( 视频 编辑 ： 张贝龙 文字编辑 ： 温凤浩 )",
+    ("zh", "zh-wikipedia"): "数学 是 利用 符号语言 研究 数量 、 结构 、 变化 以及 空间 等 概念 的 一门 学科 ，",
+    ("zh", "zh-classical-novels"): "滚滚 长江 东 逝水 ， 浪花 淘尽 英雄 。",
 }
 
 
@@ -300,7 +345,7 @@ def test_kept_out_sets_have_their_documented_sizes(data_dir, en_kept):
 @pytest.fixture(scope="module")
 def en_small(data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("en")
-    return out, build_corpus("en", data_dir=data_dir, out_dir=out, limit=200)
+    return out, build_corpus("en", data_dir=data_dir, out_dir=out, limit=200, text_cache=out.parent / "tc")
 
 
 def test_real_english_build_is_leak_free(data_dir, en_small, en_kept):
@@ -315,11 +360,21 @@ def test_real_english_build_is_leak_free(data_dir, en_small, en_kept):
     assert not coarse & set(_keys(out / "train.txt"))
     # Brown holds sentences of CoarseWSD-20's out-of-domain set: they were found and dropped
     assert any(s["dropped_kept_out"] for s in manifest["sources"])
+    # the n-gram filter read every English evaluation file: counts as in PRETRAINING-TEXT-FILTER.md
+    sets = {x["name"]: x["sentences"] for x in manifest["ngram_filter"]["sets"]}
+    assert sets["coarsewsd-20 (all)"] == 33_905 and sets["ptb valid+test"] == 3_370 + 3_761
+    assert sets["conll2003 train"] == 14_041 and sets["conll2003 testa+testb"] == 3_250 + 3_453
+    assert sets["sentence-classification train and cross-validated sets"] == (
+        5_452 + 6_920 + 8_544 + 10_662 + 10_000 + 3_771 + 10_603
+    )
+    rows = {s["name"]: s for s in manifest["sources"]}
+    assert rows["en-gutenberg"]["licence"].startswith("public domain") and rows["en-gutenberg"]["sentences_read"] == 200
+    assert all(rows[n]["licence"].startswith("RESEARCH USE ONLY") for n in ("en-imdb-unsup", "en-news-bbc"))
 
 
 def test_real_chinese_reviews_that_are_online_shopping_reviews_are_dropped(data_dir, tmp_path):
     """ChnSentiCorp_htl's hotel reviews reappear in zh-online-shopping-10cats (category 酒店): kept out."""
-    manifest = build_corpus("zh", data_dir=data_dir, out_dir=tmp_path, limit=300)
+    manifest = build_corpus("zh", data_dir=data_dir, out_dir=tmp_path, limit=300, text_cache=tmp_path / "tc")
     htl = next(s for s in manifest["sources"] if s["name"] == "chnsenticorp-htl")
     assert htl["sentences_read"] == 300 and htl["dropped_kept_out"] > 100
     shopping = {sentence_key(s) for s in read_kept_out("zh", data_dir=data_dir)["zh-online-shopping-10cats (all)"]}

@@ -4,11 +4,15 @@ Every command that reads text (``embed``, ``score``, ``perplexity``, ``train``, 
 :func:`decode_line`: a line must be valid UTF-8 and hold no NUL byte (:func:`line_problem` says why one is not);
 ``errors`` says what a bad line gets (raise, replace, ignore its bad bytes, or skip it). :func:`read_lines` reads a
 whole file this way, keeping line numbers (for outputs that line up with their input); training streams its shards
-with :class:`elmokit.data.shards.TextCorpus` instead.
+with :class:`elmokit.data.shards.TextCorpus` instead. :func:`open_binary` opens a text file for both, decompressing
+``.xz``, ``.gz`` and ``.bz2`` files (by extension) as a stream.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -16,12 +20,53 @@ from typing import Literal
 
 from elmokit.errors import CorpusDecodeError, MissingFileError, UsageError
 
-__all__ = ["DECODE_ERRORS", "DecodeErrors", "check_decode_errors", "decode_line", "line_problem", "read_lines"]
+__all__ = [
+    "COMPRESSED_SUFFIXES",
+    "DECODE_ERRORS",
+    "DecodeErrors",
+    "check_decode_errors",
+    "decode_line",
+    "is_compressed",
+    "line_problem",
+    "open_binary",
+    "read_lines",
+]
 
 DecodeErrors = Literal["strict", "replace", "ignore", "skip"]
 
 #: the ``errors`` modes of :func:`decode_line` (``--decode-errors`` on the command line)
 DECODE_ERRORS = ("strict", "replace", "ignore", "skip")
+
+
+#: file name endings read through a decompressor (:func:`open_binary`), and the module that reads each
+COMPRESSED_SUFFIXES = {".xz": lzma, ".gz": gzip, ".bz2": bz2}
+
+
+def is_compressed(path: str | os.PathLike) -> bool:
+    """Whether :func:`open_binary` decompresses ``path`` (its name ends in ``.xz``, ``.gz`` or ``.bz2``, any case)."""
+    return Path(path).suffix.lower() in COMPRESSED_SUFFIXES
+
+
+def open_binary(path: str | os.PathLike):
+    """Open a text file for reading its raw bytes line by line: ``.xz`` / ``.gz`` / ``.bz2`` files (by their
+    extension, any case) through Python's :mod:`lzma` / :mod:`gzip` / :mod:`bz2`, streamed (constant memory,
+    nothing written to disk), every other file as is (``open(path, "rb")``). The caller closes it (a context manager).
+
+    Why stream rather than decompress once into a cache: a training run reads its shards once an epoch, positions are
+    counted in sentences (not bytes, see :class:`elmokit.data.shards.CorpusCursor`), so an exact resume re-reads
+    one shard up to its saved sentence count whatever the encoding, and a second copy of a user's corpus on disk (a
+    compressed corpus is several times smaller) is not made behind their back. The cost is the decompression time
+    on every read, which ``bench/corpus_prepare.py`` measures per format against plain text.
+
+    Raises:
+        OSError: the file cannot be opened (as :func:`open`). A corrupt compressed stream raises while it is read
+            (``lzma.LZMAError``, ``gzip.BadGzipFile``, ``OSError``; :class:`elmokit.data.shards.TextCorpus` turns
+            them into :class:`~elmokit.errors.DataError` naming the file).
+    """
+    module = COMPRESSED_SUFFIXES.get(Path(path).suffix.lower())
+    if module is None:
+        return open(path, "rb")
+    return module.open(path, "rb")
 
 
 def check_decode_errors(errors: object) -> None:
@@ -87,7 +132,8 @@ def read_lines(path: str | os.PathLike, errors: str = "strict") -> list[tuple[in
 
     For commands whose output must line up with their input lines (``embed``, ``score``); training reads
     :class:`TextCorpus` instead (streamed, shuffled, blank lines dropped). Lines are decoded by :func:`decode_line`
-    (invalid UTF-8 and NUL bytes are bad lines).
+    (invalid UTF-8 and NUL bytes are bad lines). A ``.xz`` / ``.gz`` / ``.bz2`` file is decompressed
+    (:func:`open_binary`).
 
     Raises:
         UsageError: an unknown ``errors`` mode.
@@ -100,7 +146,7 @@ def read_lines(path: str | os.PathLike, errors: str = "strict") -> list[tuple[in
     if not path.is_file():
         raise MissingFileError(f"{path}: " + ("is a folder, not a text file" if path.is_dir() else "no such file"))
     out: list[tuple[int, str]] = []
-    with open(path, "rb") as fh:
+    with open_binary(path) as fh:
         for number, raw in enumerate(fh, 1):
             text, _ = decode_line(raw, errors, path, number)
             if text is None:

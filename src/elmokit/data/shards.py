@@ -2,13 +2,18 @@
 
 Input format (bilm-tf's): UTF-8 text files ("shards"), one pre-tokenised sentence per line, tokens separated by
 whitespace (``str.split()``; lines end at ``\\n``), decoded by :func:`elmokit.data.lines.decode_line`. Blank lines are
-skipped (bilm-tf would turn them into an empty ``<S> </S>`` sentence).
+skipped (bilm-tf would turn them into an empty ``<S> </S>`` sentence). A shard whose name ends in ``.xz``, ``.gz`` or
+``.bz2`` is decompressed as it is read (:func:`elmokit.data.lines.open_binary`: streamed, nothing written to disk).
 
 * :class:`TextCorpus` — the files matching a glob pattern (sorted), read one shard at a time (constant memory in the
   number of shards; one shard is held in memory only when shuffling, as bilm-tf does), optionally shuffled per epoch
   (shard order and sentence order within a shard) from a seed; optionally only part ``k`` of ``n`` of it (each file's
   ``k``-th line-aligned byte range: what one of ``n`` training processes reads, without reading the rest).
 * :class:`CorpusCursor` — an explicit, resumable position (epoch, shard, offset) in the multi-epoch sentence stream.
+  The offset counts sentences, not bytes, so a resume is exact for compressed shards too: it re-reads (decompresses)
+  the shard from its start and skips that many sentences — the same sentences an uninterrupted run took, in the same
+  order. A compressed shard cannot be cut into byte ranges; read by ``n`` parts, part ``k`` takes its lines
+  ``k, k + n, k + 2n, …`` (each part decompresses the whole file; each line is still in exactly one part).
 
 Shuffling uses no hidden RNG state: each permutation comes from :func:`seeded_rng` seeded with a string built from
 ``(seed, epoch[, shard])``, so the position fully determines the RNG state. The batchers that cut this stream into
@@ -20,6 +25,7 @@ from __future__ import annotations
 import glob
 import itertools
 import logging
+import lzma
 import os
 import random
 from collections.abc import Iterator, Sequence
@@ -27,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from elmokit.checks import check_int, positive_int
-from elmokit.data.lines import DecodeErrors, check_decode_errors, decode_line
+from elmokit.data.lines import DecodeErrors, check_decode_errors, decode_line, is_compressed, open_binary
 from elmokit.errors import DataError, MissingFileError, UsageError, UsageTypeError
 
 __all__ = [
@@ -109,7 +115,14 @@ class TextCorpus:
         part / parts: read only part ``part`` (0-based) of ``parts``: of every file, the lines that start in its
             ``part``-th byte range (the file's size cut into ``parts`` equal ranges, each moved forward to the next
             line start), so each line is in exactly one part and a part reads only its own bytes. The parts of one
-            corpus together are the whole corpus; their shuffles are seeded apart. Default: the whole corpus.
+            corpus together are the whole corpus; their shuffles are seeded apart. Default: the whole corpus. A
+            compressed file (``.xz``, ``.gz``, ``.bz2``) has no byte ranges: part ``k`` takes its lines ``k, k + n,
+            …`` (1-based line numbers ``≡ k + 1 (mod n)``), blank lines included in the count.
+
+    Compressed files (names ending in ``.xz``, ``.gz``, ``.bz2``, any case) are decompressed while they are read
+    (:func:`elmokit.data.lines.open_binary`); everything else (decoding, shuffling, positions, resume) is as for plain
+    files, since positions count sentences. A corrupt or truncated compressed file raises
+    :class:`~elmokit.errors.DataError` naming it when it is read.
 
     Raises:
         MissingFileError: a pattern matches no file (the message names the pattern).
@@ -160,9 +173,11 @@ class TextCorpus:
         self._part_key: tuple[str, ...] = () if parts == 1 else (f"part{part}/{parts}",)
         # (start, end) byte range of each file read by this part; None = the whole file
         self._ranges: list[tuple[int, int] | None] = [None] * len(self.files)
+        #: files read through a decompressor (split into parts by line number, not by bytes)
+        self._compressed = [is_compressed(p) for p in self.files]
         if parts > 1:
-            self._ranges = [_part_range(p, part, parts) for p in self.files]
-            if all(end <= start for start, end in self._ranges):
+            self._ranges = [None if z else _part_range(p, part, parts) for p, z in zip(self.files, self._compressed)]
+            if not any(self._compressed) and all(end <= start for start, end in self._ranges):
                 raise DataError(
                     f"part {part + 1} of {parts} of the corpus {_describe(pattern)!r} holds no line: the "
                     f"{len(self.files)} file(s) have fewer lines than the {parts} data parts (one per process unless "
@@ -213,25 +228,49 @@ class TextCorpus:
     def _lines(self, index: int) -> Iterator[tuple[int, list[str]]]:
         """(line number within this part's range of the shard, tokens) of the non-blank lines of one shard, streamed."""
         path = self.files[index]
+        if self._compressed[index]:
+            yield from self._compressed_lines(index)
+            return
         start, end = self._ranges[index] or (0, None)
-        n_bad = 0
         with open(path, "rb") as f:
             if start:
                 f.seek(start)
-            pos = start
-            for lineno, raw in enumerate(f, start=1):
-                if end is not None and pos >= end:
-                    break
-                pos += len(raw)
-                text, bad = decode_line(raw, self.errors, path, lambda: self._line_number(index, lineno))  # noqa: B023
-                n_bad += bad
-                if text is None:
-                    continue
-                if lineno == 1 and start == 0 and text.startswith("\ufeff"):
-                    text = text[1:]
-                tokens = text.split()
-                if tokens:
-                    yield lineno, tokens
+            yield from self._decoded(index, f, start, end, 1)
+
+    def _compressed_lines(self, index: int) -> Iterator[tuple[int, list[str]]]:
+        """:meth:`_lines` of a compressed shard: decompressed as read; this part's lines by line number (see the
+        class). A corrupt or truncated stream raises :class:`DataError` naming the file."""
+        path = self.files[index]
+        try:
+            with open_binary(path) as f:
+                yield from self._decoded(index, f, 0, None, self.parts)
+        except (EOFError, OSError, lzma.LZMAError) as exc:  # truncated; gzip.BadGzipFile, bz2's OSError; corrupt .xz
+            raise DataError(
+                f"{path}: cannot decompress it as {path.suffix.lower()} ({type(exc).__name__}: {exc}); is the file "
+                "complete and compressed as its name says?"
+            ) from None
+
+    def _decoded(self, index: int, f, start: int, end: int | None, every: int) -> Iterator[tuple[int, list[str]]]:
+        """The non-blank lines of the open binary file ``f`` (positioned at byte ``start``) up to byte ``end``, or
+        every ``every``-th line from this part's first (``every`` > 1: a compressed file read by parts)."""
+        path = self.files[index]
+        n_bad = 0
+        pos = start
+        for lineno, raw in enumerate(f, start=1):
+            if end is not None and pos >= end:
+                break
+            pos += len(raw)
+            if every > 1 and (lineno - 1) % every != self.part:
+                continue
+            text, bad = decode_line(raw, self.errors, path, lambda: self._line_number(index, lineno))  # noqa: B023
+            n_bad += bad
+            if text is None:
+                continue
+            if lineno == 1 and start == 0 and text.startswith("\ufeff"):
+                text = text[1:]
+            tokens = text.split()
+            if tokens:
+                yield lineno, tokens
         if n_bad:
             what = "skipped" if self.errors == "skip" else f"decoded with errors={self.errors!r}"
             logger.warning("%s: %d line(s) with invalid UTF-8 or NUL bytes %s", path, n_bad, what)

@@ -2,7 +2,8 @@
 (:mod:`.build`: ``elmokit zoo build {en,zh}`` → ``$ELMOKIT_CACHE/zoo/elmokit-<lang>``, with the word2vec baseline
 and a model card, :mod:`.card`; the configurations are :mod:`.specs`, the figures :mod:`.figures`; the names
 ``elmokit-en`` / ``elmokit-zh`` resolve there in every loader). The corpora's modules: :mod:`.readers` (the sources'
-formats), :mod:`.sources` (the recipe tables), :mod:`.leaks` (sentence keys and the leak check).
+formats), :mod:`.pretext` (the staged pretraining text, tokenised once into a cache), :mod:`.sources` (the recipe
+tables and licences), :mod:`.leaks` (sentence keys and the leak check), :mod:`.ngrams` (the n-gram leak filter).
 
 Importing it is light: sacremoses, jieba, gensim and nltk are imported inside the functions that use them.
 """

@@ -254,7 +254,10 @@ class _ZooBuild:
         manifest = _corpus_is_intact(self.corpus_dir) if self.resume else None
         self.corpus_reused = manifest is not None
         if manifest is None:
-            manifest = build_corpus(self.spec.recipe, self.data, self.corpus_dir, **self.spec.corpus)
+            text_cache = self.folder.parent.parent / "corpora"  # <cache>/corpora beside <cache>/zoo/<name>
+            manifest = build_corpus(
+                self.spec.recipe, self.data, self.corpus_dir, text_cache=text_cache, **self.spec.corpus
+            )
         _copy(self.corpus_dir / "corpus.json", self.folder / "corpus.json")
         self.manifest = manifest
         self.timing["corpus_seconds"] = _seconds_since(t0)

@@ -59,6 +59,8 @@ _SOURCE_FIELDS = (
     "heldout_sentences",
     "heldout_tokens",
 )
+#: Source fields that manifests written before they existed lack (``licence`` → "", counts → 0).
+_NEW_SOURCE_FIELDS = {"licence": "", "dropped_ngram_overlap": 0}
 
 
 # ==================================================================================================== records
@@ -121,7 +123,11 @@ def data_record(spec: ZooSpec, manifest: dict, data_dir: Path, lm, corpus_reused
     vocabulary size (and character ids for a character-vocabulary model)."""
     return {
         "data_dir": str(data_dir),
-        "sources": [{k: s[k] for k in _SOURCE_FIELDS} for s in manifest["sources"]],
+        "sources": [
+            {**{k: s[k] for k in _SOURCE_FIELDS}, **{k: s.get(k, v) for k, v in _NEW_SOURCE_FIELDS.items()}}
+            for s in manifest["sources"]
+        ],
+        "ngram_filter": _ngram_summary(manifest.get("ngram_filter")),
         "files": manifest["files"],
         "kept_out": [k["name"] if isinstance(k, dict) else k for k in manifest.get("kept_out", [])],
         "exclusions": manifest["exclusions"],
@@ -133,6 +139,19 @@ def data_record(spec: ZooSpec, manifest: dict, data_dir: Path, lm, corpus_reused
         "leak_check": manifest["leak_check"],
         "limit": manifest.get("limit"),
         "corpus_reused": corpus_reused,
+    }
+
+
+def _ngram_summary(ngram: dict | None) -> dict | None:
+    """The card's view of the manifest's ``ngram_filter``: n, unit, the filtered sources, the sets compared with."""
+    if not ngram:
+        return None
+    return {
+        "n": ngram["n"],
+        "unit": ngram["unit"],
+        "sources": ngram["sources"],
+        "sets": [f"{x['name']} ({x['sentences']:,} sentences)" for x in ngram["sets"]],
+        "ngrams": ngram["ngrams"],
     }
 
 
@@ -236,18 +255,36 @@ def _data(card: dict) -> list[str]:
         + (f", {d['characters']:,} character ids" if d.get("characters") else "")
         + ".",
         "",
-        "| source | tokenisation | read | dropped (kept-out / inside kept-out / leaked review / duplicate) | "
-        "train sentences | train tokens | held-out sentences | held-out tokens |",
+        "| source | tokenisation | read | dropped (kept-out / inside kept-out / leaked review / n-gram / duplicate) "
+        "| train sentences | train tokens | held-out sentences | held-out tokens |",
         "|---|---|---:|---|---:|---:|---:|---:|",
     ]
     for s in d["sources"]:
         lines.append(
             f"| {s['name']} | {s['tokenisation']} | {s['sentences_read']:,} | {s['dropped_kept_out']} / "
             f"{s['dropped_in_kept_out_sentence']} / {s['dropped_in_leaked_document']} / "
-            f"{s['dropped_duplicate']} | {s['train_sentences']:,} | {s['train_tokens']:,} | "
-            f"{s['heldout_sentences']:,} | {s['heldout_tokens']:,} |"
+            f"{s.get('dropped_ngram_overlap', 0)} / {s['dropped_duplicate']} | {s['train_sentences']:,} | "
+            f"{s['train_tokens']:,} | {s['heldout_sentences']:,} | {s['heldout_tokens']:,} |"
         )
-    lines += ["", "Kept out: " + "; ".join(d["kept_out"]) + ".", "", "Exclusions:", ""]
+    lines += [
+        "",
+        "Licences of the training text (from each data folder's SOURCE.md; check them before you redistribute the "
+        "model or use it commercially):",
+        "",
+    ]
+    lines += [f"- {s['name']} (`{s['folder']}`): {s.get('licence') or 'not recorded'}" for s in d["sources"]]
+    lines += ["", "Kept out: " + "; ".join(d["kept_out"]) + "."]
+    ngram = d.get("ngram_filter")
+    if ngram:
+        lines += [
+            "",
+            f"N-gram filter ({ngram['n']}-grams of {ngram['unit']}; {ngram['ngrams']:,} distinct) on "
+            + ", ".join(ngram["sources"])
+            + ", against: "
+            + "; ".join(ngram["sets"])
+            + ".",
+        ]
+    lines += ["", "Exclusions:", ""]
     lines += [f"- {e}" for e in d["exclusions"]]
     return lines + ["", f"Split: {d['split']}. Leak check on the written files: {json.dumps(d['leak_check'])}.", ""]
 

