@@ -101,10 +101,11 @@ def _start(model_dir, *extra: str) -> tuple[subprocess.Popen, str]:
 
 
 def test_sigterm_answers_every_accepted_request_and_exits_0(model_dir):
-    # one sentence per forward pass: 8 requests x 40 sentences keep the loop busy for a while
+    # one sentence per forward pass: 8 requests x 200 sentences keep the loop busy for seconds, so that all 8 are in
+    # flight together even when the client threads start slowly on a loaded machine (40 a request was not enough)
     proc, url = _start(model_dir, "--max-batch-sentences", "1", "--max-wait-ms", "0.1")
     try:
-        sentences = [f"the river bank number {i} was muddy after the long rain".split() for i in range(40)]
+        sentences = [f"the river bank number {i} was muddy after the long rain".split() for i in range(200)]
         results: list = [None] * 8
 
         def ask(i: int) -> None:
@@ -128,7 +129,7 @@ def test_sigterm_answers_every_accepted_request_and_exits_0(model_dir):
             t.join(60)
         assert proc.wait(60) == 0
         assert [getattr(r, "status_code", r) for r in results] == [200] * 8
-        assert all(len(r.json()["data"]) == 40 for r in results)
+        assert all(len(r.json()["data"]) == 200 for r in results)
         with pytest.raises(httpx.TransportError):  # no longer accepting
             httpx.get(f"{url}/health", timeout=2)
     finally:
