@@ -24,6 +24,8 @@ from elmokit.weights.native import save_pretrained
 
 TOL = 1e-5
 CELL_CLIP, PROJ_CLIP = 0.8, 0.3
+#: the AOTInductor wrapper compiled at -O0: ≈ 25 % less compile time for this file (49 → 36 s once, busy machine)
+FAST_PT2 = {"aot_inductor.compile_wrapper_opt_level": "O0"}
 WORDS = "the a cat dog sat ran on under mat tree big small red fast slowly quietly , . ! naïve 北京".split()
 
 
@@ -69,7 +71,9 @@ def exported(model, tmp_path_factory):
     try:
         out = {}
         for kind in ("onnx", "pt2"):
-            path = export_model(model, folder / f"tiny.{kind}", kind)
+            path = export_model(
+                model, folder / f"tiny.{kind}", kind, inductor_configs=FAST_PT2 if kind == "pt2" else None
+            )
             out[kind] = load_exported(path, threads=1)
         return out
     finally:

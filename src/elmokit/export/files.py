@@ -166,7 +166,9 @@ def _export_pt2(model: BiLM, path: Path, inductor_configs: dict | None) -> None:
     program = InferenceProgram(model, bind_batch=True).eval()
     exported = torch.export.export(program, _example(model), dynamic_shapes=_dynamic_shapes())
     buffer = io.BytesIO()
-    torch._inductor.aoti_compile_and_package(exported, package_path=buffer, inductor_configs=inductor_configs)
+    torch._inductor.aoti_compile_and_package(
+        exported, package_path=buffer, inductor_configs=dict(inductor_configs or {})
+    )
     buffer.seek(0)
     with zipfile.ZipFile(buffer, "a") as zf:  # the archive's extra files (torch.export.pt2_archive: <root>/extra/…)
         root = zf.namelist()[0].split("/", 1)[0]
