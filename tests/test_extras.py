@@ -36,10 +36,14 @@ OPTIONAL = {
     "seqeval": "seqeval",
     "conllu": "conllu",
     "flair": "flair",
+    "onnx": "onnx",
+    "onnxscript": "onnxscript",
+    "onnxruntime": "onnxruntime",
 }
 #: Extras that ``all`` leaves out (``test`` installs them, so the suite runs their tests): flair brings transformers,
-#: huggingface-hub, boto3 and its own pins (~240 MB), for one integration.
-NOT_IN_ALL = {"flair"}
+#: huggingface-hub, boto3 and its own pins (~240 MB), for one integration; export's ONNX libraries serve deployment
+#: only (``elmokit[export]``).
+NOT_IN_ALL = {"flair", "onnx", "onnxscript", "onnxruntime"}
 
 
 def _project() -> dict:

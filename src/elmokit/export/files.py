@@ -177,8 +177,8 @@ def _export_pt2(model: BiLM, path: Path, inductor_configs: dict | None) -> None:
 
 
 def _export_onnx(model: BiLM, path: Path) -> None:
-    import_optional("onnxscript", "export", "ONNX export")
-    onnx = import_optional("onnx", "export", "ONNX export")
+    import_optional("onnxscript", "export", "the ONNX export")
+    onnx = import_optional("onnx", "export", "the ONNX export")
     program = InferenceProgram(model).eval()
     onnx_program = torch.onnx.export(
         program,
