@@ -18,6 +18,7 @@ import io
 import json
 import logging
 import os
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -152,7 +153,10 @@ def export_model(model: BiLM, path: str | os.PathLike, kind: str, *, inductor_co
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # torch 2.13's own deprecation notes and the ONNX exporter's dimension-renaming note: nothing to act on
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+            warnings.filterwarnings("ignore", message=r"# The axis name: ")
             if kind == "pt2":
                 _export_pt2(model, path, inductor_configs)
             else:
@@ -180,15 +184,22 @@ def _export_onnx(model: BiLM, path: Path) -> None:
     import_optional("onnxscript", "export", "the ONNX export")
     onnx = import_optional("onnx", "export", "the ONNX export")
     program = InferenceProgram(model).eval()
-    onnx_program = torch.onnx.export(
-        program,
-        _example(model),
-        dynamic_shapes=_dynamic_shapes(),
-        dynamo=True,
-        input_names=list(INPUT_NAMES),
-        output_names=list(OUTPUT_NAMES),
-        verbose=False,
-    )
+    # the exporter logs a warning per torchvision operator it cannot register (torchvision is not a dependency)
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        onnx_program = torch.onnx.export(
+            program,
+            _example(model),
+            dynamic_shapes=_dynamic_shapes(),
+            dynamo=True,
+            input_names=list(INPUT_NAMES),
+            output_names=list(OUTPUT_NAMES),
+            verbose=False,
+        )
+    finally:
+        registration.setLevel(level)
     with atomic_path(path, suffix=".onnx") as tmp:
         onnx_program.save(str(tmp))
         # the graph's digest (nodes and weights) in the metadata: ONNX files carry no checksum, and a damaged weight
