@@ -78,8 +78,11 @@ class InferenceProgram(nn.Module):
         ids = torch.cat([self.bos.expand(b, 1, c), char_ids, char_ids.new_zeros(b, 1, c)], dim=1)
         ids = torch.where((steps == (lengths + 1).unsqueeze(1)).unsqueeze(-1), self.eos, ids)
         mask = steps < (lengths + 2).unsqueeze(1)  # (B, T + 2)
-        m = mask.unsqueeze(-1).to(torch.float32)
-        tokens = self.encode(ids.reshape(b * (t + 2), c)).reshape(b, t + 2, self.projection_dim) * m
+        # the token encoder runs on the real positions only (a batch of mixed lengths is mostly padding)
+        real = mask.reshape(-1).nonzero().squeeze(1)  # (N,)
+        encoded = self.encode(ids.reshape(b * (t + 2), c).index_select(0, real))  # (N, P)
+        tokens = encoded.new_zeros(b * (t + 2), self.projection_dim).index_copy(0, real, encoded)
+        tokens = tokens.reshape(b, t + 2, self.projection_dim)
         lengths2 = lengths + 2
         x = torch.stack([tokens, reverse_padded(tokens, lengths2)], dim=0)  # (2, B, T + 2, P), each reading order
         step_mask = mask.t().reshape(t + 2, 1, b, 1).contiguous()  # (T + 2, 1, B, 1)
