@@ -52,7 +52,7 @@ def check_exportable(model) -> BiLM:
         InputTypeError: not a :class:`BiLM` (a ``StatefulBiLM``, whose carried state lives in Python between calls,
             or an ``Elmo``: export its ``.bilm`` and pass the state as the program's ``c0``/``h0``).
         UsageError: an ELMoForManyLangs model (a word embedding beside the characters), or weights that are not
-            float32.
+            float32 or not on the CPU.
     """
     if not isinstance(model, BiLM):
         name = type(model).__name__
@@ -68,6 +68,9 @@ def check_exportable(model) -> BiLM:
             "export --format pt2|onnx cannot hold an ELMoForManyLangs model (a word embedding beside the "
             "characters): only character models export"
         )
+    devices = {p.device.type for p in model.parameters()}
+    if devices != {"cpu"}:
+        raise UsageError(f"export traces the model on the CPU: its weights are on {sorted(devices)}; call .cpu() first")
     dtypes = {p.dtype for p in model.parameters()}
     if dtypes != {torch.float32}:
         raise UsageError(f"export writes float32 programs: the model's weights are {sorted(map(str, dtypes))}")
