@@ -3,8 +3,10 @@ masked :func:`torch._higher_order_ops.scan` over time (lowered to a ``while`` lo
 by the dynamo ONNX exporter), so one exported program takes any batch size and sentence length.
 
 Same equations as :class:`elmokit.modules.bilm.BiLM` (``forward(char_ids, state)``, boundaries added and stripped):
-the token encoder runs on every position (padding included, then zeroed) with plain convolutions, and every LSTM
-step runs on every row, a row past its end keeping its state (``torch.where`` on the mask) and writing a zero output.
+the token encoder runs on the real positions (``nonzero``; not de-duplicated, and over all C − w + 1 windows: the
+eager encoder's data-dependent trimming of windows did not export on torch 2.13) with plain convolutions, and every
+LSTM step runs on every row, a row past its end keeping its state (``torch.where`` on the mask) and writing a zero
+output.
 """
 
 from __future__ import annotations
