@@ -39,11 +39,15 @@ OPTIONAL = {
     "fastapi": "fastapi",
     "uvicorn": "uvicorn",
     "prometheus-client": "prometheus_client",
+    "onnx": "onnx",
+    "onnxscript": "onnxscript",
+    "onnxruntime": "onnxruntime",
 }
 #: Extras that ``all`` leaves out (``test`` installs them, so the suite runs their tests): flair brings transformers,
 #: huggingface-hub, boto3 and its own pins (~240 MB), for one integration; serve's web stack (FastAPI, uvicorn,
-#: prometheus-client) is for running a server, not for using the library.
-NOT_IN_ALL = {"flair", "fastapi", "uvicorn", "prometheus-client"}
+#: prometheus-client) is for running a server, not for using the library; export's ONNX libraries serve deployment
+#: only (``elmokit[export]``).
+NOT_IN_ALL = {"flair", "fastapi", "uvicorn", "prometheus-client", "onnx", "onnxscript", "onnxruntime"}
 
 
 def _project() -> dict:

@@ -135,13 +135,16 @@ def _model_vocabulary(model: str) -> Path | None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Model → original options.json + weights.hdf5, and ``vocab.txt`` when the model has a word vocabulary (bilm-tf's
-    tools read it beside the two); refuses to replace an export unless ``--overwrite``."""
+    tools read it beside the two); with ``--format pt2|onnx`` one program file instead (:func:`_export_program`);
+    refuses to replace an export unless ``--overwrite``."""
     from elmokit.weights.native import load_pretrained_bilm, resolve_model_name  # lazy: CLI start-up
     from elmokit.weights.original import export_original  # lazy: CLI start-up
 
     args.model = str(resolve_model_name(args.model))  # a zoo name → its folder
     check_model(args.model)
     _check_not_inside(args.output, model_folder(args.model), args.model, "export")
+    if args.format != "original":
+        return _export_program(args)
     vocab_file = _model_vocabulary(args.model)
     names = ("options.json", "weights.hdf5") + (("vocab.txt",) if vocab_file else ())
     _check_output_folder(args.output, args.overwrite, names, "an export")
@@ -152,6 +155,29 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"wrote {options}, {weights} and {args.output / 'vocab.txt'} ({len(vocab)} tokens)")
     else:
         print(f"wrote {options} and {weights} (the model has no vocab.txt: none written)")
+    return 0
+
+
+def _export_program(args: argparse.Namespace) -> int:
+    """``export MODEL OUT.pt2|OUT.onnx --format pt2|onnx``: the biLM's inference path as one file
+    (:func:`elmokit.export.export_model`); refuses to replace a file unless ``--overwrite``."""
+    import time  # lazy: CLI start-up
+
+    from elmokit.export import FORMATS, check_exportable, export_model  # lazy: CLI start-up
+    from elmokit.weights.native import load_pretrained_bilm  # lazy: CLI start-up
+
+    out, suffix = args.output, FORMATS[args.format]
+    if out.suffix != suffix:
+        raise UsageError(f"--format {args.format} writes one file ending in {suffix}: got OUT {out}")
+    if out.is_dir():
+        raise UsageError(f"the output {out} is a folder: --format {args.format} writes one file (e.g. model{suffix})")
+    if out.exists() and not args.overwrite:
+        raise UsageError(f"{out} already exists: choose another name or pass --overwrite")
+    model = check_exportable(load_pretrained_bilm(args.model))  # refuses before the slow trace
+    start = time.perf_counter()
+    export_model(model, out, args.format)
+    size = out.stat().st_size / 2**20
+    print(f"wrote {out} ({args.format}, {size:.1f} MiB, exported in {time.perf_counter() - start:.1f} s)")
     return 0
 
 
@@ -290,7 +316,8 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p = sub.add_parser(
         "export",
         parents=parents,
-        help="model → original options.json + weights.hdf5 (+ vocab.txt) (for bilm-tf / AllenNLP)",
+        help="model → original options.json + weights.hdf5 (+ vocab.txt) (for bilm-tf / AllenNLP), or with "
+        "--format pt2|onnx one deployable program file (AOTInductor .pt2 / ONNX)",
     )
     p.add_argument("model", type=text_arg, help=_MODEL_HELP)
     p.add_argument(
@@ -298,7 +325,15 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         type=path_arg,
         help="folder to write options.json, weights.hdf5 and (when the model has "
         "one) vocab.txt into (created if missing; not inside the model's "
-        "folder)",
+        "folder); with --format pt2|onnx the file to write (OUT.pt2 / OUT.onnx)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("original", "pt2", "onnx"),
+        default="original",
+        help="original (default): options.json + weights.hdf5; pt2: torch.export + AOTInductor package; onnx: ONNX "
+        "model (needs elmokit[export]); both take char ids (B, T, C) and a state, give all layers + mask + state, "
+        "any B and T (load with elmokit.export.load_exported)",
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace an export already in the output folder (default: refuse)"
