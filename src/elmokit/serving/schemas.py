@@ -77,6 +77,10 @@ def parse_json(body: bytes) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise _invalid(f"the request body is not valid JSON{where}: {getattr(exc, 'msg', exc)}", None) from None
+    except RecursionError:  # e.g. [[[[…]]]] nested deeper than the parser's recursion limit
+        raise _invalid(
+            "the request body is JSON nested too deeply (the fields need at most 2 levels of lists)", None
+        ) from None
     if not isinstance(value, dict):
         raise _invalid(f"the request body must be a JSON object, got a {type(value).__name__}", None)
     return value
