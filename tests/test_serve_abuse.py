@@ -4,13 +4,16 @@ the tiny random model."""
 
 from __future__ import annotations
 
+import socket
+import time
+
 import httpx
 import pytest
 
 from elmokit.embedding import Embedder
 from elmokit.serving.settings import ServeSettings
 from elmokit.weights.native import load_pretrained_bilm
-from serve_helpers import running_server, save_tiny_model
+from serve_helpers import metric, running_server, save_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +28,8 @@ def embedder(model_dir, one_thread):
 
 @pytest.fixture(scope="module")
 def server(model_dir, embedder):
-    with running_server(ServeSettings(model=str(model_dir)), embedder) as (url, state):
+    settings = ServeSettings(model=str(model_dir), body_timeout_s=0.5)
+    with running_server(settings, embedder) as (url, state):
         with httpx.Client(base_url=url, timeout=30) as client:
             yield client, state
 
@@ -42,4 +46,44 @@ def test_json_nested_too_deeply_is_422_not_500(server):
     assert r.json()["error"]["message"] == (
         "the request body is JSON nested too deeply (the fields need at most 2 levels of lists)"
     )
+    _still_serves(client)
+
+
+def _partial_post(client, declared: int, sent: bytes) -> socket.socket:
+    """A raw connection that declares a ``declared``-byte body and sends only ``sent`` of it."""
+    host, port = client.base_url.host, client.base_url.port
+    sock = socket.create_connection((host, port), timeout=10)
+    head = (
+        f"POST /embed HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + sent)
+    return sock
+
+
+def test_a_stalled_body_is_408_after_the_body_timeout_and_frees_its_slot(server):
+    client, state = server
+    start = time.monotonic()
+    with _partial_post(client, 100, b'{"sente') as sock:
+        reply = b""
+        while chunk := sock.recv(65536):  # the server answers, then closes the connection
+            reply += chunk
+    assert 0.4 < time.monotonic() - start < 5
+    assert reply.startswith(b"HTTP/1.1 408 ")
+    assert b"the request body did not arrive within 0.5 s (--body-timeout)" in reply
+    assert state.in_flight == 0
+    _still_serves(client)
+
+
+def test_a_client_gone_while_sending_its_body_is_499_not_a_500(server):
+    client, state = server
+    before = client.get("/metrics").text
+    _partial_post(client, 100, b'{"sente').close()
+    deadline = time.monotonic() + 5
+    while state.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    after = client.get("/metrics").text
+    assert metric(after, "elmokit_requests_total", route="/embed", status="500") == 0
+    grew = metric(after, "elmokit_requests_total", route="/embed", status="499")
+    assert grew - metric(before, "elmokit_requests_total", route="/embed", status="499") == 1
     _still_serves(client)

@@ -47,6 +47,7 @@ def _settings(args: argparse.Namespace):
         max_client_sentences=args.max_client_sentences,
         max_tokens_per_sentence=args.max_tokens_per_sentence,
         payload_limit=args.payload_limit,
+        body_timeout_s=args.body_timeout,
         api_key=args.api_key,
         cors_origins=tuple(args.cors_origin or ()),
         device=str(resolve_cli_device(args.device)),
@@ -127,6 +128,12 @@ def _add_batching_options(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=2_000_000,
         help="request body bytes; more get 413 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=positive_float,
+        default=30.0,
+        help="seconds a client has to send its whole request body; a slower one gets 408 (default: %(default)s)",
     )
 
 

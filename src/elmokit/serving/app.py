@@ -16,10 +16,11 @@ Routes (the README's "Serving" section has examples):
   ``GET /info``, ``GET /metrics`` (Prometheus), ``GET /`` (the polysemy page), ``GET /examples`` (its examples).
 
 Statuses: 401 (no or wrong ``Authorization: Bearer`` key when the server has one; every route but ``/``,
-``/examples``, ``/health``), 413 (body over ``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences or
-options: one line naming the field and index, in the library's wording), 429 with ``Retry-After`` (over
-``--max-concurrent-requests``), 503 with ``Retry-After`` (no inference loop). A client that disconnects while its
-sentences wait has them dropped from the queue (logged as status 499). Errors are JSON in the OpenAI error shape
+``/examples``, ``/health``), 408 (the body not all sent within ``--body-timeout``), 413 (body over
+``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences or options: one line naming the field and
+index, in the library's wording), 429 with ``Retry-After`` (over ``--max-concurrent-requests``), 503 with
+``Retry-After`` (no inference loop). A client that disconnects while its sentences wait, or while it sends its body,
+is logged as status 499 (its queued sentences dropped). Errors are JSON in the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}``.
 
 FastAPI (on Starlette) rather than bare Starlette: the same ASGI core, with the OpenAPI schema of the routes at
@@ -76,6 +77,7 @@ logger = logging.getLogger(__name__)
 
 fastapi = import_optional("fastapi", "serve", "elmokit serve (the HTTP server)")
 responses = import_optional("fastapi.responses", "serve", "elmokit serve (the HTTP server)")
+starlette_requests = import_optional("starlette.requests", "serve", "elmokit serve (the HTTP server)")
 Request = fastapi.Request
 Response = responses.Response
 
@@ -176,18 +178,30 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is over ``limit`` bytes (by its Content-Length or as it arrives)."""
+async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The body, refused with 413 as soon as it is over ``limit`` bytes (by its Content-Length or as it arrives), and
+    with 408 when it has not all arrived within ``timeout`` seconds (a stalled client would otherwise hold its slot,
+    and a graceful shutdown, for ever). Raises starlette's ``ClientDisconnect`` when the client goes away."""
     length = request.headers.get("content-length")
     too_big = f"the request body is over the limit of {limit} bytes (--payload-limit): split the request"
     if length is not None and length.isdigit() and int(length) > limit:
         raise RequestError(413, too_big)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, too_big)
-        chunks.append(chunk)
+    chunks: list[bytes] = []
+
+    async def read() -> None:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(413, too_big)
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise RequestError(
+            408, f"the request body did not arrive within {timeout:g} s (--body-timeout)", None, {"Connection": "close"}
+        ) from None
     return b"".join(chunks)
 
 
@@ -238,11 +252,11 @@ async def _answer(state: ServerState, request: Request, handler) -> Response:
     """Run an embedding route's ``handler(body)`` inside a slot, turning refusals into their statuses."""
     try:
         with state.slot():
-            body = parse_json(await _read_body(request, state.settings.payload_limit))
+            body = parse_json(await _read_body(request, state.settings.payload_limit, state.settings.body_timeout_s))
             return await handler(body)
     except RequestError as exc:
         return _error(exc)
-    except _ClientGone:
+    except (_ClientGone, starlette_requests.ClientDisconnect):  # gone while queued, or while sending its body
         return Response(status_code=499)
 
 

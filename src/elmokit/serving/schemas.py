@@ -46,7 +46,7 @@ _SIMILAR_FIELDS = ("word", "sentences", "texts", "tokenizer", "labels", "match",
 
 
 class RequestError(Exception):
-    """A request the server refuses: ``status`` (401, 413, 422, 429, 503), ``message`` (one line), ``param`` (the
+    """A request the server refuses: ``status`` (401, 408, 413, 422, 429, 503), ``message`` (one line), ``param`` (the
     field it names, or ``None``) and ``headers`` (e.g. ``Retry-After``)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None) -> None:
