@@ -28,7 +28,7 @@ def embedder(model_dir, one_thread):
 
 @pytest.fixture(scope="module")
 def server(model_dir, embedder):
-    settings = ServeSettings(model=str(model_dir), body_timeout_s=0.5)
+    settings = ServeSettings(model=str(model_dir), body_timeout_s=0.5, max_occurrences=6)
     with running_server(settings, embedder) as (url, state):
         with httpx.Client(base_url=url, timeout=30) as client:
             yield client, state
@@ -87,3 +87,17 @@ def test_a_client_gone_while_sending_its_body_is_499_not_a_500(server):
     grew = metric(after, "elmokit_requests_total", route="/embed", status="499")
     assert grew - metric(before, "elmokit_requests_total", route="/embed", status="499") == 1
     _still_serves(client)
+
+
+def test_similar_refuses_more_occurrences_than_max_occurrences(server):
+    client, _ = server
+    # before: 4 sentences of 512 "a" made a 2048 x 2048 matrix a layer (79 MB of JSON); 256 of them, 137 GB
+    r = client.post("/similar", json={"word": "a", "sentences": [["a", "b", "a"]] * 3 + [["a"]]})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "sentences"
+    assert r.json()["error"]["message"] == (
+        "the word 'a' occurs 7 times; this server compares at most 6 occurrences (--max-occurrences): "
+        "send fewer sentences"
+    )
+    r = client.post("/similar", json={"word": "a", "sentences": [["a", "b", "a"]] * 3})
+    assert r.status_code == 200 and len(r.json()["occurrences"]) == 6
+    assert client.get("/info").json()["limits"]["max_occurrences"] == 6

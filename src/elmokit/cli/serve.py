@@ -48,6 +48,7 @@ def _settings(args: argparse.Namespace):
         max_tokens_per_sentence=args.max_tokens_per_sentence,
         payload_limit=args.payload_limit,
         body_timeout_s=args.body_timeout,
+        max_occurrences=args.max_occurrences,
         api_key=args.api_key,
         cors_origins=tuple(args.cors_origin or ()),
         device=str(resolve_cli_device(args.device)),
@@ -128,6 +129,13 @@ def _add_batching_options(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=2_000_000,
         help="request body bytes; more get 413 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-occurrences",
+        type=positive_int,
+        default=256,
+        help="occurrences of the word /similar compares (an n x n matrix per layer); more get 422 "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--body-timeout",

@@ -324,7 +324,7 @@ def similar_result(state: ServerState, req: SimilarRequest) -> dict:
     per layer the 2-D projection :func:`~elmokit.analysis.polysemy.plot_scale` draws (unit vectors, one scale).
 
     Raises:
-        RequestError: 422 when the word occurs in no sentence."""
+        RequestError: 422 when the word occurs in no sentence, or more than ``max_occurrences`` times."""
     occurrences = find_occurrences(req.sentences, req.word, req.match, req.labels)
     match = req.match if req.match != "auto" else ("span" if is_cjk(req.word) else "token")
     if not occurrences:
@@ -334,6 +334,13 @@ def similar_result(state: ServerState, req: SimilarRequest) -> dict:
             f"{'one whole token' if match == 'token' else 'a run of whole tokens'}; check the spelling, case and "
             "tokenisation)",
             "word",
+        )
+    if len(occurrences) > state.settings.max_occurrences:  # n² cosines a layer: bound the work and the answer
+        raise RequestError(
+            422,
+            f"the word {req.word!r} occurs {len(occurrences)} times; this server compares at most "
+            f"{state.settings.max_occurrences} occurrences (--max-occurrences): send fewer sentences",
+            "sentences",
         )
     vectors = occurrence_vectors(_QueuedEmbedder(state), req.sentences, occurrences, context=req.context)
     sims = layer_similarities(vectors)
