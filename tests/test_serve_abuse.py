@@ -8,6 +8,7 @@ import socket
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from elmokit.embedding import Embedder
@@ -101,3 +102,20 @@ def test_similar_refuses_more_occurrences_than_max_occurrences(server):
     r = client.post("/similar", json={"word": "a", "sentences": [["a", "b", "a"]] * 3})
     assert r.status_code == 200 and len(r.json()["occurrences"]) == 6
     assert client.get("/info").json()["limits"]["max_occurrences"] == 6
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [({"layers": [1e308, 1e308, 1e308]}, "layers"), ({"layers": [1e5] * 3, "dtype": "float16"}, "layers")],
+)
+def test_vectors_that_overflow_are_422_not_invalid_json(server, embedder, options, param):
+    client, _ = server
+    sentences = [["The", "bank", "raised", "rates"]]
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(embedder.embed_batch(sentences, **options)[0]).all()  # what the library gives
+    for headers in ({}, {"Accept": "application/x-npz"}):
+        r = client.post("/embed", json={"sentences": sentences, **options}, headers=headers)
+        assert r.status_code == 422 and r.json()["error"]["param"] == param
+        assert r.json()["error"]["message"].startswith("the vectors overflow to inf or NaN with layers=")
+    fine = client.post("/embed", json={"sentences": sentences, "layers": [0.5, 0.25, 0.25], "dtype": "float16"})
+    assert fine.status_code == 200 and np.isfinite(fine.json()["data"][0]["vectors"]).all()

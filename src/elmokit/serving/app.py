@@ -260,6 +260,20 @@ async def _answer(state: ServerState, request: Request, handler) -> Response:
         return Response(status_code=499)
 
 
+def _check_finite(arrays: list[np.ndarray], spec: OutputSpec) -> None:
+    """Raise 422 when an output holds inf or NaN (JSON cannot carry them): a fixed mix's weights, or float16's range,
+    too small for the values."""
+    if all(np.isfinite(a).all() for a in arrays):
+        return
+    options = spec.settings()
+    raise RequestError(
+        422,
+        f"the vectors overflow to inf or NaN with layers={options['layers']} and dtype={options['dtype']}: use smaller "
+        "mix weights (float32 holds values up to 3.4e38, float16 up to 65504)",
+        "layers" if spec.layers.kind == "mix" else "dtype",
+    )
+
+
 def _embed_route(state: ServerState):
     async def embed(request: Request) -> Response:
         accept = request.headers.get("accept", "")
@@ -269,6 +283,7 @@ def _embed_route(state: ServerState):
         async def handle(body: dict) -> Response:
             req = parse_embed(body, state.settings, state.embedder.num_layers)
             arrays = await state.run(request, req.sentences, req.spec)
+            _check_finite(arrays, req.spec)
             if NPZ_TYPE in accept:
                 return Response(npz_bytes(arrays), media_type=NPZ_TYPE)
             data = [
