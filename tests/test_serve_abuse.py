@@ -29,7 +29,7 @@ def embedder(model_dir, one_thread):
 
 @pytest.fixture(scope="module")
 def server(model_dir, embedder):
-    settings = ServeSettings(model=str(model_dir), body_timeout_s=0.5, max_occurrences=6)
+    settings = ServeSettings(model=str(model_dir), body_timeout_s=0.5, max_occurrences=6, max_response_values=1000)
     with running_server(settings, embedder) as (url, state):
         with httpx.Client(base_url=url, timeout=30) as client:
             yield client, state
@@ -119,3 +119,23 @@ def test_vectors_that_overflow_are_422_not_invalid_json(server, embedder, option
         assert r.json()["error"]["message"].startswith("the vectors overflow to inf or NaN with layers=")
     fine = client.post("/embed", json={"sentences": sentences, "layers": [0.5, 0.25, 0.25], "dtype": "float16"})
     assert fine.status_code == 200 and np.isfinite(fine.json()["data"][0]["vectors"]).all()
+
+
+def test_an_answer_over_max_response_values_is_422_before_any_work(server):
+    client, _ = server
+    embedded = metric(client.get("/metrics").text, "elmokit_embedded_sentences_total")
+    # all 3 layers x 16: 21 tokens are 1008 numbers (over 1000), 20 are 960; pooled, 62 sentences are 992
+    r = client.post("/embed", json={"sentences": [["a"] * 21]})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "sentences"
+    assert r.json()["error"]["message"] == (
+        "the answer would hold 1008 numbers (1 sentences; positions × layers × 16); this server returns at most 1000 "
+        "per request (--max-response-values): split the request, pool, or ask for fewer layers"
+    )
+    r = client.post("/embed", json={"texts": ["a " * 19], "keep_sentence_boundaries": True})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "texts"  # 19 + 2 positions
+    assert (
+        metric(client.get("/metrics").text, "elmokit_embedded_sentences_total") == embedded
+    )  # refused before any forward pass
+    assert client.post("/embed", json={"sentences": [["a"] * 20]}).json()["data"][0]["shape"] == [3, 20, 16]
+    assert client.post("/embed", json={"sentences": [["a"] * 62], "layers": "top"}).status_code == 200
+    assert client.post("/embed", json={"sentences": [["a"]] * 63, "layers": "top", "pool": "mean"}).status_code == 422

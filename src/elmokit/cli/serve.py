@@ -49,6 +49,7 @@ def _settings(args: argparse.Namespace):
         payload_limit=args.payload_limit,
         body_timeout_s=args.body_timeout,
         max_occurrences=args.max_occurrences,
+        max_response_values=args.max_response_values,
         api_key=args.api_key,
         cors_origins=tuple(args.cors_origin or ()),
         device=str(resolve_cli_device(args.device)),
@@ -129,6 +130,13 @@ def _add_batching_options(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=2_000_000,
         help="request body bytes; more get 413 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-response-values",
+        type=positive_int,
+        default=8_000_000,
+        help="numbers in one /embed answer (positions x layers x width: 32 MB as .npz, ~160 MB as JSON); more "
+        "get 422 (default: %(default)s)",
     )
     p.add_argument(
         "--max-occurrences",

@@ -281,7 +281,7 @@ def _embed_route(state: ServerState):
             return _error(RequestError(406, f"binary output is an .npz archive: send 'Accept: {NPZ_TYPE}'", "accept"))
 
         async def handle(body: dict) -> Response:
-            req = parse_embed(body, state.settings, state.embedder.num_layers)
+            req = parse_embed(body, state.settings, state.embedder.num_layers, state.embedder.output_dim)
             arrays = await state.run(request, req.sentences, req.spec)
             _check_finite(arrays, req.spec)
             if NPZ_TYPE in accept:

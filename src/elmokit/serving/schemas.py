@@ -153,17 +153,38 @@ class EmbedRequest:
     spec: OutputSpec
 
 
-def parse_embed(body: dict, settings: ServeSettings, num_layers: int) -> EmbedRequest:
-    """A ``/embed`` body → :class:`EmbedRequest`. Raises :class:`RequestError` 422 naming the field."""
+def parse_embed(body: dict, settings: ServeSettings, num_layers: int, dim: int) -> EmbedRequest:
+    """A ``/embed`` body → :class:`EmbedRequest` for a model of ``num_layers`` (L+1) layers of ``dim`` (2P) values.
+    Raises :class:`RequestError` 422 naming the field, also when the answer would hold more than
+    ``settings.max_response_values`` numbers."""
     _check_fields(body, _EMBED_FIELDS)
-    sentences, _ = _sentences(body, settings)
+    sentences, field = _sentences(body, settings)
     options = {k: body[k] for k in ("layers", "pool", "keep_sentence_boundaries", "dtype") if k in body}
     try:
         spec = OutputSpec.make(**options, num_layers=num_layers)
     except ElmoError as exc:
         named = [k for k in options if str(exc).startswith(k)]
         raise _invalid(str(exc), named[0] if named else next(iter(options), None)) from None
+    _check_response_size(sentences, field, spec, num_layers, dim, settings)
     return EmbedRequest(sentences, spec)
+
+
+def _check_response_size(
+    sentences: list[list[str]], field: str, spec: OutputSpec, num_layers: int, dim: int, settings: ServeSettings
+) -> None:
+    """Refuse (422) an answer of more than ``max_response_values`` numbers: the sentences' positions (1 when pooled;
+    +2 with the boundaries) × the layers returned × ``dim``. (256 sentences of 512 tokens, all layers of a 1024-wide
+    model, from a 0.5 MB body: 400 million numbers, gigabytes of JSON.)"""
+    per_position = (num_layers if spec.layers.kind == "all" else 1) * dim
+    extra = 2 if spec.keep_sentence_boundaries else 0
+    values = sum(1 if spec.pool != "none" else len(s) + extra for s in sentences) * per_position
+    if values > settings.max_response_values:
+        raise _invalid(
+            f"the answer would hold {values} numbers ({len(sentences)} sentences; positions × layers × {dim}); this "
+            f"server returns at most {settings.max_response_values} per request (--max-response-values): split the "
+            "request, pool, or ask for fewer layers",
+            field,
+        )
 
 
 def parse_openai(body: dict, settings: ServeSettings, spec: OutputSpec, dim: int) -> tuple[EmbedRequest, str, str]:
