@@ -139,3 +139,12 @@ def test_an_answer_over_max_response_values_is_422_before_any_work(server):
     assert client.post("/embed", json={"sentences": [["a"] * 20]}).json()["data"][0]["shape"] == [3, 20, 16]
     assert client.post("/embed", json={"sentences": [["a"] * 62], "layers": "top"}).status_code == 200
     assert client.post("/embed", json={"sentences": [["a"]] * 63, "layers": "top", "pool": "mean"}).status_code == 422
+
+
+def test_the_bearer_scheme_is_case_insensitive_and_the_key_is_not(model_dir, embedder):
+    settings = ServeSettings(model=str(model_dir), api_key="s3cret")
+    with running_server(settings, embedder) as (url, _):
+        for auth in ("Bearer s3cret", "bearer s3cret", "BEARER  s3cret"):
+            assert httpx.get(f"{url}/info", headers={"Authorization": auth}).status_code == 200, auth
+        for auth in ("Bearer S3CRET", "Basic s3cret", "s3cret", "Bearer", "Bearer s3cret2", ""):
+            assert httpx.get(f"{url}/info", headers={"Authorization": auth}).status_code == 401, auth

@@ -220,7 +220,7 @@ class _Guard:
     def __init__(self, app, state: ServerState) -> None:
         self.app, self.state = app, state
         key = state.settings.api_key
-        self.expected = f"Bearer {key}".encode() if key else None
+        self.expected = key.encode() if key else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -245,7 +245,9 @@ class _Guard:
 
     def _authorised(self, scope) -> bool:
         given = dict(scope.get("headers") or []).get(b"authorization", b"")
-        return hmac.compare_digest(given, self.expected)
+        scheme, _, token = given.strip().partition(b" ")
+        # the scheme is case-insensitive (RFC 9110 §11.1: "bearer KEY" is "Bearer KEY")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)
 
 
 async def _answer(state: ServerState, request: Request, handler) -> Response:
