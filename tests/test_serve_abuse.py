@@ -148,3 +148,25 @@ def test_the_bearer_scheme_is_case_insensitive_and_the_key_is_not(model_dir, emb
             assert httpx.get(f"{url}/info", headers={"Authorization": auth}).status_code == 200, auth
         for auth in ("Bearer S3CRET", "Basic s3cret", "s3cret", "Bearer", "Bearer s3cret2", ""):
             assert httpx.get(f"{url}/info", headers={"Authorization": auth}).status_code == 401, auth
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({"input": []}, "input", "input is an empty list: give a string or a list of strings"),
+        ({"input": [101, 2023]}, "input", "input is a list of integers: token ids are not taken: send the text; "),
+        ({"input": ["a b", [101, 2023]]}, "input", "input[1] is a list of integers: token ids are not taken"),
+        ({"input": [[]]}, "input", "input[0] is a list of integers"),
+        ({"input": ["a", 5]}, "input", "input[1] is a int; input must be a list of strings"),
+        ({"input": "a", "model": 5}, "model", "model must be a string, got 5"),
+        ({"input": "a", "user": ["x"]}, "user", "user must be a string, got ['x']"),
+    ],
+)
+def test_openai_route_refuses_token_ids_empty_input_and_wrong_types(server, body, param, message):
+    client, _ = server
+    r = client.post("/v1/embeddings", json=body)
+    assert r.status_code == 422
+    error = r.json()["error"]
+    assert error["message"].startswith(message) and error["param"] == param
+    ok = client.post("/v1/embeddings", json={"input": "the bank", "model": "anything", "user": "me"})
+    assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 16

@@ -196,6 +196,10 @@ def parse_openai(body: dict, settings: ServeSettings, spec: OutputSpec, dim: int
         raise _invalid("'input' is required: a string or a list of strings", "input")
     texts = body["input"]
     texts = [texts] if isinstance(texts, str) else texts
+    _check_openai_input(texts, settings)
+    for name in ("model", "user"):
+        if not isinstance(body.get(name, ""), str):
+            raise _invalid(f"{name} must be a string, got {body[name]!r}", name)
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise _invalid(f"encoding_format must be 'float' or 'base64', got {fmt!r}", "encoding_format")
@@ -214,6 +218,19 @@ def parse_openai(body: dict, settings: ServeSettings, spec: OutputSpec, dim: int
                 "input",
             )
     return EmbedRequest(sentences, spec), str(body.get("model", "")), fmt
+
+
+def _check_openai_input(texts: object, settings: ServeSettings) -> None:
+    """Refuse (422) an empty ``input`` list and token-id arrays (OpenAI's integer form: this server tokenises the
+    strings itself)."""
+    if texts == []:
+        raise _invalid("input is an empty list: give a string or a list of strings", "input")
+    ids = "token ids are not taken: send the text; this server tokenises it (--tokenizer {})"
+    if isinstance(texts, list) and texts and all(isinstance(t, int) and not isinstance(t, bool) for t in texts):
+        raise _invalid("input is a list of integers: " + ids.format(settings.tokenizer), "input")
+    for i, text in enumerate(texts if isinstance(texts, list) else []):
+        if isinstance(text, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in text):
+            raise _invalid(f"input[{i}] is a list of integers: " + ids.format(settings.tokenizer), "input")
 
 
 @dataclass(frozen=True)
