@@ -170,3 +170,17 @@ def test_openai_route_refuses_token_ids_empty_input_and_wrong_types(server, body
     assert error["message"].startswith(message) and error["param"] == param
     ok = client.post("/v1/embeddings", json={"input": "the bank", "model": "anything", "user": "me"})
     assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 16
+
+
+def test_a_lone_surrogate_is_echoed_escaped_not_a_500(server, embedder):
+    client, _ = server
+    raw = {"Content-Type": "application/json"}  # JSON's "\ud800" escape: a lone surrogate, which UTF-8 cannot carry
+    r = client.post("/embed", content=b'{"sentences": [["bank\\ud800"]], "layers": "top", "pool": "mean"}', headers=raw)
+    assert r.status_code == 200 and r.json()["data"][0]["tokens"] == ["bank\ud800"]
+    want = embedder.embed_batch([["bank\ud800"]], layers="top", pool="mean")[0]  # the library drops the surrogate
+    assert np.allclose(r.json()["data"][0]["vectors"], want, atol=1e-6)
+    r = client.post("/similar", content=b'{"word": "a\\ud800", "sentences": [["a\\ud800", "b"]]}', headers=raw)
+    assert r.status_code == 200 and r.json()["word"] == "a\ud800"
+    r = client.post("/embed", content=b'{"sentences": [["a"]], "\\ud800": 1}', headers=raw)
+    assert r.status_code == 422 and r.json()["error"]["param"] == "\ud800"
+    assert r.json()["error"]["message"].startswith("unknown field '\\ud800'")

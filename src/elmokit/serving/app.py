@@ -206,7 +206,10 @@ async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
 
 
 def _json(data: object, status: int = 200, headers: dict | None = None) -> Response:
-    body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    try:
+        body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate the client sent (JSON "\ud800"): echo it escaped, as it came
+        body = json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode("ascii")
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 
