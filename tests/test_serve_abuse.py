@@ -184,3 +184,13 @@ def test_a_lone_surrogate_is_echoed_escaped_not_a_500(server, embedder):
     r = client.post("/embed", content=b'{"sentences": [["a"]], "\\ud800": 1}', headers=raw)
     assert r.status_code == 422 and r.json()["error"]["param"] == "\ud800"
     assert r.json()["error"]["message"].startswith("unknown field '\\ud800'")
+
+
+@pytest.mark.parametrize("route", ["/embed", "/similar", "/v1/embeddings"])
+def test_an_integer_of_thousands_of_digits_is_422_not_500(server, route):
+    client, _ = server
+    body = b'{"sentences": [["a"]], "layers": ' + b"9" * 5000 + b"}"
+    r = client.post(route, content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422
+    assert r.json()["error"]["message"] == "the request body holds an integer too long to read (thousands of digits)"
+    _still_serves(client)

@@ -81,6 +81,8 @@ def parse_json(body: bytes) -> dict:
         raise _invalid(
             "the request body is JSON nested too deeply (the fields need at most 2 levels of lists)", None
         ) from None
+    except ValueError:  # an integer literal longer than Python reads (sys.get_int_max_str_digits(), 4300 digits)
+        raise _invalid("the request body holds an integer too long to read (thousands of digits)", None) from None
     if not isinstance(value, dict):
         raise _invalid(f"the request body must be a JSON object, got a {type(value).__name__}", None)
     return value
