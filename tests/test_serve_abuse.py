@@ -11,6 +11,8 @@ import httpx
 import numpy as np
 import pytest
 
+from elmokit.cli import build_parser
+from elmokit.cli.serve import _settings
 from elmokit.embedding import Embedder
 from elmokit.serving.settings import ServeSettings
 from elmokit.weights.native import load_pretrained_bilm
@@ -194,3 +196,12 @@ def test_an_integer_of_thousands_of_digits_is_422_not_500(server, route):
     assert r.status_code == 422
     assert r.json()["error"]["message"] == "the request body holds an integer too long to read (thousands of digits)"
     _still_serves(client)
+
+
+def test_the_new_limits_come_from_the_command_line(model_dir):
+    argv = ["serve", str(model_dir), "--body-timeout", "2.5", "--max-occurrences", "9", "--max-response-values", "77"]
+    settings = _settings(build_parser().parse_args(argv))
+    assert (settings.body_timeout_s, settings.max_occurrences, settings.max_response_values) == (2.5, 9, 77)
+    defaults = _settings(build_parser().parse_args(["serve", str(model_dir)]))
+    assert (defaults.body_timeout_s, defaults.max_occurrences, defaults.max_response_values) == (30.0, 256, 8_000_000)
+    assert ServeSettings(model="m").limits() == {**defaults.limits()}
