@@ -4,6 +4,7 @@ the tiny random model."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -14,6 +15,7 @@ import pytest
 from elmokit.cli import build_parser
 from elmokit.cli.serve import _settings
 from elmokit.embedding import Embedder
+from elmokit.serving import app as app_module
 from elmokit.serving.settings import ServeSettings
 from elmokit.weights.native import load_pretrained_bilm
 from serve_helpers import metric, running_server, save_tiny_model
@@ -205,3 +207,31 @@ def test_the_new_limits_come_from_the_command_line(model_dir):
     defaults = _settings(build_parser().parse_args(["serve", str(model_dir)]))
     assert (defaults.body_timeout_s, defaults.max_occurrences, defaults.max_response_values) == (30.0, 256, 8_000_000)
     assert ServeSettings(model="m").limits() == {**defaults.limits()}
+
+
+def test_parsing_and_building_answers_run_off_the_event_loop(server, monkeypatch):
+    # tokenising 2 MB of texts, or writing millions of numbers as JSON, on the event loop stalled every other request
+    # and /health for seconds; they run in worker threads
+    client, _ = server
+    seen = []
+
+    def spy(function):
+        def wrapped(*args, **kwargs):
+            try:
+                asyncio.get_running_loop()
+                seen.append((function.__name__, "event loop"))
+            except RuntimeError:
+                seen.append((function.__name__, "worker thread"))
+            return function(*args, **kwargs)
+
+        return wrapped
+
+    for name in ("parse_embed", "_embed_response", "parse_openai", "parse_similar", "similar_result"):
+        monkeypatch.setattr(app_module, name, spy(getattr(app_module, name)))
+    assert client.post("/embed", json={"texts": ["the bank"], "tokenizer": "moses"}).status_code == 200
+    assert client.post("/v1/embeddings", json={"input": "the bank"}).status_code == 200
+    assert client.post("/similar", json={"word": "bank", "texts": ["the bank", "a bank"]}).status_code == 200
+    assert seen == [
+        (name, "worker thread")
+        for name in ("parse_embed", "_embed_response", "parse_openai", "parse_similar", "similar_result")
+    ]

@@ -58,6 +58,7 @@ from elmokit.serving.batcher import Batcher, Job, WorkerStopped
 from elmokit.serving.metrics import Metrics
 from elmokit.serving.schemas import (
     NPZ_TYPE,
+    EmbedRequest,
     RequestError,
     SimilarRequest,
     base64_vector,
@@ -205,12 +206,15 @@ async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
-def _json(data: object, status: int = 200, headers: dict | None = None) -> Response:
+def _json_bytes(data: object) -> bytes:
     try:
-        body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate the client sent (JSON "\ud800"): echo it escaped, as it came
-        body = json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-    return Response(body, status_code=status, headers=headers, media_type="application/json")
+        return json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _json(data: object, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(_json_bytes(data), status_code=status, headers=headers, media_type="application/json")
 
 
 def _error(exc: RequestError) -> Response:
@@ -279,6 +283,22 @@ def _check_finite(arrays: list[np.ndarray], spec: OutputSpec) -> None:
     )
 
 
+def _embed_response(state: ServerState, req: EmbedRequest, arrays: list[np.ndarray], npz: bool) -> Response:
+    """``/embed``'s answer, built in a worker thread (millions of numbers as JSON take seconds, which would stall
+    every other request and ``/health`` on the event loop); the JSON one sentence at a time, so that the loop's
+    thread gets the interpreter between them. Raises 422 when the vectors overflow."""
+    _check_finite(arrays, req.spec)
+    if npz:
+        return Response(npz_bytes(arrays), media_type=NPZ_TYPE)
+    head = {"model": state.model_name, "options": req.spec.settings()}
+    items = [
+        _json_bytes({"index": i, "tokens": s, "shape": list(a.shape), "vectors": a.tolist()})
+        for i, (s, a) in enumerate(zip(req.sentences, arrays))
+    ]
+    body = _json_bytes(head)[:-1] + b',"data":[' + b",".join(items) + b"]}"
+    return Response(body, media_type="application/json")
+
+
 def _embed_route(state: ServerState):
     async def embed(request: Request) -> Response:
         accept = request.headers.get("accept", "")
@@ -286,16 +306,10 @@ def _embed_route(state: ServerState):
             return _error(RequestError(406, f"binary output is an .npz archive: send 'Accept: {NPZ_TYPE}'", "accept"))
 
         async def handle(body: dict) -> Response:
-            req = parse_embed(body, state.settings, state.embedder.num_layers, state.embedder.output_dim)
+            dims = (state.embedder.num_layers, state.embedder.output_dim)
+            req = await asyncio.to_thread(parse_embed, body, state.settings, *dims)  # texts tokenised off the loop
             arrays = await state.run(request, req.sentences, req.spec)
-            _check_finite(arrays, req.spec)
-            if NPZ_TYPE in accept:
-                return Response(npz_bytes(arrays), media_type=NPZ_TYPE)
-            data = [
-                {"index": i, "tokens": s, "shape": list(a.shape), "vectors": a.tolist()}
-                for i, (s, a) in enumerate(zip(req.sentences, arrays))
-            ]
-            return _json({"model": state.model_name, "options": req.spec.settings(), "data": data})
+            return await asyncio.to_thread(_embed_response, state, req, arrays, NPZ_TYPE in accept)
 
         return await _answer(state, request, handle)
 
@@ -305,7 +319,10 @@ def _embed_route(state: ServerState):
 def _openai_route(state: ServerState):
     async def embeddings(request: Request) -> Response:
         async def handle(body: dict) -> Response:
-            req, _, fmt = parse_openai(body, state.settings, state.openai_spec, state.embedder.output_dim)
+            parsed = await asyncio.to_thread(
+                parse_openai, body, state.settings, state.openai_spec, state.embedder.output_dim
+            )
+            req, _, fmt = parsed  # the strings tokenised off the event loop
             arrays = await state.run(request, req.sentences, req.spec)
             data = [
                 {
@@ -388,9 +405,9 @@ def similar_result(state: ServerState, req: SimilarRequest) -> dict:
 def _similar_route(state: ServerState):
     async def similar(request: Request) -> Response:
         async def handle(body: dict) -> Response:
-            req = parse_similar(body, state.settings)
+            req = await asyncio.to_thread(parse_similar, body, state.settings)  # texts tokenised off the event loop
             try:
-                return _json(await asyncio.to_thread(similar_result, state, req))
+                return await asyncio.to_thread(lambda: _json(similar_result(state, req)))
             except WorkerStopped as exc:
                 raise RequestError(503, str(exc), None, {"Retry-After": "1"}) from None
 
