@@ -35,6 +35,7 @@ import hmac
 import importlib.resources
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -78,9 +79,10 @@ logger = logging.getLogger(__name__)
 
 fastapi = import_optional("fastapi", "serve", "elmokit serve (the HTTP server)")
 responses = import_optional("fastapi.responses", "serve", "elmokit serve (the HTTP server)")
-starlette_requests = import_optional("starlette.requests", "serve", "elmokit serve (the HTTP server)")
 Request = fastapi.Request
 Response = responses.Response
+#: Raised while a body is read when the client has gone (FastAPI's Request is Starlette's; its module defines it).
+ClientDisconnect = sys.modules[Request.__module__].ClientDisconnect
 
 #: Paths answered without the API key: the page and its examples (static, no model) and the health probe.
 _OPEN_PATHS = ("/", "/health", "/examples")
@@ -265,7 +267,7 @@ async def _answer(state: ServerState, request: Request, handler) -> Response:
             return await handler(body)
     except RequestError as exc:
         return _error(exc)
-    except (_ClientGone, starlette_requests.ClientDisconnect):  # gone while queued, or while sending its body
+    except (_ClientGone, ClientDisconnect):  # gone while queued, or while sending its body
         return Response(status_code=499)
 
 
