@@ -47,6 +47,9 @@ def _settings(args: argparse.Namespace):
         max_client_sentences=args.max_client_sentences,
         max_tokens_per_sentence=args.max_tokens_per_sentence,
         payload_limit=args.payload_limit,
+        body_timeout_s=args.body_timeout,
+        max_occurrences=args.max_occurrences,
+        max_response_values=args.max_response_values,
         api_key=args.api_key,
         cors_origins=tuple(args.cors_origin or ()),
         device=str(resolve_cli_device(args.device)),
@@ -127,6 +130,26 @@ def _add_batching_options(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=2_000_000,
         help="request body bytes; more get 413 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-response-values",
+        type=positive_int,
+        default=8_000_000,
+        help="numbers in one /embed answer (positions x layers x width: 32 MB as .npz, ~160 MB as JSON); more "
+        "get 422 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-occurrences",
+        type=positive_int,
+        default=256,
+        help="occurrences of the word /similar compares (an n x n matrix per layer); more get 422 "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=positive_float,
+        default=30.0,
+        help="seconds a client has to send its whole request body; a slower one gets 408 (default: %(default)s)",
     )
 
 

@@ -16,10 +16,11 @@ Routes (the README's "Serving" section has examples):
   ``GET /info``, ``GET /metrics`` (Prometheus), ``GET /`` (the polysemy page), ``GET /examples`` (its examples).
 
 Statuses: 401 (no or wrong ``Authorization: Bearer`` key when the server has one; every route but ``/``,
-``/examples``, ``/health``), 413 (body over ``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences or
-options: one line naming the field and index, in the library's wording), 429 with ``Retry-After`` (over
-``--max-concurrent-requests``), 503 with ``Retry-After`` (no inference loop). A client that disconnects while its
-sentences wait has them dropped from the queue (logged as status 499). Errors are JSON in the OpenAI error shape
+``/examples``, ``/health``), 408 (the body not all sent within ``--body-timeout``), 413 (body over
+``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences or options: one line naming the field and
+index, in the library's wording), 429 with ``Retry-After`` (over ``--max-concurrent-requests``), 503 with
+``Retry-After`` (no inference loop). A client that disconnects while its sentences wait, or while it sends its body,
+is logged as status 499 (its queued sentences dropped). Errors are JSON in the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}``.
 
 FastAPI (on Starlette) rather than bare Starlette: the same ASGI core, with the OpenAPI schema of the routes at
@@ -34,6 +35,7 @@ import hmac
 import importlib.resources
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -57,6 +59,7 @@ from elmokit.serving.batcher import Batcher, Job, WorkerStopped
 from elmokit.serving.metrics import Metrics
 from elmokit.serving.schemas import (
     NPZ_TYPE,
+    EmbedRequest,
     RequestError,
     SimilarRequest,
     base64_vector,
@@ -78,6 +81,8 @@ fastapi = import_optional("fastapi", "serve", "elmokit serve (the HTTP server)")
 responses = import_optional("fastapi.responses", "serve", "elmokit serve (the HTTP server)")
 Request = fastapi.Request
 Response = responses.Response
+#: Raised while a body is read when the client has gone (FastAPI's Request is Starlette's; its module defines it).
+ClientDisconnect = sys.modules[Request.__module__].ClientDisconnect
 
 #: Paths answered without the API key: the page and its examples (static, no model) and the health probe.
 _OPEN_PATHS = ("/", "/health", "/examples")
@@ -176,24 +181,42 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is over ``limit`` bytes (by its Content-Length or as it arrives)."""
+async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The body, refused with 413 as soon as it is over ``limit`` bytes (by its Content-Length or as it arrives), and
+    with 408 when it has not all arrived within ``timeout`` seconds (a stalled client would otherwise hold its slot,
+    and a graceful shutdown, for ever). Raises starlette's ``ClientDisconnect`` when the client goes away."""
     length = request.headers.get("content-length")
     too_big = f"the request body is over the limit of {limit} bytes (--payload-limit): split the request"
     if length is not None and length.isdigit() and int(length) > limit:
         raise RequestError(413, too_big)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, too_big)
-        chunks.append(chunk)
+    chunks: list[bytes] = []
+
+    async def read() -> None:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(413, too_big)
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise RequestError(
+            408, f"the request body did not arrive within {timeout:g} s (--body-timeout)", None, {"Connection": "close"}
+        ) from None
     return b"".join(chunks)
 
 
+def _json_bytes(data: object) -> bytes:
+    try:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate the client sent (JSON "\ud800"): echo it escaped, as it came
+        return json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def _json(data: object, status: int = 200, headers: dict | None = None) -> Response:
-    body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return Response(body, status_code=status, headers=headers, media_type="application/json")
+    return Response(_json_bytes(data), status_code=status, headers=headers, media_type="application/json")
 
 
 def _error(exc: RequestError) -> Response:
@@ -206,7 +229,7 @@ class _Guard:
     def __init__(self, app, state: ServerState) -> None:
         self.app, self.state = app, state
         key = state.settings.api_key
-        self.expected = f"Bearer {key}".encode() if key else None
+        self.expected = key.encode() if key else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -231,19 +254,51 @@ class _Guard:
 
     def _authorised(self, scope) -> bool:
         given = dict(scope.get("headers") or []).get(b"authorization", b"")
-        return hmac.compare_digest(given, self.expected)
+        scheme, _, token = given.strip().partition(b" ")
+        # the scheme is case-insensitive (RFC 9110 §11.1: "bearer KEY" is "Bearer KEY")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)
 
 
 async def _answer(state: ServerState, request: Request, handler) -> Response:
     """Run an embedding route's ``handler(body)`` inside a slot, turning refusals into their statuses."""
     try:
         with state.slot():
-            body = parse_json(await _read_body(request, state.settings.payload_limit))
+            body = parse_json(await _read_body(request, state.settings.payload_limit, state.settings.body_timeout_s))
             return await handler(body)
     except RequestError as exc:
         return _error(exc)
-    except _ClientGone:
+    except (_ClientGone, ClientDisconnect):  # gone while queued, or while sending its body
         return Response(status_code=499)
+
+
+def _check_finite(arrays: list[np.ndarray], spec: OutputSpec) -> None:
+    """Raise 422 when an output holds inf or NaN (JSON cannot carry them): a fixed mix's weights, or float16's range,
+    too small for the values."""
+    if all(np.isfinite(a).all() for a in arrays):
+        return
+    options = spec.settings()
+    raise RequestError(
+        422,
+        f"the vectors overflow to inf or NaN with layers={options['layers']} and dtype={options['dtype']}: use smaller "
+        "mix weights (float32 holds values up to 3.4e38, float16 up to 65504)",
+        "layers" if spec.layers.kind == "mix" else "dtype",
+    )
+
+
+def _embed_response(state: ServerState, req: EmbedRequest, arrays: list[np.ndarray], npz: bool) -> Response:
+    """``/embed``'s answer, built in a worker thread (millions of numbers as JSON take seconds, which would stall
+    every other request and ``/health`` on the event loop); the JSON one sentence at a time, so that the loop's
+    thread gets the interpreter between them. Raises 422 when the vectors overflow."""
+    _check_finite(arrays, req.spec)
+    if npz:
+        return Response(npz_bytes(arrays), media_type=NPZ_TYPE)
+    head = {"model": state.model_name, "options": req.spec.settings()}
+    items = [
+        _json_bytes({"index": i, "tokens": s, "shape": list(a.shape), "vectors": a.tolist()})
+        for i, (s, a) in enumerate(zip(req.sentences, arrays))
+    ]
+    body = _json_bytes(head)[:-1] + b',"data":[' + b",".join(items) + b"]}"
+    return Response(body, media_type="application/json")
 
 
 def _embed_route(state: ServerState):
@@ -253,15 +308,10 @@ def _embed_route(state: ServerState):
             return _error(RequestError(406, f"binary output is an .npz archive: send 'Accept: {NPZ_TYPE}'", "accept"))
 
         async def handle(body: dict) -> Response:
-            req = parse_embed(body, state.settings, state.embedder.num_layers)
+            dims = (state.embedder.num_layers, state.embedder.output_dim)
+            req = await asyncio.to_thread(parse_embed, body, state.settings, *dims)  # texts tokenised off the loop
             arrays = await state.run(request, req.sentences, req.spec)
-            if NPZ_TYPE in accept:
-                return Response(npz_bytes(arrays), media_type=NPZ_TYPE)
-            data = [
-                {"index": i, "tokens": s, "shape": list(a.shape), "vectors": a.tolist()}
-                for i, (s, a) in enumerate(zip(req.sentences, arrays))
-            ]
-            return _json({"model": state.model_name, "options": req.spec.settings(), "data": data})
+            return await asyncio.to_thread(_embed_response, state, req, arrays, NPZ_TYPE in accept)
 
         return await _answer(state, request, handle)
 
@@ -271,7 +321,10 @@ def _embed_route(state: ServerState):
 def _openai_route(state: ServerState):
     async def embeddings(request: Request) -> Response:
         async def handle(body: dict) -> Response:
-            req, _, fmt = parse_openai(body, state.settings, state.openai_spec, state.embedder.output_dim)
+            parsed = await asyncio.to_thread(
+                parse_openai, body, state.settings, state.openai_spec, state.embedder.output_dim
+            )
+            req, _, fmt = parsed  # the strings tokenised off the event loop
             arrays = await state.run(request, req.sentences, req.spec)
             data = [
                 {
@@ -310,7 +363,7 @@ def similar_result(state: ServerState, req: SimilarRequest) -> dict:
     per layer the 2-D projection :func:`~elmokit.analysis.polysemy.plot_scale` draws (unit vectors, one scale).
 
     Raises:
-        RequestError: 422 when the word occurs in no sentence."""
+        RequestError: 422 when the word occurs in no sentence, or more than ``max_occurrences`` times."""
     occurrences = find_occurrences(req.sentences, req.word, req.match, req.labels)
     match = req.match if req.match != "auto" else ("span" if is_cjk(req.word) else "token")
     if not occurrences:
@@ -320,6 +373,13 @@ def similar_result(state: ServerState, req: SimilarRequest) -> dict:
             f"{'one whole token' if match == 'token' else 'a run of whole tokens'}; check the spelling, case and "
             "tokenisation)",
             "word",
+        )
+    if len(occurrences) > state.settings.max_occurrences:  # n² cosines a layer: bound the work and the answer
+        raise RequestError(
+            422,
+            f"the word {req.word!r} occurs {len(occurrences)} times; this server compares at most "
+            f"{state.settings.max_occurrences} occurrences (--max-occurrences): send fewer sentences",
+            "sentences",
         )
     vectors = occurrence_vectors(_QueuedEmbedder(state), req.sentences, occurrences, context=req.context)
     sims = layer_similarities(vectors)
@@ -347,9 +407,9 @@ def similar_result(state: ServerState, req: SimilarRequest) -> dict:
 def _similar_route(state: ServerState):
     async def similar(request: Request) -> Response:
         async def handle(body: dict) -> Response:
-            req = parse_similar(body, state.settings)
+            req = await asyncio.to_thread(parse_similar, body, state.settings)  # texts tokenised off the event loop
             try:
-                return _json(await asyncio.to_thread(similar_result, state, req))
+                return await asyncio.to_thread(lambda: _json(similar_result(state, req)))
             except WorkerStopped as exc:
                 raise RequestError(503, str(exc), None, {"Retry-After": "1"}) from None
 

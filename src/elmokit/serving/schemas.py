@@ -46,7 +46,7 @@ _SIMILAR_FIELDS = ("word", "sentences", "texts", "tokenizer", "labels", "match",
 
 
 class RequestError(Exception):
-    """A request the server refuses: ``status`` (401, 413, 422, 429, 503), ``message`` (one line), ``param`` (the
+    """A request the server refuses: ``status`` (401, 408, 413, 422, 429, 503), ``message`` (one line), ``param`` (the
     field it names, or ``None``) and ``headers`` (e.g. ``Retry-After``)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None) -> None:
@@ -77,6 +77,12 @@ def parse_json(body: bytes) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise _invalid(f"the request body is not valid JSON{where}: {getattr(exc, 'msg', exc)}", None) from None
+    except RecursionError:  # e.g. [[[[…]]]] nested deeper than the parser's recursion limit
+        raise _invalid(
+            "the request body is JSON nested too deeply (the fields need at most 2 levels of lists)", None
+        ) from None
+    except ValueError:  # an integer literal longer than Python reads (sys.get_int_max_str_digits(), 4300 digits)
+        raise _invalid("the request body holds an integer too long to read (thousands of digits)", None) from None
     if not isinstance(value, dict):
         raise _invalid(f"the request body must be a JSON object, got a {type(value).__name__}", None)
     return value
@@ -149,17 +155,38 @@ class EmbedRequest:
     spec: OutputSpec
 
 
-def parse_embed(body: dict, settings: ServeSettings, num_layers: int) -> EmbedRequest:
-    """A ``/embed`` body → :class:`EmbedRequest`. Raises :class:`RequestError` 422 naming the field."""
+def parse_embed(body: dict, settings: ServeSettings, num_layers: int, dim: int) -> EmbedRequest:
+    """A ``/embed`` body → :class:`EmbedRequest` for a model of ``num_layers`` (L+1) layers of ``dim`` (2P) values.
+    Raises :class:`RequestError` 422 naming the field, also when the answer would hold more than
+    ``settings.max_response_values`` numbers."""
     _check_fields(body, _EMBED_FIELDS)
-    sentences, _ = _sentences(body, settings)
+    sentences, field = _sentences(body, settings)
     options = {k: body[k] for k in ("layers", "pool", "keep_sentence_boundaries", "dtype") if k in body}
     try:
         spec = OutputSpec.make(**options, num_layers=num_layers)
     except ElmoError as exc:
         named = [k for k in options if str(exc).startswith(k)]
         raise _invalid(str(exc), named[0] if named else next(iter(options), None)) from None
+    _check_response_size(sentences, field, spec, num_layers, dim, settings)
     return EmbedRequest(sentences, spec)
+
+
+def _check_response_size(
+    sentences: list[list[str]], field: str, spec: OutputSpec, num_layers: int, dim: int, settings: ServeSettings
+) -> None:
+    """Refuse (422) an answer of more than ``max_response_values`` numbers: the sentences' positions (1 when pooled;
+    +2 with the boundaries) × the layers returned × ``dim``. (256 sentences of 512 tokens, all layers of a 1024-wide
+    model, from a 0.5 MB body: 400 million numbers, gigabytes of JSON.)"""
+    per_position = (num_layers if spec.layers.kind == "all" else 1) * dim
+    extra = 2 if spec.keep_sentence_boundaries else 0
+    values = sum(1 if spec.pool != "none" else len(s) + extra for s in sentences) * per_position
+    if values > settings.max_response_values:
+        raise _invalid(
+            f"the answer would hold {values} numbers ({len(sentences)} sentences; positions × layers × {dim}); this "
+            f"server returns at most {settings.max_response_values} per request (--max-response-values): split the "
+            "request, pool, or ask for fewer layers",
+            field,
+        )
 
 
 def parse_openai(body: dict, settings: ServeSettings, spec: OutputSpec, dim: int) -> tuple[EmbedRequest, str, str]:
@@ -171,6 +198,10 @@ def parse_openai(body: dict, settings: ServeSettings, spec: OutputSpec, dim: int
         raise _invalid("'input' is required: a string or a list of strings", "input")
     texts = body["input"]
     texts = [texts] if isinstance(texts, str) else texts
+    _check_openai_input(texts, settings)
+    for name in ("model", "user"):
+        if not isinstance(body.get(name, ""), str):
+            raise _invalid(f"{name} must be a string, got {body[name]!r}", name)
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise _invalid(f"encoding_format must be 'float' or 'base64', got {fmt!r}", "encoding_format")
@@ -189,6 +220,19 @@ def parse_openai(body: dict, settings: ServeSettings, spec: OutputSpec, dim: int
                 "input",
             )
     return EmbedRequest(sentences, spec), str(body.get("model", "")), fmt
+
+
+def _check_openai_input(texts: object, settings: ServeSettings) -> None:
+    """Refuse (422) an empty ``input`` list and token-id arrays (OpenAI's integer form: this server tokenises the
+    strings itself)."""
+    if texts == []:
+        raise _invalid("input is an empty list: give a string or a list of strings", "input")
+    ids = "token ids are not taken: send the text; this server tokenises it (--tokenizer {})"
+    if isinstance(texts, list) and texts and all(isinstance(t, int) and not isinstance(t, bool) for t in texts):
+        raise _invalid("input is a list of integers: " + ids.format(settings.tokenizer), "input")
+    for i, text in enumerate(texts if isinstance(texts, list) else []):
+        if isinstance(text, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in text):
+            raise _invalid(f"input[{i}] is a list of integers: " + ids.format(settings.tokenizer), "input")
 
 
 @dataclass(frozen=True)

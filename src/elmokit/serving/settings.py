@@ -37,6 +37,9 @@ class ServeSettings:
         max_client_sentences: sentences (or texts) in one request; more is answered 422.
         max_tokens_per_sentence: tokens in one sentence; more is answered 422.
         payload_limit: request body bytes; more is answered 413.
+        max_response_values: numbers in one ``/embed`` answer (positions × layers × width); more is answered 422.
+        max_occurrences: occurrences of the word ``/similar`` compares (an n × n matrix a layer); more is 422.
+        body_timeout_s: seconds a client has to send its whole body; a slower one is answered 408.
         api_key: the Bearer token every route but ``/``, ``/examples`` and ``/health`` requires (``None``: none).
         cors_origins: origins allowed by CORS (empty: no CORS headers).
         device / precision: where and how the model runs (:class:`~elmokit.Embedder`'s options).
@@ -56,6 +59,9 @@ class ServeSettings:
     max_client_sentences: int = 256
     max_tokens_per_sentence: int = 512
     payload_limit: int = 2_000_000
+    body_timeout_s: float = 30.0
+    max_occurrences: int = 256
+    max_response_values: int = 8_000_000
     api_key: str | None = None
     cors_origins: tuple[str, ...] = ()
     device: str | None = None
@@ -85,6 +91,9 @@ class ServeSettings:
             "max_client_sentences",
             "max_tokens_per_sentence",
             "payload_limit",
+            "body_timeout_s",
+            "max_occurrences",
+            "max_response_values",
         )
         return {name: getattr(self, name) for name in names}
 
