@@ -303,3 +303,9 @@ def test_loaded_model_input_types(model):
     c, h = model.start_state
     state = (c.expand(-1, -1, 2, -1).clone().requires_grad_(), h.expand(-1, -1, 2, -1).clone().requires_grad_())
     _assert_same(ex(ids, state), want)
+
+
+def test_load_exported_refuses_bad_threads(tmp_path):
+    for bad in (0, -1, "2", 2.5, True, 10**6):
+        with pytest.raises(UsageError, match="threads must be"):
+            load_exported(tmp_path / "m.onnx", threads=bad)

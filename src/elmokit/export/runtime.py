@@ -23,6 +23,8 @@ State = tuple[torch.Tensor, torch.Tensor]
 #: the id dtypes a call takes (as BiLM.check_char_ids; uint64 has no min/max in torch)
 _ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 _ID_DTYPES_NP = tuple(np.dtype(d) for d in (np.int64, np.int32, np.int16, np.int8, np.uint8))
+#: the most ONNX Runtime threads load_exported accepts (a typo such as 100000 would hang creating them)
+MAX_THREADS = 1024
 
 
 @dataclass
@@ -232,10 +234,15 @@ def load_exported(path: str | os.PathLike, *, threads: int | None = None) -> Exp
     Returns an :class:`ExportedBiLM`.
 
     Raises:
-        MissingFileError: no such file. UsageError: a suffix other than ``.pt2`` / ``.onnx``.
+        MissingFileError: no such file. UsageError: a suffix other than ``.pt2`` / ``.onnx``; ``threads`` not a whole
+            number in [1, 1024].
         WeightsError: a damaged file, or one without elmokit's metadata (one line naming the file).
         MissingExtraError: ``onnx`` / ``onnxruntime`` missing for an ONNX file (``pip install 'elmokit[export]'``).
     """
+    if threads is not None and (
+        not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS
+    ):
+        raise UsageError(f"threads must be None or a whole number from 1 to {MAX_THREADS}, got {threads!r}")
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"exported model {path} not found" + (" (it is a folder)" if path.is_dir() else ""))
