@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -309,3 +310,32 @@ def test_load_exported_refuses_bad_threads(tmp_path):
     for bad in (0, -1, "2", 2.5, True, 10**6):
         with pytest.raises(UsageError, match="threads must be"):
             load_exported(tmp_path / "m.onnx", threads=bad)
+
+
+def test_unwritable_output_refused_before_the_trace(model, tmp_path, monkeypatch, capsys):
+    """An output under a file, or in a folder that cannot be written, is refused in one line before any trace
+    (export_model and the CLI); nothing is left behind."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("traced before checking the output")
+
+    monkeypatch.setattr(torch.onnx, "export", no_trace)
+    monkeypatch.setattr(torch.export, "export", no_trace)
+    for kind in ("onnx", "pt2"):
+        with pytest.raises(UsageError, match=r"cannot write the export .*file is a file, not a folder") as err:
+            export_model(model, blocker / f"m.{kind}", kind)
+        assert "\n" not in str(err.value)
+    save_pretrained(model, tmp_path / "model")
+    assert cli_main(["export", str(tmp_path / "model"), str(blocker / "m.pt2"), "--format", "pt2"]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    shutil.rmtree(tmp_path / "model")
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    monkeypatch.setattr(
+        tempfile, "mkstemp", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+    )
+    with pytest.raises(UsageError, match=r"ro cannot be made or written in \(Permission denied\)"):
+        export_model(model, readonly / "m.onnx", "onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "ro"] and not list(readonly.iterdir())

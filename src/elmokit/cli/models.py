@@ -164,6 +164,7 @@ def _export_program(args: argparse.Namespace) -> int:
     import time  # lazy: CLI start-up
 
     from elmokit.export import FORMATS, check_exportable, export_model  # lazy: CLI start-up
+    from elmokit.export.files import check_output_file  # lazy: CLI start-up
     from elmokit.weights.native import load_pretrained_bilm  # lazy: CLI start-up
 
     out, suffix = args.output, FORMATS[args.format]
@@ -174,6 +175,7 @@ def _export_program(args: argparse.Namespace) -> int:
     if out.exists() and not args.overwrite:
         raise UsageError(f"{out} already exists: choose another name or pass --overwrite")
     model = check_exportable(load_pretrained_bilm(args.model))  # refuses before the slow trace
+    check_output_file(out)  # so does an output that cannot be written
     start = time.perf_counter()
     export_model(model, out, args.format)
     size = out.stat().st_size / 2**20
