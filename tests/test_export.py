@@ -246,6 +246,8 @@ def test_cli_exports_a_character_vocabulary_model(tmp_path, capsys):
     out = tmp_path / "out" / "chars.onnx"
     assert cli_main(["export", str(folder), str(tmp_path / "out" / "chars.pt2"), "--format", "onnx"]) == 2
     assert "ending in .onnx" in capsys.readouterr().err
+    assert cli_main(["export", str(folder), str(out)]) == 2  # no --format: original would write a folder "chars.onnx"
+    assert "pass --format onnx" in capsys.readouterr().err and not out.exists()
     assert cli_main(["export", str(folder), str(out), "--format", "onnx"]) == 0
     assert f"wrote {out} (onnx" in capsys.readouterr().out
     assert cli_main(["export", str(folder), str(out), "--format", "onnx"]) == 2

@@ -145,6 +145,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     _check_not_inside(args.output, model_folder(args.model), args.model, "export")
     if args.format != "original":
         return _export_program(args)
+    program = {".pt2": "pt2", ".onnx": "onnx"}.get(args.output.suffix)
+    if program is not None:  # a forgotten --format would write a folder of that name
+        raise UsageError(
+            f"OUT {args.output} names a .{program} file: pass --format {program} (the default format, original, "
+            "writes a folder of options.json + weights.hdf5)"
+        )
     vocab_file = _model_vocabulary(args.model)
     names = ("options.json", "weights.hdf5") + (("vocab.txt",) if vocab_file else ())
     _check_output_folder(args.output, args.overwrite, names, "an export")
