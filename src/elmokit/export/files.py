@@ -30,7 +30,16 @@ from elmokit.export.program import InferenceProgram
 from elmokit.io import atomic_path, atomic_write_bytes
 from elmokit.modules.bilm import BiLM
 
-__all__ = ["FORMATS", "INPUT_NAMES", "OUTPUT_NAMES", "META_NAME", "export_model", "metadata", "check_exportable"]
+__all__ = [
+    "FORMATS",
+    "INPUT_NAMES",
+    "OUTPUT_NAMES",
+    "META_NAME",
+    "export_model",
+    "metadata",
+    "check_exportable",
+    "check_output_file",
+]
 
 log = logging.getLogger(__name__)
 
