@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 import random
 import shutil
+import tempfile
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,7 +21,7 @@ from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig, batch_to_ids
 from elmokit.characters import CharVocabulary
 from elmokit.cli import main as cli_main
 from elmokit.errors import InputError, InputTypeError, UsageError, WeightsError
-from elmokit.export import export_model, load_exported
+from elmokit.export import ExportedBiLM, InferenceProgram, export_model, load_exported, metadata
 from elmokit.modules.bilm import StatefulBiLM
 from elmokit.weights.native import save_pretrained
 
@@ -188,6 +191,9 @@ def test_bad_input_to_loaded_model(exported):
         ex(ids)
     with pytest.raises(InputError, match=r"state must be \(c, h\)"):
         ex(batch_to_ids([["a"]]), (torch.zeros(2, 2, 2, 16), torch.zeros(2, 2, 2, 8)))
+    c, h = ex.initial_state(1)  # a state that requires grad runs (ONNX Runtime is fed its values)
+    got = ex(batch_to_ids([["a"]]), (c.clone().requires_grad_(), h.clone().requires_grad_()))
+    assert torch.equal(got.layers, ex(batch_to_ids([["a"]])).layers)
 
 
 def test_refuses_models_it_cannot_hold(model, tmp_path):
@@ -240,6 +246,8 @@ def test_cli_exports_a_character_vocabulary_model(tmp_path, capsys):
     out = tmp_path / "out" / "chars.onnx"
     assert cli_main(["export", str(folder), str(tmp_path / "out" / "chars.pt2"), "--format", "onnx"]) == 2
     assert "ending in .onnx" in capsys.readouterr().err
+    assert cli_main(["export", str(folder), str(out)]) == 2  # no --format: original would write a folder "chars.onnx"
+    assert "pass --format onnx" in capsys.readouterr().err and not out.exists()
     assert cli_main(["export", str(folder), str(out), "--format", "onnx"]) == 0
     assert f"wrote {out} (onnx" in capsys.readouterr().out
     assert cli_main(["export", str(folder), str(out), "--format", "onnx"]) == 2
@@ -250,3 +258,86 @@ def test_cli_exports_a_character_vocabulary_model(tmp_path, capsys):
     with torch.no_grad():
         want = model(ids)
     _assert_same(ex(ids), want)
+
+
+def _unexported(model) -> ExportedBiLM:
+    """An :class:`ExportedBiLM` whose program is the eager :class:`InferenceProgram` (its input checks, no export)."""
+    program = InferenceProgram(model).eval()
+
+    def run(ids, c0, h0):
+        with torch.no_grad():
+            return program(ids, c0, h0)
+
+    return ExportedBiLM(Path("eager.onnx"), "onnx", metadata(model, "onnx"), run)
+
+
+def test_loaded_model_refuses_ids_of_the_other_scheme():
+    """A large character vocabulary (its table holds the byte ids 259..261): byte-scheme ids are refused as
+    ``BiLM`` refuses them, not run to wrong vectors; its own ids equal eager."""
+    vocab = CharVocabulary([chr(0x4E00 + i) for i in range(300)] + list("abc"), 12)
+    model = _model(seed=4, char_vocab=vocab)
+    ex = _unexported(model)
+    assert ex.n_ids > 261
+    byte_ids = batch_to_ids([["abc", "de"]], 12)
+    with pytest.raises(InputError, match="other character scheme"):
+        model(byte_ids)
+    with pytest.raises(InputError, match="other character scheme") as err:
+        ex(byte_ids)
+    assert "\n" not in str(err.value)
+    ids = batch_to_ids([["abc", chr(0x4E00) + chr(0x4E00 + 299)], []], 12, char_vocab=ex.char_vocab)
+    with torch.no_grad():
+        _assert_same(ex(ids), model(ids))
+
+
+def test_loaded_model_input_types(model):
+    """numpy ids of a non-id dtype, uint64 and object arrays, a read-only array, a state that requires grad."""
+    ex = _unexported(model)
+    ids = batch_to_ids([["the", "cat"], ["a"]])
+    for bad in (ids.numpy().astype(np.uint64), ids.numpy().astype(object), ids.numpy().astype(np.float32)):
+        with pytest.raises(InputTypeError, match="integer ids"):
+            ex(bad)
+    with pytest.raises(InputTypeError, match="integer ids"):
+        ex(ids.to(torch.uint64))
+    frozen = ids.numpy().copy()
+    frozen.setflags(write=False)
+    with torch.no_grad():
+        want = model(ids)
+    _assert_same(ex(frozen), want)
+    c, h = model.start_state
+    state = (c.expand(-1, -1, 2, -1).clone().requires_grad_(), h.expand(-1, -1, 2, -1).clone().requires_grad_())
+    _assert_same(ex(ids, state), want)
+
+
+def test_load_exported_refuses_bad_threads(tmp_path):
+    for bad in (0, -1, "2", 2.5, True, 10**6):
+        with pytest.raises(UsageError, match="threads must be"):
+            load_exported(tmp_path / "m.onnx", threads=bad)
+
+
+def test_unwritable_output_refused_before_the_trace(model, tmp_path, monkeypatch, capsys):
+    """An output under a file, or in a folder that cannot be written, is refused in one line before any trace
+    (export_model and the CLI); nothing is left behind."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("traced before checking the output")
+
+    monkeypatch.setattr(torch.onnx, "export", no_trace)
+    monkeypatch.setattr(torch.export, "export", no_trace)
+    for kind in ("onnx", "pt2"):
+        with pytest.raises(UsageError, match=r"cannot write the export .*file is a file, not a folder") as err:
+            export_model(model, blocker / f"m.{kind}", kind)
+        assert "\n" not in str(err.value)
+    save_pretrained(model, tmp_path / "model")
+    assert cli_main(["export", str(tmp_path / "model"), str(blocker / "m.pt2"), "--format", "pt2"]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    shutil.rmtree(tmp_path / "model")
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    monkeypatch.setattr(
+        tempfile, "mkstemp", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+    )
+    with pytest.raises(UsageError, match=r"ro cannot be made or written in \(Permission denied\)"):
+        export_model(model, readonly / "m.onnx", "onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "ro"] and not list(readonly.iterdir())

@@ -145,6 +145,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     _check_not_inside(args.output, model_folder(args.model), args.model, "export")
     if args.format != "original":
         return _export_program(args)
+    program = {".pt2": "pt2", ".onnx": "onnx"}.get(args.output.suffix)
+    if program is not None:  # a forgotten --format would write a folder of that name
+        raise UsageError(
+            f"OUT {args.output} names a .{program} file: pass --format {program} (the default format, original, "
+            "writes a folder of options.json + weights.hdf5)"
+        )
     vocab_file = _model_vocabulary(args.model)
     names = ("options.json", "weights.hdf5") + (("vocab.txt",) if vocab_file else ())
     _check_output_folder(args.output, args.overwrite, names, "an export")
@@ -164,6 +170,7 @@ def _export_program(args: argparse.Namespace) -> int:
     import time  # lazy: CLI start-up
 
     from elmokit.export import FORMATS, check_exportable, export_model  # lazy: CLI start-up
+    from elmokit.export.files import check_output_file  # lazy: CLI start-up
     from elmokit.weights.native import load_pretrained_bilm  # lazy: CLI start-up
 
     out, suffix = args.output, FORMATS[args.format]
@@ -174,6 +181,7 @@ def _export_program(args: argparse.Namespace) -> int:
     if out.exists() and not args.overwrite:
         raise UsageError(f"{out} already exists: choose another name or pass --overwrite")
     model = check_exportable(load_pretrained_bilm(args.model))  # refuses before the slow trace
+    check_output_file(out)  # so does an output that cannot be written
     start = time.perf_counter()
     export_model(model, out, args.format)
     size = out.stat().st_size / 2**20

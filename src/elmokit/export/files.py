@@ -18,6 +18,7 @@ import io
 import json
 import logging
 import os
+import tempfile
 import warnings
 import zipfile
 from pathlib import Path
@@ -29,7 +30,16 @@ from elmokit.export.program import InferenceProgram
 from elmokit.io import atomic_path, atomic_write_bytes
 from elmokit.modules.bilm import BiLM
 
-__all__ = ["FORMATS", "INPUT_NAMES", "OUTPUT_NAMES", "META_NAME", "export_model", "metadata", "check_exportable"]
+__all__ = [
+    "FORMATS",
+    "INPUT_NAMES",
+    "OUTPUT_NAMES",
+    "META_NAME",
+    "export_model",
+    "metadata",
+    "check_exportable",
+    "check_output_file",
+]
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +153,9 @@ def export_model(model: BiLM, path: str | os.PathLike, kind: str, *, inductor_co
     Returns the path written. Load it with :func:`elmokit.export.load_exported`.
 
     Raises:
-        UsageError: an unknown ``kind``, a wrong suffix, or a model the format cannot hold (see
-            :func:`check_exportable`); InputTypeError: not a BiLM; MissingExtraError: ``onnx`` / ``onnxscript``
+        UsageError: an unknown ``kind``, a wrong suffix, an output that is a folder or cannot be written (see
+            :func:`check_output_file`), or a model the format cannot hold (see :func:`check_exportable`);
+            InputTypeError: not a BiLM; MissingExtraError: ``onnx`` / ``onnxscript``
             missing (``pip install 'elmokit[export]'``).
     """
     if kind not in FORMATS:
@@ -153,6 +164,7 @@ def export_model(model: BiLM, path: str | os.PathLike, kind: str, *, inductor_co
     if path.suffix != FORMATS[kind]:
         raise UsageError(f"a {kind} export is written to a file ending in {FORMATS[kind]}, got {path}")
     check_exportable(model)
+    check_output_file(path)  # before the trace: an unwritable place would otherwise fail only after it
     was_training = model.training
     model.eval()
     try:
@@ -167,6 +179,33 @@ def export_model(model: BiLM, path: str | os.PathLike, kind: str, *, inductor_co
     finally:
         model.train(was_training)
     return path
+
+
+def check_output_file(path: Path) -> None:
+    """Refuse, before any slow work, an output ``path`` that is a folder or whose folder cannot be made or written
+    in (its parent folders are created, as the atomic write would).
+
+    Raises:
+        UsageError: naming the path and the reason.
+    """
+    if path.is_dir():
+        raise UsageError(
+            f"the output {path} is a folder: an export writes one file (e.g. {path / 'model'}{path.suffix})"
+        )
+    parent = path.parent
+    blocker = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UsageError(f"cannot write the export {path}: {blocker} is a file, not a folder")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(
+            f"cannot write the export {path}: its folder {parent} cannot be made or written in ({reason})"
+        ) from exc
 
 
 def _export_pt2(model: BiLM, path: Path, inductor_configs: dict | None) -> None:

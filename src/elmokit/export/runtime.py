@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elmokit.characters import CharVocabulary
+from elmokit.characters import ByteCharacterMapper, CharVocabulary
 from elmokit.errors import InputError, InputTypeError, MissingFileError, UsageError, WeightsError, import_optional
 from elmokit.export.files import FORMATS, INPUT_NAMES, META_NAME, graph_digest
 from elmokit.modules.padding import check_left_aligned, token_mask
@@ -20,6 +20,11 @@ from elmokit.modules.padding import check_left_aligned, token_mask
 __all__ = ["ExportedBiLM", "ExportedOutput", "load_exported"]
 
 State = tuple[torch.Tensor, torch.Tensor]
+#: the id dtypes a call takes (as BiLM.check_char_ids; uint64 has no min/max in torch)
+_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+_ID_DTYPES_NP = tuple(np.dtype(d) for d in (np.int64, np.int32, np.int16, np.int8, np.uint8))
+#: the most ONNX Runtime threads load_exported accepts (a typo such as 100000 would hang creating them)
+MAX_THREADS = 1024
 
 
 @dataclass
@@ -79,14 +84,20 @@ class ExportedBiLM:
 
     def _check(self, char_ids) -> torch.Tensor:
         if isinstance(char_ids, np.ndarray):
-            char_ids = torch.from_numpy(char_ids)
+            if char_ids.dtype not in _ID_DTYPES_NP:
+                raise InputTypeError(
+                    f"char_ids must be integer ids (an int64 array, as batch_to_ids), got numpy dtype {char_ids.dtype}"
+                )
+            char_ids = torch.from_numpy(np.array(char_ids, copy=not char_ids.flags.writeable))
         if not isinstance(char_ids, torch.Tensor):
             raise InputTypeError(
                 f"char_ids must be a LongTensor (B, T, C) from batch_to_ids, got {type(char_ids).__name__}"
             )
+        if char_ids.device.type != "cpu":
+            raise InputError(f"char_ids must be on the CPU (an exported model runs there), got {char_ids.device}")
         if char_ids.dim() != 3 or char_ids.shape[-1] != self.width:
             raise InputError(f"char_ids must have shape (B, T, {self.width}), got {tuple(char_ids.shape)}")
-        if char_ids.dtype.is_floating_point or char_ids.dtype.is_complex or char_ids.dtype == torch.bool:
+        if char_ids.dtype not in _ID_DTYPES:
             raise InputTypeError(f"char_ids must be integer ids (a LongTensor from batch_to_ids), got {char_ids.dtype}")
         if char_ids.numel():
             lo, hi = int(char_ids.min()), int(char_ids.max())
@@ -94,18 +105,41 @@ class ExportedBiLM:
                 raise InputError(
                     f"char_ids contain {lo if lo < 0 else hi}, outside the character table [0, {self.n_ids})"
                 )
-        check_left_aligned(token_mask(char_ids), "char_ids")
+        mask = token_mask(char_ids)
+        check_left_aligned(mask, "char_ids")
+        self._check_scheme(char_ids[mask])
         return char_ids.to(torch.long).contiguous()
+
+    def _check_scheme(self, real: torch.Tensor) -> None:
+        """Refuse ids made for the other character scheme (as :meth:`BiLM.check_char_ids`): with a large character
+        vocabulary, byte ids fall inside its table and would run to wrong vectors."""
+        own, other = (
+            (ByteCharacterMapper, CharVocabulary) if self.char_vocab is None else (CharVocabulary, ByteCharacterMapper)
+        )
+        if not real.shape[0] or own.bow_char == other.bow_char:
+            return
+        first, last = real[:, 0], real[:, -1]
+        if bool(((first == other.bow_char) & ((last == other.pad_char) | (last == other.eow_char))).all()):
+            made_by = (
+                "batch_to_ids(sentences)"
+                if self.char_vocab is None
+                else (f"batch_to_ids(sentences, {self.width}, char_vocab=model.char_vocab)")
+            )
+            raise InputError(
+                f"char_ids were made for the other character scheme (every token starts with its begin-of-word id "
+                f"{other.bow_char}); this model's ids come from {made_by}"
+            )
 
     def _check_state(self, state, batch_size: int) -> State:
         want = ((2, self.n_layers, batch_size, self.dim), (2, self.n_layers, batch_size, self.projection_dim))
         ok = isinstance(state, (tuple, list)) and len(state) == 2
-        ok = ok and all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in state)
+        ok = ok and all(isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type == "cpu" for t in state)
         if not ok or tuple(state[0].shape) != want[0] or tuple(state[1].shape) != want[1]:
             raise InputError(
-                f"state must be (c, h) float tensors of shapes {want[0]} and {want[1]} (2 directions, L layers, B rows)"
+                f"state must be (c, h) float CPU tensors of shapes {want[0]} and {want[1]} (2 directions, L layers, "
+                "B rows)"
             )
-        return state[0].to(torch.float32).contiguous(), state[1].to(torch.float32).contiguous()
+        return tuple(t.detach().to(torch.float32).contiguous() for t in state)
 
     def __call__(self, char_ids, state: State | None = None) -> ExportedOutput:
         ids = self._check(char_ids)
@@ -200,10 +234,15 @@ def load_exported(path: str | os.PathLike, *, threads: int | None = None) -> Exp
     Returns an :class:`ExportedBiLM`.
 
     Raises:
-        MissingFileError: no such file. UsageError: a suffix other than ``.pt2`` / ``.onnx``.
+        MissingFileError: no such file. UsageError: a suffix other than ``.pt2`` / ``.onnx``; ``threads`` not a whole
+            number in [1, 1024].
         WeightsError: a damaged file, or one without elmokit's metadata (one line naming the file).
         MissingExtraError: ``onnx`` / ``onnxruntime`` missing for an ONNX file (``pip install 'elmokit[export]'``).
     """
+    if threads is not None and (
+        not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS
+    ):
+        raise UsageError(f"threads must be None or a whole number from 1 to {MAX_THREADS}, got {threads!r}")
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"exported model {path} not found" + (" (it is a folder)" if path.is_dir() else ""))
