@@ -233,6 +233,9 @@ def load_exported(path: str | os.PathLike, *, threads: int | None = None) -> Exp
 
     Returns an :class:`ExportedBiLM`.
 
+    Loading a ``.pt2`` runs the native code inside it (as importing a module runs its code): load only files you made
+    or trust. An ``.onnx`` file is a graph that ONNX Runtime interprets.
+
     Raises:
         MissingFileError: no such file. UsageError: a suffix other than ``.pt2`` / ``.onnx``; ``threads`` not a whole
             number in [1, 1024].
