@@ -7,8 +7,9 @@ the sentences are the first ``--sentences`` of UD English-EWT dev (``../shared/d
 1. offline: ``Embedder.embed_sentences`` (batch 64, length-sorted) over the sentences, once pooled (``layers=average,
    pool=mean``) and once all layers, in this process with ``--threads`` torch threads: real tokens/s;
 2. ``elmokit serve`` (a child process, ``--threads``, loopback, port 0) driven by ``--clients`` concurrent clients for
-   ``--seconds`` each, one sentence a request, with three outputs: pooled JSON (``/embed`` average + mean), all-layer
-   binary (``Accept: application/x-npz``) and all-layer JSON;
+   ``--seconds`` each, one sentence a request (``--sentences-per-request K``: K consecutive sentences), with three
+   outputs: pooled JSON (``/embed`` average + mean), all-layer binary (``Accept: application/x-npz``) and all-layer
+   JSON;
 3. the same server with ``--max-batch-sentences 1`` (no dynamic batching), pooled;
 4. ``--overload-clients`` clients against ``--max-concurrent-requests --overload-limit``, pooled: only 200 and 429
    may come back (a client honours ``Retry-After``), no time-outs.
@@ -215,13 +216,14 @@ def load(port: int, requests: list, clients: int, seconds: float, cap: int, time
     }
 
 
-def bodies(sentences: list[list[str]], mode: str) -> list[tuple[bytes, dict, int]]:
-    """One request per sentence: (body, headers, tokens)."""
+def bodies(sentences: list[list[str]], mode: str, per_request: int = 1) -> list[tuple[bytes, dict, int]]:
+    """One request per ``per_request`` consecutive sentences: (body, headers, tokens)."""
     options = {"pooled": {"layers": "average", "pool": "mean"}, "binary": {}, "json": {}}[mode]
     headers = {"Content-Type": "application/json"}
     if mode == "binary":
         headers["Accept"] = "application/x-npz"
-    return [(json.dumps({"sentences": [s], **options}).encode(), headers, len(s)) for s in sentences]
+    groups = [sentences[i : i + per_request] for i in range(0, len(sentences), per_request)]
+    return [(json.dumps({"sentences": g, **options}).encode(), headers, sum(len(s) for s in g)) for g in groups]
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -229,7 +231,14 @@ def phase(model_dir, sentences, args, modes, clients, *extra) -> dict:
     proc, port = start_server(model_dir, args.threads, *extra)
     try:
         out = {
-            mode: load(port, bodies(sentences, mode), clients, args.seconds, args.max_requests, args.timeout)
+            mode: load(
+                port,
+                bodies(sentences, mode, args.sentences_per_request),
+                clients,
+                args.seconds,
+                args.max_requests,
+                args.timeout,
+            )
             for mode in modes
         }
     finally:
@@ -244,6 +253,7 @@ def main() -> None:
     p.add_argument("--sentences", type=int, default=2000, help="the first N of EWT dev (it holds 2,001)")
     p.add_argument("--threads", type=int, default=2, help="torch threads, offline and in the server")
     p.add_argument("--max-requests", type=int, default=1_000_000, help="per phase, whatever the time")
+    p.add_argument("--sentences-per-request", type=int, default=1, help="consecutive EWT sentences in one request")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     p.add_argument("--overload-clients", type=int, default=512)
     p.add_argument("--overload-limit", type=int, default=64, help="the server's --max-concurrent-requests")
