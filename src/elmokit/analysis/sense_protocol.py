@@ -49,7 +49,7 @@ from elmokit.analysis.senses import (
     STATIC_GRID,
     centroid_predict,
     cv_folds,
-    macro_f1,
+    folds_macro_f1,
     mfs_scores,
     nn1_predict,
     scores,
@@ -264,10 +264,7 @@ def cv_macro_f1(
     params: Mapping | None = None,
 ) -> float:
     """Mean macro-F1 over ``folds`` (``[(train_idx, held_out_idx), ...]``) of ``classifier`` on (N, D) vectors."""
-    y = np.asarray(list(labels), dtype=object)
-    x = np.asarray(vectors)
-    vals = [macro_f1(y[te], predict(classifier, x[tr], y[tr], x[te], params), senses) for tr, te in folds]
-    return float(np.mean(vals))
+    return folds_macro_f1(vectors, labels, senses, folds, lambda m, ml, q: predict(classifier, m, ml, q, params))
 
 
 # ---------------------------------------------------------------------------------------------- the choice

@@ -85,6 +85,7 @@ __all__ = [
     "choose_static_settings",
     "cv_folds",
     "cv_score",
+    "folds_macro_f1",
     "example_vectors",
     "TIE_TOLERANCE",
 ]
@@ -315,9 +316,21 @@ def cv_score(
 ) -> float:
     """Mean macro-F1 over ``folds`` of ``classifier`` (``"1nn"`` or ``"centroid"``) on (N, D) vectors."""
     predict = {"1nn": nn1_predict, "centroid": centroid_predict}[classifier]
-    y = np.asarray([e.label for e in examples], dtype=object)
-    vals = [macro_f1(y[te], predict(vectors[tr], y[tr], vectors[te]), senses) for tr, te in folds]
-    return float(np.mean(vals))
+    return folds_macro_f1(vectors, [e.label for e in examples], senses, folds, predict)
+
+
+def folds_macro_f1(
+    vectors: np.ndarray,
+    labels: Sequence[str],
+    senses: Sequence[str] | None,
+    folds: Sequence[tuple[np.ndarray, np.ndarray]],
+    predict,
+) -> float:
+    """Mean macro-F1 over ``folds`` (``[(train_idx, held_out_idx), ...]``) of ``predict(memory (n, D), memory labels,
+    queries (m, D)) -> (m,) labels`` on (N, D) vectors: each fold's held-out part classified from its train part."""
+    y = np.asarray(list(labels), dtype=object)
+    x = np.asarray(vectors)
+    return float(np.mean([macro_f1(y[te], predict(x[tr], y[tr], x[te]), senses) for tr, te in folds]))
 
 
 def choose_static_settings(

@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import lzma
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
+from elmokit.data.lines import open_binary
 from elmokit.data.tokenizers import segmenter_versions
 from elmokit.errors import DataError, UsageError
 from elmokit.io import atomic_path, atomic_write_text, file_sha256
@@ -48,30 +51,40 @@ READER_VERSION = 1
 _TOKENISER = {"en": "sacremoses", "zh": "jieba"}
 
 
+def _blocks(lines: Iterable[str], item: Callable[[str], Any]) -> Iterator[list]:
+    """Group ``lines`` into blocks at blank lines: each block lists ``item(line)`` of its non-blank lines (a line is
+    blank when ``item`` gives a false value); empty blocks are skipped."""
+    block: list = []
+    for line in lines:
+        value = item(line)
+        if value:
+            block.append(value)
+        elif block:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
 def _paragraph_documents(folder: Path, files: tuple[str, ...], stats: dict) -> Iterator[list[str]]:
     """The documents (lists of non-blank paragraphs) of the files in order; ``stats["lines"]`` counts raw lines.
 
     Raises:
         DataError: a file is not valid UTF-8 or not a complete xz stream (named)."""
+
+    def paragraph(line: str) -> str:
+        stats["lines"] = stats.get("lines", 0) + 1
+        return line.strip()
+
     for name in files:
         path = folder / name
-        paragraphs: list[str] = []
         try:
-            with lzma.open(path, "rt", encoding="utf-8", newline="\n") as f:
-                for line in f:
-                    stats["lines"] = stats.get("lines", 0) + 1
-                    line = line.strip()
-                    if line:
-                        paragraphs.append(line)
-                    elif paragraphs:
-                        yield paragraphs
-                        paragraphs = []
+            with io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="\n") as f:
+                yield from _blocks(f, paragraph)
         except (EOFError, OSError, lzma.LZMAError, UnicodeDecodeError) as exc:
             raise DataError(
                 f"{path}: cannot read it as xz-compressed UTF-8 text ({type(exc).__name__}: {exc})"
             ) from None
-        if paragraphs:
-            yield paragraphs
 
 
 def _tokenise(language: str, paragraphs: list[str]) -> Document:
@@ -103,17 +116,8 @@ def text_cache_path(
 
 
 def _read_cached(path: Path) -> Iterator[Document]:
-    doc: Document = []
     with gzip.open(path, "rt", encoding="utf-8", newline="\n") as f:
-        for line in f:
-            tokens = line.split()
-            if tokens:
-                doc.append(tokens)
-            elif doc:
-                yield doc
-                doc = []
-    if doc:
-        yield doc
+        yield from _blocks(f, str.split)
 
 
 def staged_text_reader(files: tuple[str, ...], language: str) -> Callable[[Path, dict], Iterator[Document]]:
