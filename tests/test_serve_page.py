@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from conftest import skip_unless_required
 from elmokit.serving.settings import ServeSettings
 from serve_helpers import running_server, save_tiny_model
 
@@ -46,9 +47,7 @@ def _browser_or_skip():
         webdriver, missing = None, [*missing, "the selenium package (pip install -e '.[test]')"]
     if missing:
         msg = f"the browser test needs {', '.join(missing)} (apt-get install chromium chromium-driver)"
-        if os.environ.get("ELMOKIT_REQUIRE_BROWSER") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        skip_unless_required(msg, "BROWSER")
     return webdriver
 
 
