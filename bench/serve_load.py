@@ -257,19 +257,42 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     p.add_argument("--overload-clients", type=int, default=512)
     p.add_argument("--overload-limit", type=int, default=64, help="the server's --max-concurrent-requests")
+    p.add_argument(
+        "--phases",
+        default="server,batch1,overload",
+        help="which load phases to run (comma-separated; the ratios need all three; a quick look: --phases server)",
+    )
+    p.add_argument("--modes", default="pooled,binary,json", help="the outputs of the server phase (comma-separated)")
+    p.add_argument(
+        "--server-args", default="", help="extra `elmokit serve` options of every phase, e.g. '--max-wait-ms 5'"
+    )
     args = p.parse_args()
+    phases, extra = set(args.phases.split(",")), args.server_args.split()
     sentences = read_conllu_forms(EWT_DEV, args.sentences)
     result: dict = {"sentences": len(sentences), "tokens": sum(len(s) for s in sentences), "args": vars(args)}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model(Path(tmp) / "small")
         result["offline"] = offline(model_dir, sentences, args.threads)
         print(json.dumps({"offline": result["offline"]}), flush=True)
-        result["server"] = phase(model_dir, sentences, args, ("pooled", "binary", "json"), args.clients)
-        print(json.dumps({"server": result["server"]}), flush=True)
-        result["batch1"] = phase(model_dir, sentences, args, ("pooled",), args.clients, "--max-batch-sentences", "1")
-        print(json.dumps({"batch1": result["batch1"]}), flush=True)
-        limit = ("--max-concurrent-requests", str(args.overload_limit))
-        result["overload"] = phase(model_dir, sentences, args, ("pooled",), args.overload_clients, *limit)
+        if "server" in phases:
+            result["server"] = phase(model_dir, sentences, args, tuple(args.modes.split(",")), args.clients, *extra)
+            print(json.dumps({"server": result["server"]}), flush=True)
+        if "batch1" in phases:
+            one = ("--max-batch-sentences", "1")
+            result["batch1"] = phase(model_dir, sentences, args, ("pooled",), args.clients, *extra, *one)
+            print(json.dumps({"batch1": result["batch1"]}), flush=True)
+        if "overload" in phases:
+            limit = ("--max-concurrent-requests", str(args.overload_limit))
+            result["overload"] = phase(model_dir, sentences, args, ("pooled",), args.overload_clients, *extra, *limit)
+    if phases != {"server", "batch1", "overload"} or args.modes != "pooled,binary,json":
+        result["ratios"] = {
+            f"{m}_vs_offline": result["server"][m]["tokens_per_s"]
+            / result["offline"]["pooled" if m == "pooled" else "all_layers"]["tokens_per_s"]
+            for m in args.modes.split(",")
+            if "server" in result
+        }
+        print(json.dumps(result))
+        return
     off, srv = result["offline"], result["server"]
     result["ratios"] = {
         "pooled_vs_offline": srv["pooled"]["tokens_per_s"] / off["pooled"]["tokens_per_s"],

@@ -27,6 +27,7 @@ __all__ = [
     "non_negative_int",
     "positive_float",
     "probability",
+    "fraction",
     "seed",
     "path_arg",
     "text_arg",
@@ -141,6 +142,14 @@ def probability(text: str) -> float:
     value = _float(text, "a number in [0, 1)")
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number in [0, 1] (a fraction of another value)."""
+    value = _float(text, "a number in [0, 1]")
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}")
     return value
 
 

@@ -14,6 +14,7 @@ from elmokit.cli.common import (
     DEVICE_HELP,
     RELEASED_HELP,
     add_threads_option,
+    fraction,
     int_at_least,
     non_negative_int,
     path_arg,
@@ -151,9 +152,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_optimisation_args(p: argparse.ArgumentParser) -> None:
     """``train``'s batches and optimiser: --batching, --batch-size, --unroll-steps, --epochs, --max-steps,
-    --optimizer, --lr, --clip-norm, --dropout, --negatives, --seed."""
+    --optimizer, --lr, --lr-warmup-steps, --lr-schedule, --lr-decay-steps, --lr-final, --clip-norm, --dropout,
+    --negatives, --seed."""
     from elmokit.pretraining.config import (  # lazy: CLI start-up
         Batching,
+        LRSchedule,
         OptimizerName,
         default_learning_rate,
         literal_choices,
@@ -184,6 +187,26 @@ def add_optimisation_args(p: argparse.ArgumentParser) -> None:
         help=f"learning rate (default: {default_learning_rate('adagrad'):g} with adagrad, "
         f"{default_learning_rate('adam'):g} with adam)",
     )
+    p.add_argument(
+        "--lr-warmup-steps",
+        type=non_negative_int,
+        metavar="N",
+        help=f"raise the rate linearly over the first N steps {d('lr_warmup_steps')}",
+    )
+    p.add_argument(
+        "--lr-schedule",
+        choices=literal_choices(LRSchedule),
+        default=None,
+        help=f"after the warm-up: keep the rate, or decay it to --lr-final x --lr at --lr-decay-steps "
+        f"{d('lr_schedule')}",
+    )
+    p.add_argument(
+        "--lr-decay-steps",
+        type=positive_int,
+        metavar="N",
+        help="the step where a decay ends (default: none; needed by --lr-schedule linear/cosine)",
+    )
+    p.add_argument("--lr-final", type=fraction, help=f"the decay's floor, a fraction of --lr {d('lr_final')}")
     p.add_argument("--clip-norm", type=positive_float, help=f"global gradient-norm clip {d('clip_norm')}")
     p.add_argument("--dropout", type=probability, help=f"dropout rate, in [0, 1) {d('dropout')}")
     p.add_argument(

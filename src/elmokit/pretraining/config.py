@@ -28,6 +28,8 @@ __all__ = [
     "TrainConfig",
     "Batching",
     "OptimizerName",
+    "LRSchedule",
+    "learning_rate_at",
     "DecodeErrors",
     "DeviceName",
     "Precision",
@@ -39,6 +41,8 @@ __all__ = [
 
 Batching = Literal["sentences", "windows"]
 OptimizerName = Literal["adagrad", "adam"]
+#: The learning-rate schedule after the warm-up (:func:`learning_rate_at`).
+LRSchedule = Literal["constant", "linear", "cosine"]
 DecodeErrors = Literal["strict", "replace", "ignore", "skip"]
 #: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"mps"``; ``"cuda:N"`` strings are accepted too.
 DeviceName = Literal["auto", "cpu", "cuda", "mps"] | str
@@ -47,6 +51,7 @@ DeviceName = Literal["auto", "cpu", "cuda", "mps"] | str
 _CHOICE_FIELDS = {
     "batching": Batching,
     "optimizer": OptimizerName,
+    "lr_schedule": LRSchedule,
     "decode_errors": DecodeErrors,
     "precision": Precision,
 }
@@ -108,6 +113,11 @@ class TrainConfig:
         n_epochs: passes over the data. max_steps: stop after this many steps (``None`` = epochs decide).
         optimizer: ``"adagrad"`` (lr 0.2, accumulator 1.0, as bilm-tf) or ``"adam"``.
         lr: learning rate (``None`` = 0.2 for Adagrad, 1e-3 for Adam). clip_norm: global gradient-norm clip.
+        lr_warmup_steps: the rate rises linearly from ``lr / lr_warmup_steps`` at step 1 to ``lr`` at that step
+            (0 = no warm-up). lr_schedule: after the warm-up, ``"constant"`` (default; bilm-tf's), ``"linear"`` or
+            ``"cosine"`` decay to ``lr_final · lr`` at step ``lr_decay_steps`` (needed by a decay; the rate stays
+            there afterwards). lr_final: that floor, a fraction of ``lr`` in [0, 1] (default 0.1). The rate of a
+            step is a function of the step alone (:func:`learning_rate_at`), so a resume continues it exactly.
         dropout: on LSTM inputs and before the softmax. n_negative_samples: sampled softmax negatives (0 = full).
         seed: seeds data shuffling, initialisation, and the per-step seeds of dropout and the sampler.
         decode_errors: invalid UTF-8 in the corpus: ``"strict"`` (error naming file and line), ``"replace"``,
@@ -162,6 +172,10 @@ class TrainConfig:
     max_steps: int | None = None
     optimizer: OptimizerName = "adagrad"
     lr: float | None = None
+    lr_warmup_steps: int = 0
+    lr_schedule: LRSchedule = "constant"
+    lr_decay_steps: int | None = None
+    lr_final: float = 0.1
     clip_norm: float = 10.0
     dropout: float = 0.1
     n_negative_samples: int = 8192
@@ -229,6 +243,7 @@ class TrainConfig:
                 f"TrainConfig.lr must be > 0 (--lr) and at most {MAX_LEARNING_RATE:g} (or None for the "
                 f"optimiser's default), got {self.lr!r}"
             )
+        self._validate_schedule()
         for name in ("checkpoint_minutes", "valid_minutes"):
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or not 0 < value < math.inf):
@@ -272,6 +287,20 @@ class TrainConfig:
                 "step; use a larger --batch-size"
             )
         return self
+
+    def _validate_schedule(self) -> None:
+        _check_int("lr_warmup_steps", self.lr_warmup_steps, 0, "(0 = no warm-up)")
+        if self.lr_decay_steps is not None:
+            _check_int("lr_decay_steps", self.lr_decay_steps, 1, "(or None)")
+        if not _is_number(self.lr_final) or not 0 <= self.lr_final <= 1:
+            raise ConfigError(f"TrainConfig.lr_final must be a fraction of lr in [0, 1], got {self.lr_final!r}")
+        if self.lr_schedule != "constant" and (
+            self.lr_decay_steps is None or self.lr_decay_steps <= self.lr_warmup_steps
+        ):
+            raise ConfigError(
+                f"lr_schedule={self.lr_schedule!r} (--lr-schedule) needs lr_decay_steps (--lr-decay-steps) after "
+                f"the warm-up's {self.lr_warmup_steps} steps, got {self.lr_decay_steps!r}"
+            )
 
     @property
     def learning_rate(self) -> float:
@@ -396,3 +425,32 @@ def _check_int(name: str, value: Any, minimum: int | None, note: str = "") -> No
     if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
         expected = "an int" + (f" >= {minimum}" if minimum is not None else "") + (f" {note}" if note else "")
         raise ConfigError(f"TrainConfig.{name} must be {expected}, got {value!r}")
+
+
+def learning_rate_at(config: TrainConfig, step: int) -> float:
+    """The learning rate of optimiser step ``step`` (1-based) under ``config``'s schedule.
+
+    Warm-up (``lr_warmup_steps`` = W > 0): ``lr · step / W`` for ``step <= W``. Then, with ``lr_schedule``
+    ``"constant"``: ``lr``; ``"linear"``: ``lr · (1 - (1 - f) · p)``; ``"cosine"``:
+    ``lr · (f + (1 - f) · (1 + cos πp) / 2)``, where ``f = lr_final`` and
+    ``p = min(1, (step - W) / (lr_decay_steps - W))``: the rate reaches ``f · lr`` at
+    ``lr_decay_steps`` and stays there. Linear warm-up and cosine decay follow the common practice of transformer and
+    LSTM language-model training (bilm-tf itself keeps Adagrad's rate constant, this function's default).
+
+    Args:
+        config: a validated :class:`TrainConfig`. step: the step about to be taken (>= 1).
+
+    Returns:
+        The rate, a float (units of the optimiser's ``lr``).
+    """
+    lr = config.learning_rate
+    warm = config.lr_warmup_steps
+    if warm and step <= warm:
+        return lr * step / warm
+    if config.lr_schedule == "constant" or config.lr_decay_steps is None:
+        return lr
+    progress = min(1.0, (step - warm) / (config.lr_decay_steps - warm))
+    final = config.lr_final
+    if config.lr_schedule == "linear":
+        return lr * (1.0 - (1.0 - final) * progress)
+    return lr * (final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress)))

@@ -18,6 +18,7 @@ import torch
 
 from elmokit.errors import ElmoError, TrainingError
 from elmokit.modules.precision import autocast
+from elmokit.pretraining.config import learning_rate_at
 from elmokit.pretraining.data import PartBatch, StepBatch
 from elmokit.pretraining.objective import DirectionalNLL
 
@@ -83,6 +84,7 @@ class StepMixin:
         """
         c = self.config
         step = self.step + 1
+        lr = learning_rate_at(c, step)
         frozen = step <= c.freeze_bilm_steps
         model = self._ddp if self._ddp is not None else self.lm
         self.optimizer.zero_grad(set_to_none=True)
@@ -127,6 +129,9 @@ class StepMixin:
                 f"non-finite gradient norm at step {step} (loss {loss:.4f}); stopping before the "
                 "update. " + self._recovery_hint()
             )
+        if c.lr_warmup_steps or c.lr_schedule != "constant":  # (a constant rate leaves a given optimiser's own)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         self.optimizer.step()
         self.step = step
         return StepResult(step, loss, sum_f / n, sum_b / n, int(batch.total_tokens), float(grad_norm))

@@ -89,7 +89,7 @@ from elmokit.errors import TrainingError, UsageError
 from elmokit.io import lock_folder
 from elmokit.pretraining import checkpoint as ckpt
 from elmokit.pretraining.build import build_parts, make_optimizer
-from elmokit.pretraining.config import MAX_LEARNING_RATE, TrainConfig  # noqa: F401  (MAX_LEARNING_RATE re-exported)
+from elmokit.pretraining.config import MAX_LEARNING_RATE, TrainConfig, learning_rate_at  # noqa: F401  (MAX_LEARNING_RATE re-exported)
 from elmokit.pretraining.data import TrainingData
 from elmokit.pretraining.distributed import DistContext, single_process
 from elmokit.pretraining.heldout import VALID_BATCH_SENTENCES, HeldoutMixin
@@ -445,7 +445,7 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
                     "train_ppl_bwd": _exp(b),
                     "train_ppl": _exp(0.5 * (f + b)),
                     "tokens_per_s": tokens_per_s,
-                    "lr": c.learning_rate,
+                    "lr": learning_rate_at(c, self.step),
                 }
             )
             loop.window = []
