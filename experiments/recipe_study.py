@@ -43,7 +43,7 @@ from elmokit.baselines.ngram import kneser_ney_perplexity
 from elmokit.io import atomic_write_text
 from elmokit.pretraining import TrainConfig, build_trainer
 from elmokit.pretraining.hooks import TrainHooks
-from elmokit.recipes.zoo.corpora import build_corpus
+from elmokit.recipes.zoo.corpora import build_corpus, write_heldout_subset
 from elmokit.recipes.zoo.figures import valid_records
 from elmokit.recipes.zoo.specs import SPECS, THREADS
 from elmokit.vocabulary import Vocabulary
@@ -132,14 +132,11 @@ def probe(lang: str, name: str, work: Path) -> dict:
 
 
 def heldout_subset(work: Path, tokens: int) -> Path:
-    """Every k-th sentence of ``corpus/heldout.txt``, k chosen for about ``tokens`` tokens (written once)."""
-    out = work / f"heldout-{tokens}.txt"
-    if out.exists():
-        return out
-    lines = [x for x in (work / "corpus" / "heldout.txt").read_text(encoding="utf-8").splitlines() if x.strip()]
-    total = sum(len(x.split()) for x in lines)
-    k = max(1, round(total / tokens))
-    atomic_write_text(out, "\n".join(lines[::k]) + "\n")
+    """The curve's held-out subset (:func:`elmokit.recipes.zoo.corpora.write_heldout_subset`: every k-th sentence of
+    ``corpus/heldout.txt``, about ``tokens`` tokens), written once."""
+    out = work / "corpus" / "heldout-curve.txt"
+    if not out.exists():
+        write_heldout_subset(work / "corpus", tokens)
     return out
 
 

@@ -507,3 +507,21 @@ def test_the_zoo_names_have_one_home():
         )
     with pytest.raises(UsageError, match="not a zoo model: 'fr'"):
         zoo_model_dir("fr")
+
+
+def test_curve_on_a_held_out_subset_and_the_final_figure_on_the_whole_split(zh_data, tmp_path):
+    """``curve_tokens``: the learning curve scores every k-th held-out sentence; the card's figure the whole split."""
+    spec = dataclasses.replace(_tiny_spec(zh_data), curve_tokens=10, wikitext=False)
+    card = build_spec(spec, zh_data, tmp_path, progress=False)
+    folder = model_dir("zh", tmp_path)
+    held = [x for x in (folder / "corpus" / "heldout.txt").read_text(encoding="utf-8").splitlines() if x.strip()]
+    sub = card["figures"]["training"]["curve_subset"]
+    assert sub["every"] == round(sum(len(x.split()) for x in held) / 10) > 1
+    chosen = (folder / "corpus" / "heldout-curve.txt").read_text(encoding="utf-8").splitlines()
+    assert chosen == held[:: sub["every"]] and sub["sentences"] == len(chosen)
+    metrics = (folder / "train" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    valid = [r for r in map(json.loads, metrics) if r["kind"] == "valid"]
+    assert [r["step"] for r in valid] == [0, 3, 6]
+    assert {r["valid_tokens"] for r in valid} == {sub["tokens"] + sub["sentences"]}  # n + 1 targets a sentence
+    assert card["figures"]["heldout"]["bilm"]["tokens"] == sum(len(x.split()) + 1 for x in held)
+    assert f"one held-out sentence in {sub['every']}" in (folder / "README.md").read_text(encoding="utf-8")

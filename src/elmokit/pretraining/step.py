@@ -84,7 +84,6 @@ class StepMixin:
         """
         c = self.config
         step = self.step + 1
-        lr = learning_rate_at(c, step)
         frozen = step <= c.freeze_bilm_steps
         model = self._ddp if self._ddp is not None else self.lm
         self.optimizer.zero_grad(set_to_none=True)
@@ -130,6 +129,7 @@ class StepMixin:
                 "update. " + self._recovery_hint()
             )
         if c.lr_warmup_steps or c.lr_schedule != "constant":  # (a constant rate leaves a given optimiser's own)
+            lr = learning_rate_at(c, step)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
         self.optimizer.step()

@@ -59,7 +59,7 @@ from elmokit.recipes.zoo.card import (
     train_configuration,
     versions,
 )
-from elmokit.recipes.zoo.corpora import build_corpus, resolve_data_dir, source_table
+from elmokit.recipes.zoo.corpora import build_corpus, resolve_data_dir, source_table, write_heldout_subset
 from elmokit.recipes.zoo.figures import (
     WIKITEXT_PROTOCOL,
     heldout_figures,
@@ -286,11 +286,16 @@ class _ZooBuild:
         its newest checkpoint), held-out perplexity every ``max_steps / valid_points`` steps."""
         spec = self.spec
         max_steps = spec.train["max_steps"]
+        valid = self.corpus_dir / "heldout.txt"
+        self.curve_subset = None
+        if spec.curve_tokens is not None:  # the curve on a fixed subset; the final model on the whole split
+            self.curve_subset = write_heldout_subset(self.corpus_dir, spec.curve_tokens)
+            valid = self.corpus_dir / self.curve_subset["file"]
         self.config = TrainConfig(
             train_files=[str(self.corpus_dir / "train.txt")],
             out_dir=str(self.run_dir),
             model=spec.model,
-            valid_files=[str(self.corpus_dir / "heldout.txt")],
+            valid_files=[str(valid)],
             valid_every=max(1, max_steps // max(1, spec.valid_points)),
             device="cpu",
             progress=self.progress,
@@ -313,6 +318,8 @@ class _ZooBuild:
         self.lm = load_lm(self.run_dir / "model")
         valid = valid_records(self.run_dir / "metrics.jsonl")
         final = next((r for r in reversed(valid) if r["step"] == self.summary["steps"]), None)
+        if self.curve_subset is not None:  # the curve's last point scored the subset: score the whole split
+            final = None
         with _Threads(self.threads):
             self.heldout = heldout_figures(self.lm, self.train_sentences, self.held_sentences, final)
             self.wikitext = None
@@ -323,6 +330,7 @@ class _ZooBuild:
         self.training = training_figures(
             self.summary, valid, self.manifest, resumed=self.resume, loadavg=(self.loadavg_before, self.loadavg_after)
         )
+        self.training["curve_subset"] = self.curve_subset
 
     def write_model_folder(self) -> None:
         """5a. The native model files, ``tokenizer.json`` and the learning curve into the model folder."""

@@ -377,7 +377,14 @@ def _training(card: dict) -> list[str]:
     best = tr.get("best_heldout")
     if best:
         lines += [
-            "Held-out curve (average): "
+            "Held-out curve (average"
+            + (
+                f", on a fixed subset of {tr['curve_subset']['tokens']:,} tokens, one held-out sentence in "
+                f"{tr['curve_subset']['every']}; the figures above score the whole split"
+                if tr.get("curve_subset")
+                else ""
+            )
+            + "): "
             + ", ".join(f"step {c['step']}: {c['average']}" for c in tr["curve"])
             + f"; best {best['average']:.2f} at step {best['step']} (the folder's model is the final one; "
             "`train/best/` holds the best). Learning curve: `learning_curve.png`.",

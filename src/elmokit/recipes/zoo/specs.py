@@ -78,6 +78,9 @@ class ZooSpec:
         model: the architecture (options.json layout: ``lstm``, ``char_cnn``).
         train: the :class:`~elmokit.pretraining.TrainConfig` fields (everything but files and folders).
         valid_points: held-out evaluations during training besides step 0 (every ``max_steps / valid_points``).
+        curve_tokens: score the learning curve's points on a fixed subset of about this many held-out tokens
+            (:func:`elmokit.recipes.zoo.corpora.write_heldout_subset`) and the final model once on the whole split;
+            ``None`` (the default): every point on the whole split.
         wikitext: also score WikiText-2 test (English).
         tokenizer: how raw text was tokenised, for ``tokenizer.json`` (the corpus's segmenter key).
         why: one line on how the configuration was chosen (the card prints it).
@@ -93,6 +96,7 @@ class ZooSpec:
     model: dict
     train: dict
     valid_points: int = 4
+    curve_tokens: int | None = None
     wikitext: bool = False
     tokenizer: str = "sacremoses"
     why: str = ""
