@@ -38,8 +38,10 @@ def test_rates_by_hand(tmp_path):
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"lr_schedule": "cosine"}, "needs lr_decay_steps"),
-        ({"lr_schedule": "linear", "lr_warmup_steps": 10, "lr_decay_steps": 10}, "after the warm-up's 10 steps"),
+        ({"lr_schedule": "cosine"}, r"needs --lr-decay-steps M .* > --lr-warmup-steps \(0\): none was given"),
+        ({"lr_schedule": "linear", "lr_warmup_steps": 10, "lr_decay_steps": 10}, r"> --lr-warmup-steps \(10\): got 10"),
+        ({"lr_decay_steps": 8}, "need --lr-schedule linear or cosine"),
+        ({"lr_final": 0.3}, "need --lr-schedule linear or cosine"),
         ({"lr_warmup_steps": -1}, "lr_warmup_steps"),
         ({"lr_final": 1.5}, "lr_final must be a fraction"),
         ({"lr_schedule": "step"}, "lr_schedule must be"),

@@ -56,6 +56,8 @@ _CHOICE_FIELDS = {
     "precision": Precision,
 }
 
+#: ``TrainConfig.lr_final``'s default (a different value without a decay is refused: it would do nothing).
+_LR_FINAL = 0.1
 #: Largest accepted learning rate: far above any that trains (bilm-tf's Adagrad uses 0.2), and low enough that the
 #: optimisers' float32 arithmetic cannot overflow (Adam overflowed at 1e38, Adagrad at 1e39).
 MAX_LEARNING_RATE = 1e4
@@ -175,7 +177,7 @@ class TrainConfig:
     lr_warmup_steps: int = 0
     lr_schedule: LRSchedule = "constant"
     lr_decay_steps: int | None = None
-    lr_final: float = 0.1
+    lr_final: float = 0.1  # = _LR_FINAL
     clip_norm: float = 10.0
     dropout: float = 0.1
     n_negative_samples: int = 8192
@@ -294,12 +296,18 @@ class TrainConfig:
             _check_int("lr_decay_steps", self.lr_decay_steps, 1, "(or None)")
         if not _is_number(self.lr_final) or not 0 <= self.lr_final <= 1:
             raise ConfigError(f"TrainConfig.lr_final must be a fraction of lr in [0, 1], got {self.lr_final!r}")
+        if self.lr_schedule == "constant" and (self.lr_decay_steps is not None or self.lr_final != _LR_FINAL):
+            raise ConfigError(
+                "--lr-decay-steps and --lr-final (lr_decay_steps, lr_final) set a decay: they need --lr-schedule "
+                "linear or cosine (lr_schedule; the rate is constant without one)"
+            )
         if self.lr_schedule != "constant" and (
             self.lr_decay_steps is None or self.lr_decay_steps <= self.lr_warmup_steps
         ):
+            given = "none was given" if self.lr_decay_steps is None else f"got {self.lr_decay_steps}"
             raise ConfigError(
-                f"lr_schedule={self.lr_schedule!r} (--lr-schedule) needs lr_decay_steps (--lr-decay-steps) after "
-                f"the warm-up's {self.lr_warmup_steps} steps, got {self.lr_decay_steps!r}"
+                f"--lr-schedule {self.lr_schedule} (lr_schedule) needs --lr-decay-steps M (lr_decay_steps), the "
+                f"step where the decay ends, with M > --lr-warmup-steps ({self.lr_warmup_steps}): {given}"
             )
 
     @property
