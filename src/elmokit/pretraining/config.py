@@ -177,7 +177,7 @@ class TrainConfig:
     lr_warmup_steps: int = 0
     lr_schedule: LRSchedule = "constant"
     lr_decay_steps: int | None = None
-    lr_final: float = 0.1  # = _LR_FINAL
+    lr_final: float = _LR_FINAL
     clip_norm: float = 10.0
     dropout: float = 0.1
     n_negative_samples: int = 8192
