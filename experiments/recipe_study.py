@@ -10,11 +10,11 @@ For each language:
    ``<work>/<lang>/corpus`` (reused when present), and a fixed held-out subset for the curves: every k-th sentence of
    ``heldout.txt`` so that about ``--heldout-tokens`` tokens are scored (full softmax over the whole vocabulary at
    every point would cost minutes);
-2. per configuration (:data:`CONFIGS`, overrides of the zoo spec), a **timing probe**: 30 steps, 2 threads, the
-   mean time of steps 11-30; the budget ``--minutes`` then fixes the configuration's step count,
-   ``steps = minutes · 60 / (s/step)`` (rounded down to 10). The study is judged by that step count, so the runs
-   themselves may share the machine: only the probes must run on a quiet one (the script prints the load average
-   beside each probe);
+2. per configuration (:data:`CONFIGS`, overrides of :data:`BASE`: the zoo spec when the study ran), a **timing
+   probe**: 30 steps, 2 threads, the mean time of steps 11-30; the budget ``--minutes`` then fixes the
+   configuration's step count, ``steps = minutes · 60 / (s/step)`` (rounded down to 10). The study is judged by
+   that step count, so the runs themselves may share the machine: only the probes must run on a quiet one (the
+   script prints the load average beside each probe);
 3. the run (seeded, deterministic, 2 threads, resumable: an interrupted study continues with ``--resume``'s
    semantics — finished runs are kept, an unfinished one resumes from its newest checkpoint), its held-out subset
    perplexity at step 0 and 5 more points;
@@ -45,7 +45,7 @@ from elmokit.pretraining import TrainConfig, build_trainer
 from elmokit.pretraining.hooks import TrainHooks
 from elmokit.recipes.zoo.corpora import build_corpus, write_heldout_subset
 from elmokit.recipes.zoo.figures import valid_records
-from elmokit.recipes.zoo.specs import SPECS, THREADS
+from elmokit.recipes.zoo.specs import THREADS
 from elmokit.vocabulary import Vocabulary
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -55,6 +55,50 @@ VALID_POINTS = 5
 #: A schedule for the short runs: Adam 3e-3, 200 warm-up steps, cosine decay to 0.1 × at the run's last step,
 #: no dropout (at 10-60 minutes the run reads each of the new corpus's tokens at most once: nothing to over-fit).
 _SCHEDULE = {"lr": 3e-3, "lr_warmup_steps": 200, "lr_schedule": "cosine", "dropout": 0.0}
+
+#: The study's base: the zoo recipe as it was when the study ran (before the zoo took the study's ``fast``
+#: configuration), so that a rerun compares the same configurations. ``max_steps`` comes from the budget.
+_BASE_TRAIN = {
+    "min_count": 3,
+    "batching": "sentences",
+    "batch_size": 64,
+    "unroll_steps": 20,
+    "n_epochs": 100,
+    "optimizer": "adam",
+    "lr": 2e-3,
+    "clip_norm": 5.0,
+    "n_negative_samples": 4096,
+    "seed": 0,
+    "shuffle": True,
+    "deterministic": True,
+    "keep_checkpoints": 2,
+    "log_every": 10,
+}
+_BASE_CNN = {
+    "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 128]],
+    "activation": "relu",
+    "embedding": {"dim": 16},
+    "n_characters": 262,
+    "n_highway": 1,
+}
+_BASE_LSTM = {
+    "dim": 512,
+    "projection_dim": 128,
+    "n_layers": 2,
+    "cell_clip": 3,
+    "proj_clip": 3,
+    "use_skip_connections": True,
+}
+BASE: dict[str, tuple[dict, dict]] = {
+    "en": (
+        {"char_cnn": {**_BASE_CNN, "max_characters_per_token": 50}, "lstm": _BASE_LSTM},
+        {**_BASE_TRAIN, "char_vocab": False, "dropout": 0.1},
+    ),
+    "zh": (
+        {"char_cnn": {**_BASE_CNN, "max_characters_per_token": 10}, "lstm": _BASE_LSTM},
+        {**_BASE_TRAIN, "char_vocab": True, "dropout": 0.2},
+    ),
+}
 
 #: name → (what it tests, model overrides {"lstm": {...}, "char_cnn": {...}}, train overrides). ``lr_decay_steps``
 #: is set to the run's step count where a decay is asked for.
@@ -83,7 +127,7 @@ CONFIGS: dict[str, dict[str, tuple[str, dict, dict]]] = {
 
 
 def _model(lang: str, overrides: dict) -> dict:
-    model = json.loads(json.dumps(SPECS[lang].model))
+    model = json.loads(json.dumps(BASE[lang][0]))
     for part, values in overrides.items():
         model[part].update(values)
     return model
@@ -91,7 +135,7 @@ def _model(lang: str, overrides: dict) -> dict:
 
 def _config(lang: str, name: str, work: Path, steps: int, valid: Path | None) -> TrainConfig:
     _, model_over, train_over = CONFIGS[lang][name]
-    train = {**SPECS[lang].train, **train_over, "max_steps": steps, "checkpoint_every": max(10, steps // 6)}
+    train = {**BASE[lang][1], **train_over, "max_steps": steps, "checkpoint_every": max(10, steps // 6)}
     if train.get("lr_schedule", "constant") != "constant":
         train["lr_decay_steps"] = steps
     return TrainConfig(

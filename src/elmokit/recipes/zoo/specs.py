@@ -105,26 +105,31 @@ class ZooSpec:
     wikitext_file: str | None = None
 
 
-#: The zoo's two models, one fixed configuration each. The step counts come from timing runs on this project's
-#: 2-core machine (2 threads, quiet) so that the whole build fits in 25 minutes; the measured times are in the cards.
+#: The zoo's two models, one fixed configuration each (chosen by ``experiments/recipe_study.py``). The step counts come
+#: from timing probes on this project's 2-core machine (2 threads, quiet) so that the biLM's training fits in 60
+#: minutes; the corpus, word2vec and the final evaluations come on top; the measured times are in the cards.
 SPECS: dict[str, ZooSpec] = {
     "en": ZooSpec(
         name="elmokit-en",
         recipe="en",
         language="English",
-        model={"char_cnn": _char_cnn(50), "lstm": _lstm(512, 128)},
+        model={"char_cnn": _char_cnn(20), "lstm": _lstm(512, 128)},
         train={
             "min_count": 3,
             "char_vocab": False,
             "batching": "sentences",
-            "batch_size": 64,
+            "batch_size": 128,
             "unroll_steps": 20,
             "n_epochs": 100,
-            "max_steps": 3600,
+            "max_steps": 4100,
             "optimizer": "adam",
-            "lr": 2e-3,
+            "lr": 4e-3,
+            "lr_warmup_steps": 200,
+            "lr_schedule": "cosine",
+            "lr_decay_steps": 4100,
+            "lr_final": 0.1,
             "clip_norm": 5.0,
-            "dropout": 0.1,
+            "dropout": 0.0,
             "n_negative_samples": 4096,
             "seed": 0,
             "shuffle": True,
@@ -133,16 +138,19 @@ SPECS: dict[str, ZooSpec] = {
             "keep_checkpoints": 2,
             "log_every": 10,
         },
-        valid_points=2,
+        valid_points=4,
+        curve_tokens=20000,
         wikitext=True,
         tokenizer="sacremoses",
-        why="the quickstart's biLM (char CNN 384 filters, LSTM 512 → 128, 2 layers, skip connections, Adam 2e-3) "
-        "with a sampled softmax of 4,096 negatives over the 49k-word vocabulary, dropout 0.1 (the run sees the "
-        "corpus about once), 64 sentences a step. Steps: a 120-step timing run (2 threads, quiet) took 313 ms a "
-        "step (4,270 tokens/s) and a held-out evaluation 39 s; a first full build at 2,900 steps took 19.6 min "
-        "(biLM 16.1 min; held-out 220.6, level with Kneser-Ney's 220.2), so the count was raised to 3,600 to fill "
-        "the 25-minute budget with the corpus, word2vec, 3 held-out evaluations (39 s each: full softmax over 49k "
-        "words), WikiText-2 and the baselines",
+        corpus={"heldout_fraction": 0.005},
+        why="the recipe study's `fast` configuration (experiments/results/recipe-study-en.md: best of 4 at an equal "
+        "8-minute budget): char CNN 384 filters over 20 characters a token, LSTM 512 → 128, 2 layers, skip "
+        "connections, sampled softmax of 4,096 negatives over the 196k-word vocabulary, 128 sentences a step, Adam "
+        "4e-3 with 200 warm-up steps and a cosine decay to 0.1 × at the last step, no dropout (the run reads about "
+        "a third of the 39M-token corpus once). Steps: the study's 30-step probe (2 threads, quiet) took 0.805 s a "
+        "step, so 4,100 steps (55 min) and 5 curve points on a 20k-token held-out subset (≈ 33 s each) fill the "
+        "60-minute biLM budget; the held-out fraction is 0.005 (≈ 200k tokens) so that scoring the final model on "
+        "the whole split (full softmax) takes minutes, not half an hour",
     ),
     "zh": ZooSpec(
         name="elmokit-zh",
@@ -153,14 +161,18 @@ SPECS: dict[str, ZooSpec] = {
             "min_count": 3,
             "char_vocab": True,
             "batching": "sentences",
-            "batch_size": 64,
+            "batch_size": 128,
             "unroll_steps": 20,
             "n_epochs": 100,
-            "max_steps": 3800,
+            "max_steps": 4700,
             "optimizer": "adam",
-            "lr": 2e-3,
+            "lr": 4e-3,
+            "lr_warmup_steps": 200,
+            "lr_schedule": "cosine",
+            "lr_decay_steps": 4700,
+            "lr_final": 0.1,
             "clip_norm": 5.0,
-            "dropout": 0.2,
+            "dropout": 0.0,
             "n_negative_samples": 4096,
             "seed": 0,
             "shuffle": True,
@@ -170,13 +182,15 @@ SPECS: dict[str, ZooSpec] = {
             "log_every": 10,
         },
         valid_points=4,
+        curve_tokens=20000,
         wikitext=False,
         tokenizer="jieba",
-        why="the English configuration with word tokens read through the character-vocabulary mode (8 characters "
-        "a word fit: 99.99 % of the training words have at most 6), dropout 0.2 (the run sees the 1.3M-token "
-        "corpus about four times). Steps: a 120-step timing run (2 threads, quiet) took 291 ms a step (5,180 "
-        "tokens/s), so 3,800 steps (~18 min) leave the corpus, word2vec, 5 held-out evaluations and the baselines "
-        "inside 25 minutes with a margin",
+        why="the recipe study's `fast` configuration (experiments/results/recipe-study-zh.md: the better of the two "
+        "run at an equal 8-minute budget): the English model's shape with word tokens read through the "
+        "character-vocabulary mode (10 characters a word), 128 sentences a step, Adam 4e-3 with 200 warm-up steps "
+        "and a cosine decay to 0.1 × at the last step, no dropout (the run reads the 13.7M-token corpus about once). "
+        "Steps: the study's 30-step probe (2 threads, quiet) took 0.720 s a step, so 4,700 steps (56 min) and 5 "
+        "curve points on a 20k-token held-out subset fill the 60-minute biLM budget",
     ),
 }
 
