@@ -4,7 +4,8 @@
 
 Reads ``<cache>/zoo/elmokit-<lang>/card.json`` (written by ``elmokit zoo build``) and prints one Markdown table with
 the rebuild command, data, configuration, perplexities (held-out: biLM vs add-one unigram vs interpolated Kneser-Ney
-3-gram; WikiText-2 test for English), tokens/s, wall times and the card path. A model not built is listed as such.
+3-gram and modified Kneser-Ney 5-gram; WikiText-2 test for English), tokens/s, wall times and the card path. A
+model not built is listed as such.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ from elmokit.recipes.zoo.build import SPECS, model_dir, read_card
 
 def _ppl(x: float) -> str:
     return f"{x:.1f}"
+
+
+def _kn5(figures: dict) -> str:
+    """The modified Kneser-Ney 5-gram's average (— in a card that predates it or could not estimate it)."""
+    kn5 = figures.get("kneser_ney_5_modified") or {}
+    return _ppl(kn5["average"]) if "average" in kn5 else "—"
 
 
 def row(lang: str, cache) -> list[str]:
@@ -40,12 +47,12 @@ def row(lang: str, cache) -> list[str]:
     )
     held = (
         f"**{_ppl(h['bilm']['average'])}** (fwd {_ppl(h['bilm']['forward'])}, bwd {_ppl(h['bilm']['backward'])})"
-        f" / {_ppl(h['unigram_add_one'])} / {_ppl(h['kneser_ney_3']['average'])}"
+        f" / {_ppl(h['unigram_add_one'])} / {_ppl(h['kneser_ney_3']['average'])} / {_kn5(h)}"
     )
     wt = f.get("wikitext2_test")
     wiki = (
         f"**{_ppl(wt['bilm']['average'])}** / {_ppl(wt['unigram_add_one'])} / "
-        f"{_ppl(wt['kneser_ney_3']['average'])} (OOV {100 * wt['oov_rate']:.1f} %)"
+        f"{_ppl(wt['kneser_ney_3']['average'])} / {_kn5(wt)} (OOV {100 * wt['oov_rate']:.1f} %)"
         if wt
         else "—"
     )
@@ -74,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         "rebuild",
         "data",
         "configuration",
-        "held-out perplexity: biLM / add-one unigram / Kneser-Ney 3-gram",
-        "WikiText-2 test: biLM / unigram / KN-3",
+        "held-out perplexity: biLM / add-one unigram / Kneser-Ney 3-gram / modified KN 5-gram",
+        "WikiText-2 test: biLM / unigram / KN-3 / modified KN-5",
         "tokens/s",
         "biLM training wall",
         "card",

@@ -145,6 +145,51 @@ def test_estimated_discount_is_n1_over_n1_plus_2n2():
     assert lm.prob("a", [BOS]) == pytest.approx((1 - 3 / 7) / 2 + 3 / 7 * 2 / 2 * 2 / 5)
 
 
+def test_hand_computed_modified_bigram():
+    """Modified Kneser-Ney, order 2, (D1, D2, D3+) = (0.5, 1.0, 1.5), train "a b", "a b", "a a", "b"."""
+    train = [["a", "b"], ["a", "b"], ["a", "a"], ["b"]]
+    lm = KneserNeyLM(Vocabulary.build(train), order=2, discount=(0.5, 1.0, 1.5)).fit(train)
+    # bigram types <S>a <S>b ab aa a</S> b</S> → continuation unigram a 2/6, b 2/6, </S> 2/6
+    assert [lm.prob("a"), lm.prob("b"), lm.prob(EOS)] == pytest.approx([1 / 3, 1 / 3, 1 / 3])
+    # after a: c(a b) = 2 (D2 = 1), c(a a) = 1, c(a </S>) = 1 (D1 = 0.5), c(a •) = 4; N1(a •) = 2, N2(a •) = 1
+    # → gamma = (0.5 · 2 + 1.0 · 1) / 4 = 1/2
+    assert lm.prob("b", ["a"]) == pytest.approx((2 - 1.0) / 4 + 0.5 / 3)
+    assert lm.prob("a", ["a"]) == pytest.approx((1 - 0.5) / 4 + 0.5 / 3)
+    assert lm.prob(EOS, ["a"]) == pytest.approx((1 - 0.5) / 4 + 0.5 / 3)
+    # after <S>: c(<S> a) = 3 (D3+ = 1.5), c(<S> b) = 1; N1 = 1, N3+ = 1 → gamma = (0.5 + 1.5) / 4
+    assert lm.prob("a", [BOS]) == pytest.approx((3 - 1.5) / 4 + 0.5 / 3)
+    assert lm.prob("b", [BOS]) == pytest.approx((1 - 0.5) / 4 + 0.5 / 3)
+    assert lm.discounts == [[0.5, 1.0, 1.5]]
+
+
+def test_modified_discounts_are_chen_goodmans_estimates():
+    """D1, D2, D3+ from the top order's counts of counts (counted here with a Counter), eq. 26 of Chen & Goodman."""
+    from collections import Counter  # lazy: only this test counts by hand
+
+    train = _corpus(400, seed=11)
+    lm = KneserNeyLM(Vocabulary.build(train), order=2, discount="modified").fit(train)
+    counts = Counter(g for s in train for g in zip([BOS, *s], [*s, EOS], strict=True))
+    n1, n2, n3, n4 = (sum(1 for c in counts.values() if c == r) for r in (1, 2, 3, 4))
+    y = n1 / (n1 + 2 * n2)
+    assert lm.discounts == [pytest.approx([1 - 2 * y * n2 / n1, 2 - 3 * y * n3 / n2, 3 - 4 * y * n4 / n3])]
+
+
+def test_modified_with_one_discount_is_plain_kneser_ney():
+    """(D, D, D) discounts every count by D and frees D · N1+(h •): the plain model (checked against nltk above)."""
+    train, test = _corpus(80, seed=6), _corpus(20, seed=7)
+    vocab = Vocabulary.build(train, min_count=2)
+    plain = kneser_ney_perplexity(train, test, vocab, order=3, discount=0.6)
+    modified = kneser_ney_perplexity(train, test, vocab, order=3, discount=(0.6, 0.6, 0.6))
+    assert modified["average"] == pytest.approx(plain["average"], rel=1e-12)
+    words = [f"w{i}" for i in range(60)]
+    big, big_test = _corpus(3000, seed=8, words=words, max_len=12), _corpus(50, seed=9, words=words, max_len=12)
+    big_vocab = Vocabulary.build(big, min_count=2)
+    estimated = kneser_ney_perplexity(big, big_test, big_vocab, order=3, discount="modified")
+    assert len(estimated["discount"]) == 2 and all(len(d) == 3 for d in estimated["discount"])
+    one = kneser_ney_perplexity(big, big_test, big_vocab, order=3, discount=(0.75, 0.75, 0.75))
+    assert estimated["average"] != pytest.approx(one["average"], rel=1e-3)
+
+
 def test_perplexity_averages_like_the_bilm():
     """average = exp(mean of the two directions' mean NLL), as bilm-tf/evaluate_perplexity average."""
     train, test = _corpus(60, seed=4), _corpus(15, seed=5)
@@ -161,7 +206,7 @@ def test_perplexity_averages_like_the_bilm():
 @given(
     sentences=st.lists(st.lists(st.sampled_from("abcdef"), max_size=6), min_size=1, max_size=12),
     order=st.integers(2, 4),
-    discount=st.sampled_from([0.1, 0.5, 0.75, 1.0]),
+    discount=st.sampled_from([0.1, 0.5, 0.75, 1.0, (0.5, 1.0, 1.5), (0.9, 1.9, 0.2)]),
 )
 def test_every_context_sums_to_one(sentences, order, discount):
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", *"abcdef"])
@@ -191,6 +236,12 @@ def test_bad_arguments():
         KneserNeyLM(vocab, order=1)
     with pytest.raises(UsageError, match="discount"):
         KneserNeyLM(vocab, discount=1.5)
+    with pytest.raises(UsageError, match=r"\(D1, D2, D3\+\) with 0 < Dr <= r"):
+        KneserNeyLM(vocab, discount=(0.5, 2.5, 1.0))
+    with pytest.raises(UsageError, match="modified discounts"):
+        KneserNeyLM(vocab, discount=(0.5, 1.0))
+    with pytest.raises(DataError, match="counts of counts n1..n4"):
+        KneserNeyLM(vocab, order=2, discount="modified").fit([["a"]])
     with pytest.raises(UsageError, match="start token"):
         KneserNeyLM(vocab, start="<s>")
     with pytest.raises(UsageError, match="fit"):

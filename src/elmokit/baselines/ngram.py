@@ -15,6 +15,18 @@ nltk's to 1e-9. The discount is fixed (default 0.75, the usual Kneser-Ney choice
 ``discount="estimate"``, which gives each order its own D_k = n1 / (n1 + 2 n2) from that order's counts of counts
 (Ney, Essen & Kneser 1994; raw counts at the highest order, continuation counts below).
 
+**Modified Kneser-Ney** (Chen & Goodman 1999, section 3.4, eq. 26, interpolated): ``discount="modified"`` (or three
+fixed numbers ``(D1, D2, D3+)``) discounts an n-gram seen once by D1, twice by D2 and three or more times by D3+, and
+gives the lower order the mass those discounts free:
+
+    p_k(w | h) = max(c(h w) − D(c(h w)), 0) / c(h •)  +  γ(h) · p_{k−1}(w | h'),
+    γ(h) = (D1 N1(h •) + D2 N2(h •) + D3+ N3+(h •)) / c(h •)
+
+with N_r(h •) the number of words seen exactly r times after h (the counts c are raw at the highest order,
+continuation counts below, as above). Estimated per order from that order's counts of counts n1 … n4:
+Y = n1 / (n1 + 2 n2), D1 = 1 − 2Y n2/n1, D2 = 2 − 3Y n3/n2, D3+ = 3 − 4Y n4/n3 (Chen & Goodman eq. 26; KenLM's
+and SRILM's ``-kndiscount`` estimates).
+
 Sentence boundaries follow the biLM (:meth:`elmokit.pretraining.objective.BidirectionalLM.sentence_nll`): a sentence
 ``w1 … wm`` is read as ``<S>^(n−1) w1 … wm </S>`` and its m + 1 targets are ``w1 … wm </S>`` (the n−1 copies of the
 start symbol let the first words be predicted from the raw counts of sentence-initial n-grams, as nltk's
@@ -56,10 +68,52 @@ class _Level:
     continuation counts below), per context id ``total`` (sum of counts) and ``types`` (number of distinct next
     words), and the discount."""
 
-    __slots__ = ("keys", "counts", "total", "types", "discount")
+    __slots__ = ("keys", "counts", "total", "types", "discount", "by_count")
 
-    def __init__(self, keys, counts, total, types, discount):
+    def __init__(self, keys, counts, total, types, discount, by_count=None):
         self.keys, self.counts, self.total, self.types, self.discount = keys, counts, total, types, discount
+        #: modified Kneser-Ney only: (3, contexts) float64, the number of next words seen 1, 2 and 3+ times per context
+        self.by_count = by_count
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_discount(discount):
+    """``discount`` as :class:`KneserNeyLM` keeps it (a tuple becomes a tuple of floats), or the error."""
+    if discount in ("estimate", "modified"):
+        return discount
+    if isinstance(discount, (tuple, list)):
+        ok = len(discount) == 3 and all(_is_number(d) and 0 < d <= r for r, d in enumerate(discount, start=1))
+        if not ok:
+            raise UsageError(
+                f"modified discounts must be three numbers (D1, D2, D3+) with 0 < Dr <= r, got {discount!r}"
+            )
+        return tuple(float(d) for d in discount)
+    if _is_number(discount) and 0 < discount <= 1:
+        return discount
+    raise (UsageError if _is_number(discount) or isinstance(discount, str) else UsageTypeError)(
+        f"discount must be a number in (0, 1], 'estimate', 'modified' or (D1, D2, D3+), got {discount!r}"
+    )
+
+
+def _modified_discounts(k: int, counts: np.ndarray) -> tuple[float, float, float]:
+    """Chen & Goodman's (1999, eq. 26) D1, D2, D3+ from the order-k counts of counts n1 … n4.
+
+    Raises:
+        DataError: some n_r is 0, or an estimate falls outside (0, r] (a corpus too small or too regular)."""
+    n = [int((counts == r).sum()) for r in (1, 2, 3, 4)]
+    if min(n) == 0:
+        raise DataError(
+            f"cannot estimate the modified Kneser-Ney discounts of order {k}: counts of counts n1..n4 = {n} "
+            "hold a 0 (give fixed (D1, D2, D3+) for so small a corpus)"
+        )
+    y = n[0] / (n[0] + 2 * n[1])
+    d = (1 - 2 * y * n[1] / n[0], 2 - 3 * y * n[2] / n[1], 3 - 4 * y * n[3] / n[2])
+    if not all(0 < x <= r for r, x in enumerate(d, start=1)):
+        raise DataError(f"modified Kneser-Ney discounts of order {k} out of range: {d} from n1..n4 = {n}")
+    return d
 
 
 class KneserNeyLM:
@@ -69,31 +123,27 @@ class KneserNeyLM:
     Args:
         vocab: the word vocabulary; tokens it does not hold are read as ``<UNK>`` (as the biLM reads them).
         order: n >= 2.
-        discount: a float in (0, 1] used at every order above the unigram, or ``"estimate"`` (per order,
-            n1 / (n1 + 2 n2)).
+        discount: a float in (0, 1] used at every order above the unigram, ``"estimate"`` (per order,
+            n1 / (n1 + 2 n2)), ``"modified"`` (modified Kneser-Ney, three discounts per order estimated from its
+            counts of counts) or a tuple ``(D1, D2, D3+)`` of fixed modified discounts (each in (0, r] for the
+            count r = 1, 2, 3 it discounts).
         start, end: the boundary tokens (``<S>``/``</S>`` forward; ``</S>``/``<S>`` for a backward LM on reversed
             sentences). Both must be in ``vocab``.
 
     Raises:
         UsageTypeError: (also a ``TypeError``) ``vocab`` is not a :class:`Vocabulary`, ``order`` not an int,
             ``discount`` neither a number nor a string.
-        UsageError: ``order`` < 2, ``discount`` is not in (0, 1] nor ``"estimate"``, or ``start`` / ``end`` are not
-            in the vocabulary or are equal.
+        UsageError: ``order`` < 2, ``discount`` is not in (0, 1] nor ``"estimate"``/``"modified"`` nor a valid
+            ``(D1, D2, D3+)``, or ``start`` / ``end`` are not in the vocabulary or are equal.
     """
 
     def __init__(
-        self, vocab: Vocabulary, order: int = 3, discount: float | str = 0.75, start: str = BOS, end: str = EOS
+        self, vocab: Vocabulary, order: int = 3, discount: float | str | tuple = 0.75, start: str = BOS, end: str = EOS
     ) -> None:
         if not isinstance(vocab, Vocabulary):
             raise UsageTypeError(f"vocab must be an elmokit Vocabulary, got {type(vocab).__name__}")
         check_int("order", order, 2)
-        if discount != "estimate" and (
-            isinstance(discount, bool) or not isinstance(discount, (int, float)) or not 0 < discount <= 1
-        ):
-            is_number = isinstance(discount, (int, float)) and not isinstance(discount, bool)
-            raise (UsageError if is_number or isinstance(discount, str) else UsageTypeError)(
-                f"discount must be a number in (0, 1] or 'estimate', got {discount!r}"
-            )
+        discount = _check_discount(discount)
         for name, tok in (("start", start), ("end", end)):
             if tok not in vocab:
                 raise UsageError(f"{name} token {tok!r} is not in the vocabulary")
@@ -167,7 +217,9 @@ class KneserNeyLM:
         self._ctx_keys = [np.zeros(1, dtype=np.int64)]
         hist = self._history(seq, local, fit=True)
         targets = np.flatnonzero(local >= n - 1)
+        del local
         gram = [None] + [hist[k - 1][targets - 1] * V + seq[targets] for k in range(1, n + 1)]
+        del hist, seq, targets  # (memory: a 5-gram fit of 40M tokens holds several int64 arrays of that length)
         self._levels = [None] * (n + 1)
         for k in range(n, 0, -1):
             if k == n:
@@ -179,13 +231,25 @@ class KneserNeyLM:
             n_ctx = 1 if k == 1 else self._ctx_keys[k - 1].size
             total = np.bincount(ctx, weights=counts, minlength=n_ctx).astype(np.float64)
             types = np.bincount(ctx, minlength=n_ctx).astype(np.float64)
-            self._levels[k] = _Level(keys, counts.astype(np.float64), total, types, self._discount_for(k, counts))
+            discount = self._discount_for(k, counts)
+            by_count = None
+            if isinstance(discount, tuple):  # modified: per context, the next words seen 1, 2 and 3+ times
+                bucket = np.minimum(counts, 3) - 1
+                by_count = np.stack([np.bincount(ctx[bucket == r], minlength=n_ctx) for r in range(3)])
+                by_count = by_count.astype(np.float64)
+            self._levels[k] = _Level(keys, counts.astype(np.float64), total, types, discount, by_count)
+            if k < n:
+                gram[k + 1] = None  # only level k − 1 reads gram[k] from here on
         self.fitted = True
         return self
 
-    def _discount_for(self, k: int, counts: np.ndarray) -> float:
+    def _discount_for(self, k: int, counts: np.ndarray) -> float | tuple[float, float, float]:
         if k == 1:
             return 0.0  # the unigram level is not discounted (nltk's unigram_score)
+        if isinstance(self.discount, tuple):
+            return self.discount
+        if self.discount == "modified":
+            return _modified_discounts(k, counts)
         if self.discount != "estimate":
             return float(self.discount)
         n1, n2 = int((counts == 1).sum()), int((counts == 2).sum())
@@ -197,10 +261,11 @@ class KneserNeyLM:
         return n1 / (n1 + 2 * n2)
 
     @property
-    def discounts(self) -> list[float]:
-        """The discount used at each order 2 … n (after :meth:`fit`)."""
+    def discounts(self) -> list:
+        """The discount used at each order 2 … n (after :meth:`fit`): a float, or ``[D1, D2, D3+]`` when modified."""
         self._check_fitted()
-        return [self._levels[k].discount for k in range(2, self.order + 1)]
+        d = [self._levels[k].discount for k in range(2, self.order + 1)]
+        return [list(x) if isinstance(x, tuple) else x for x in d]
 
     def _check_fitted(self) -> None:
         if not self.fitted:
@@ -225,9 +290,14 @@ class KneserNeyLM:
             hs, ws, ts = h[seen], words[seen], total[seen]
             idx = _lookup(lv.keys, hs * V + ws)
             c = np.where(idx >= 0, lv.counts[np.maximum(idx, 0)], 0.0)
-            d = lv.discount
             p = p.copy()
-            p[seen] = np.maximum(c - d, 0.0) / ts + d * lv.types[hs] / ts * p[seen]
+            if lv.by_count is None:
+                d = lv.discount
+                p[seen] = np.maximum(c - d, 0.0) / ts + d * lv.types[hs] / ts * p[seen]
+            else:  # modified: D(c) by the count, the freed mass from the context's counts of counts
+                d = np.asarray((0.0, *lv.discount))[np.minimum(c, 3).astype(np.int64)]
+                gamma = (np.asarray(lv.discount) @ lv.by_count[:, hs]) / ts
+                p[seen] = np.maximum(c - d, 0.0) / ts + gamma * p[seen]
         return p
 
     def _context_ids(self, context: Sequence[str]) -> tuple[list[np.ndarray | None], int]:
@@ -324,7 +394,7 @@ def kneser_ney_perplexity(
     test_sentences: Iterable[Sequence[str]],
     vocab: Vocabulary,
     order: int = 3,
-    discount: float | str = 0.75,
+    discount: float | str | tuple = 0.75,
 ) -> dict:
     """Held-out perplexity of interpolated Kneser-Ney n-gram LMs under the biLM's protocol.
 
@@ -352,10 +422,12 @@ def kneser_ney_perplexity(
     if not test:
         raise DataError("kneser_ney_perplexity: no test sentences")
     fwd = KneserNeyLM(vocab, order, discount, start=BOS, end=EOS).fit(train)
-    bwd = KneserNeyLM(vocab, order, discount, start=EOS, end=BOS).fit(
-        [s[::-1] if not isinstance(s, str) else s for s in train]
-    )
     nll_f, n_tok, n_sent = fwd.nll_sums(test)
+    discounts = fwd.discounts
+    del fwd  # one direction's tables at a time (a 5-gram model of 40M tokens holds GBs)
+    bwd = KneserNeyLM(vocab, order, discount, start=EOS, end=BOS).fit(
+        s[::-1] if not isinstance(s, str) else s for s in train
+    )
     nll_b, _, _ = bwd.nll_sums([s[::-1] for s in test])  # the same m + 1 targets per sentence
     f, b = nll_f / n_tok, nll_b / n_tok
     return {
@@ -365,5 +437,5 @@ def kneser_ney_perplexity(
         "tokens": n_tok,
         "sentences": n_sent,
         "order": order,
-        "discount": fwd.discounts,
+        "discount": discounts,
     }

@@ -303,6 +303,8 @@ class _ZooBuild:
             **spec.train,
         )
         self.loadavg_before = _loadavg()
+        # resumed from a checkpoint (not: a resumed build whose training had not saved one, which starts at step 0)
+        self.training_resumed = self.resume and any(self.run_dir.glob("ckpt-*.safetensors"))
         t0 = time.perf_counter()
         with _Threads(self.threads):
             trainer = build_trainer(self.config)
@@ -328,7 +330,11 @@ class _ZooBuild:
                 self.wikitext = wikitext_figures(self.lm, self.train_sentences, path)
         self.timing["evaluation_seconds"] = _seconds_since(t0)
         self.training = training_figures(
-            self.summary, valid, self.manifest, resumed=self.resume, loadavg=(self.loadavg_before, self.loadavg_after)
+            self.summary,
+            valid,
+            self.manifest,
+            resumed=self.training_resumed,
+            loadavg=(self.loadavg_before, self.loadavg_after),
         )
         self.training["curve_subset"] = self.curve_subset
 
@@ -508,6 +514,7 @@ def _summary(card: dict) -> dict:
         "heldout_average": h["bilm"]["average"],
         "unigram": h["unigram_add_one"],
         "kneser_ney_3": h["kneser_ney_3"]["average"],
+        "kneser_ney_5_modified": (h.get("kneser_ney_5_modified") or {}).get("average"),
         "wikitext2_test_average": wt["bilm"]["average"] if wt else None,
         "steps": card["figures"]["training"]["steps"],
         "tokens_per_s": card["figures"]["training"]["tokens_per_s"],

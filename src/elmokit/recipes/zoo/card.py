@@ -322,6 +322,16 @@ def _configuration(card: dict) -> list[str]:
     ]
 
 
+def kn5_of(figures: dict) -> dict:
+    """The modified Kneser-Ney 5-gram entry of held-out or WikiText figures (``{}`` in a card older than it)."""
+    return figures.get("kneser_ney_5_modified") or {}
+
+
+def _kn5(figures: dict) -> str:
+    kn5 = kn5_of(figures)
+    return _f(kn5["average"]) if "average" in kn5 else "—"
+
+
 def _perplexity_table(card: dict) -> list[str]:
     """The perplexity protocol and the table: held-out (and WikiText-2 test) for the biLM and the baselines."""
     h = card["figures"]["heldout"]
@@ -332,21 +342,25 @@ def _perplexity_table(card: dict) -> list[str]:
         "Perplexity under the biLM's protocol: each sentence from a zero state, per direction its words plus one "
         "boundary, words outside the vocabulary as `<UNK>`; average = exp of the mean of the two directions' "
         "mean NLL. The baselines are fitted on the same `train.txt` over the same vocabulary (add-one unigram; "
-        "interpolated Kneser-Ney 3-gram, discount 0.75, forward and backward).",
+        "interpolated Kneser-Ney 3-gram, discount 0.75, and modified Kneser-Ney 5-gram, discounts D1, D2, D3+ "
+        "estimated per order, each forward and backward).",
         "",
-        "| text | biLM forward | biLM backward | biLM average | add-one unigram | Kneser-Ney 3-gram average |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| text | biLM forward | biLM backward | biLM average | add-one unigram | Kneser-Ney 3-gram average | "
+        "modified Kneser-Ney 5-gram average |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         f"| held-out ({h['bilm']['tokens']:,} targets) | {_f(h['bilm']['forward'])} | "
         f"{_f(h['bilm']['backward'])} | **{_f(h['bilm']['average'])}** | {_f(h['unigram_add_one'])} | "
-        f"{_f(h['kneser_ney_3']['average'])} |",
+        f"{_f(h['kneser_ney_3']['average'])} | {_kn5(h)} |",
     ]
     if wt:
         lines.append(
             f"| WikiText-2 test ({wt['bilm']['tokens']:,} targets) | {_f(wt['bilm']['forward'])} | "
             f"{_f(wt['bilm']['backward'])} | **{_f(wt['bilm']['average'])}** | "
-            f"{_f(wt['unigram_add_one'])} | {_f(wt['kneser_ney_3']['average'])} |"
+            f"{_f(wt['unigram_add_one'])} | {_f(wt['kneser_ney_3']['average'])} | {_kn5(wt)} |"
         )
     lines.append("")
+    reasons = {kn5_of(x)["unavailable"] for x in (h, wt) if x and "unavailable" in kn5_of(x)}
+    lines += [f"Modified Kneser-Ney 5-gram not available: {r}" for r in sorted(reasons)] + [""] * bool(reasons)
     if wt:
         lines += [
             f"WikiText-2 test: {wt['protocol']} {wt['sentences']:,} sentences, {wt['words']:,} words "

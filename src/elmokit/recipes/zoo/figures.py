@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from elmokit.baselines.ngram import kneser_ney_perplexity
-from elmokit.errors import MissingFileError
+from elmokit.errors import DataError, MissingFileError
 from elmokit.io import file_sha256
 from elmokit.pretraining import evaluate_perplexity, unigram_perplexity
 from elmokit.vocabulary import UNK
@@ -109,11 +109,21 @@ def valid_records(metrics: Path) -> list[dict]:
     return rows
 
 
+def modified_kneser_ney_5(train: list[list[str]], test: list[list[str]], vocab) -> dict:
+    """The modified Kneser-Ney 5-gram (:func:`~elmokit.baselines.ngram.kneser_ney_perplexity` with
+    ``discount="modified"``) reported beside the 3-gram, or ``{"unavailable": reason}`` when its discounts cannot be
+    estimated (a corpus too small: some count of counts n1..n4 is 0)."""
+    try:
+        return kneser_ney_perplexity(train, test, vocab, order=5, discount="modified")
+    except DataError as e:
+        return {"unavailable": str(e)}
+
+
 def heldout_figures(lm, train: list[list[str]], held: list[list[str]], final: dict | None) -> dict:
     """Held-out perplexity of the biLM ``lm`` (from the run's ``final`` valid record of the last step, or measured
     again when it is ``None``) beside the add-one unigram and the Kneser-Ney 3-gram fitted on ``train`` over
-    ``lm.vocab``: ``{"bilm": {"forward", "backward", "average", "tokens", "sentences"}, "unigram_add_one",
-    "kneser_ney_3"}``."""
+    ``lm.vocab``, and the modified Kneser-Ney 5-gram (:func:`modified_kneser_ney_5`): ``{"bilm": {"forward",
+    "backward", "average", "tokens", "sentences"}, "unigram_add_one", "kneser_ney_3", "kneser_ney_5_modified"}``."""
     if final is None:  # (only when the metrics were lost) measure it again
         ppl = evaluate_perplexity(lm, held)
     else:
@@ -128,13 +138,15 @@ def heldout_figures(lm, train: list[list[str]], held: list[list[str]], final: di
         "bilm": ppl,
         "unigram_add_one": unigram_perplexity(train, held, lm.vocab),
         "kneser_ney_3": kneser_ney_perplexity(train, held, lm.vocab, order=3),
+        "kneser_ney_5_modified": modified_kneser_ney_5(train, held, lm.vocab),
     }
 
 
 def wikitext_figures(lm, train: list[list[str]], path: Path) -> dict:
     """WikiText-2 test (``path``, read by :func:`wikitext_sentences`) under the held-out protocol: the biLM, the
-    unigram and the Kneser-Ney 3-gram, with the file's sha256, its counts and OOV rates (``oov_rate`` counts
-    WikiText's ``<unk>`` too, ``oov_rate_without_unk`` only the other words outside ``lm.vocab``).
+    unigram, the Kneser-Ney 3-gram and the modified 5-gram, with the file's sha256, its counts and OOV rates
+    (``oov_rate`` counts WikiText's ``<unk>`` too, ``oov_rate_without_unk`` only the other words outside
+    ``lm.vocab``).
 
     Raises:
         MissingFileError: no such file."""
@@ -151,6 +163,7 @@ def wikitext_figures(lm, train: list[list[str]], path: Path) -> dict:
         "bilm": evaluate_perplexity(lm, wt),
         "unigram_add_one": unigram_perplexity(train, wt, lm.vocab),
         "kneser_ney_3": kneser_ney_perplexity(train, wt, lm.vocab, order=3),
+        "kneser_ney_5_modified": modified_kneser_ney_5(train, wt, lm.vocab),
         "protocol": WIKITEXT_PROTOCOL,
     }
 
