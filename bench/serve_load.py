@@ -7,9 +7,9 @@ the sentences are the first ``--sentences`` of UD English-EWT dev (``../shared/d
 1. offline: ``Embedder.embed_sentences`` (batch 64, length-sorted) over the sentences, once pooled (``layers=average,
    pool=mean``) and once all layers, in this process with ``--threads`` torch threads: real tokens/s;
 2. ``elmokit serve`` (a child process, ``--threads``, loopback, port 0) driven by ``--clients`` concurrent clients for
-   ``--seconds`` each, one sentence a request (``--sentences-per-request K``: K consecutive sentences), with three
-   outputs: pooled JSON (``/embed`` average + mean), all-layer binary (``Accept: application/x-npz``) and all-layer
-   JSON;
+   ``--seconds`` each, one sentence a request (``--sentences-per-request K``: K consecutive sentences, as a client
+   embedding a document sends them; ``1,8``: the phase once per K), with three outputs: pooled JSON (``/embed``
+   average + mean), all-layer binary (``Accept: application/x-npz``) and all-layer JSON;
 3. the same server with ``--max-batch-sentences 1`` (no dynamic batching), pooled;
 4. ``--overload-clients`` clients against ``--max-concurrent-requests --overload-limit``, pooled: only 200 and 429
    may come back (a client honours ``Retry-After``), no time-outs.
@@ -21,7 +21,7 @@ responses by status, time-outs and connection errors, the server's peak RSS (VmH
 
 Run (on a quiet machine; the figures of issue 23)::
 
-    python bench/serve_load.py --clients 32 --seconds 60 --threads 2
+    python bench/serve_load.py --clients 32 --seconds 60 --threads 2 --sentences-per-request 1,8
 
 A short check that it works: ``python bench/serve_load.py --clients 4 --seconds 2 --sentences 200 --overload-clients
 32 --overload-limit 8``. The last line is one JSON object.
@@ -227,17 +227,12 @@ def bodies(sentences: list[list[str]], mode: str, per_request: int = 1) -> list[
 
 
 # ---------------------------------------------------------------------------------------------- the run
-def phase(model_dir, sentences, args, modes, clients, *extra) -> dict:
+def phase(model_dir, sentences, args, modes, clients, per_request, *extra) -> dict:
     proc, port = start_server(model_dir, args.threads, *extra)
     try:
         out = {
             mode: load(
-                port,
-                bodies(sentences, mode, args.sentences_per_request),
-                clients,
-                args.seconds,
-                args.max_requests,
-                args.timeout,
+                port, bodies(sentences, mode, per_request), clients, args.seconds, args.max_requests, args.timeout
             )
             for mode in modes
         }
@@ -253,7 +248,12 @@ def main() -> None:
     p.add_argument("--sentences", type=int, default=2000, help="the first N of EWT dev (it holds 2,001)")
     p.add_argument("--threads", type=int, default=2, help="torch threads, offline and in the server")
     p.add_argument("--max-requests", type=int, default=1_000_000, help="per phase, whatever the time")
-    p.add_argument("--sentences-per-request", type=int, default=1, help="consecutive EWT sentences in one request")
+    p.add_argument(
+        "--sentences-per-request",
+        default="1",
+        help="consecutive EWT sentences in one request; a comma list (e.g. 1,8) runs the server phase once for each "
+        "(the other phases use the first)",
+    )
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     p.add_argument("--overload-clients", type=int, default=512)
     p.add_argument("--overload-limit", type=int, default=64, help="the server's --max-concurrent-requests")
@@ -268,6 +268,8 @@ def main() -> None:
     )
     args = p.parse_args()
     phases, extra = set(args.phases.split(",")), args.server_args.split()
+    per_request = [int(k) for k in args.sentences_per_request.split(",")]
+    k0, modes = per_request[0], tuple(args.modes.split(","))
     sentences = read_conllu_forms(EWT_DEV, args.sentences)
     result: dict = {"sentences": len(sentences), "tokens": sum(len(s) for s in sentences), "args": vars(args)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -275,15 +277,27 @@ def main() -> None:
         result["offline"] = offline(model_dir, sentences, args.threads)
         print(json.dumps({"offline": result["offline"]}), flush=True)
         if "server" in phases:
-            result["server"] = phase(model_dir, sentences, args, tuple(args.modes.split(",")), args.clients, *extra)
-            print(json.dumps({"server": result["server"]}), flush=True)
+            for k in per_request:  # "server" for the first K, "server_k<K>" for the others
+                key = "server" if k == k0 else f"server_k{k}"
+                result[key] = phase(model_dir, sentences, args, modes, args.clients, k, *extra)
+                print(json.dumps({key: result[key]}), flush=True)
         if "batch1" in phases:
             one = ("--max-batch-sentences", "1")
-            result["batch1"] = phase(model_dir, sentences, args, ("pooled",), args.clients, *extra, *one)
+            result["batch1"] = phase(model_dir, sentences, args, ("pooled",), args.clients, k0, *extra, *one)
             print(json.dumps({"batch1": result["batch1"]}), flush=True)
         if "overload" in phases:
             limit = ("--max-concurrent-requests", str(args.overload_limit))
-            result["overload"] = phase(model_dir, sentences, args, ("pooled",), args.overload_clients, *extra, *limit)
+            result["overload"] = phase(
+                model_dir, sentences, args, ("pooled",), args.overload_clients, k0, *extra, *limit
+            )
+    off = result["offline"]
+    for k in per_request[1:]:
+        result[f"ratios_k{k}"] = {
+            f"{m}_vs_offline": result[f"server_k{k}"][m]["tokens_per_s"]
+            / off["pooled" if m == "pooled" else "all_layers"]["tokens_per_s"]
+            for m in modes
+            if f"server_k{k}" in result
+        }
     if phases != {"server", "batch1", "overload"} or args.modes != "pooled,binary,json":
         result["ratios"] = {
             f"{m}_vs_offline": result["server"][m]["tokens_per_s"]
@@ -293,7 +307,7 @@ def main() -> None:
         }
         print(json.dumps(result))
         return
-    off, srv = result["offline"], result["server"]
+    srv = result["server"]
     result["ratios"] = {
         "pooled_vs_offline": srv["pooled"]["tokens_per_s"] / off["pooled"]["tokens_per_s"],
         "binary_all_layers_vs_offline": srv["binary"]["tokens_per_s"] / off["all_layers"]["tokens_per_s"],
