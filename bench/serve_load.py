@@ -17,7 +17,8 @@ the sentences are the first ``--sentences`` of UD English-EWT dev (``../shared/d
 Each load phase is bounded by ``--seconds`` and ``--max-requests``; requests time out after ``--timeout`` s. The clients
 are plain asyncio HTTP/1.1 keep-alive connections (no HTTP library: the clients share the machine with the server, so
 they must cost little). Reported per phase: real tokens/s of the 200 answers, requests/s, latency p50/p95/p99 (ms),
-responses by status, time-outs and connection errors, the server's peak RSS (VmHWM, MB); and the ratios to offline.
+responses by status, time-outs and connection errors, the server's peak RSS (VmHWM, MB), the CPU the server and the
+clients used (cores busy on average: user + system seconds ÷ wall seconds); and the ratios to offline.
 
 Run (on a quiet machine; the figures of issue 23)::
 
@@ -197,9 +198,9 @@ def load(port: int, requests: list, clients: int, seconds: float, cap: int, time
             *(_client(port, requests, counter, deadline, cap, timeout, record) for _ in range(clients))
         )
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     asyncio.run(main())
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     ok = [(lat, tok) for status, lat, tok in record if status == 200]
     lat = np.array([x for x, _ in ok]) * 1000 if ok else np.array([np.nan])
     statuses: dict[str, int] = {}
@@ -213,6 +214,7 @@ def load(port: int, requests: list, clients: int, seconds: float, cap: int, time
         "tokens_per_s": sum(t for _, t in ok) / elapsed,
         "requests_per_s": len(ok) / elapsed,
         "latency_ms": {q: float(np.percentile(lat, int(q[1:]))) for q in ("p50", "p95", "p99")},
+        "client_cpu_cores": cpu / elapsed,  # the load clients' own CPU (cores busy on average)
     }
 
 
@@ -227,15 +229,23 @@ def bodies(sentences: list[list[str]], mode: str, per_request: int = 1) -> list[
 
 
 # ---------------------------------------------------------------------------------------------- the run
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) from /proc."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def phase(model_dir, sentences, args, modes, clients, per_request, *extra) -> dict:
     proc, port = start_server(model_dir, args.threads, *extra)
+    out: dict = {}
     try:
-        out = {
-            mode: load(
+        for mode in modes:
+            before = _cpu_seconds(proc.pid)
+            out[mode] = load(
                 port, bodies(sentences, mode, per_request), clients, args.seconds, args.max_requests, args.timeout
             )
-            for mode in modes
-        }
+            out[mode]["server_cpu_cores"] = (_cpu_seconds(proc.pid) - before) / out[mode]["seconds"]
     finally:
         out["server"] = stop_server(proc)
     return out
