@@ -240,8 +240,14 @@ def test_bad_arguments():
         KneserNeyLM(vocab, discount=(0.5, 2.5, 1.0))
     with pytest.raises(UsageError, match="modified discounts"):
         KneserNeyLM(vocab, discount=(0.5, 1.0))
-    with pytest.raises(DataError, match="counts of counts n1..n4"):
+    with pytest.raises(DataError, match=r"counts of counts n1..n4 = \[2, 0, 0, 0\].*give fixed discounts"):
         KneserNeyLM(vocab, order=2, discount="modified").fit([["a"]])
+    with pytest.raises(DataError, match=r"^the forward Kneser-Ney LM: cannot estimate the modified"):
+        kneser_ney_perplexity([["a"]], [["a"]], vocab, order=2, discount="modified")
+    # numpy numbers and arrays are numbers
+    assert KneserNeyLM(vocab, discount=np.float32(0.5)).discount == 0.5
+    assert KneserNeyLM(vocab, discount=np.array([0.5, 1.0, 1.5])).discount == (0.5, 1.0, 1.5)
+    assert KneserNeyLM(vocab, discount=(np.int64(1), np.int64(2), np.float32(3))).discount == (1.0, 2.0, 3.0)
     with pytest.raises(UsageError, match="start token"):
         KneserNeyLM(vocab, start="<s>")
     with pytest.raises(UsageError, match="fit"):

@@ -24,8 +24,11 @@ gives the lower order the mass those discounts free:
 
 with N_r(h •) the number of words seen exactly r times after h (the counts c are raw at the highest order,
 continuation counts below, as above). Estimated per order from that order's counts of counts n1 … n4:
-Y = n1 / (n1 + 2 n2), D1 = 1 − 2Y n2/n1, D2 = 2 − 3Y n3/n2, D3+ = 3 − 4Y n4/n3 (Chen & Goodman eq. 26; KenLM's
-and SRILM's ``-kndiscount`` estimates).
+Y = n1 / (n1 + 2 n2), D1 = 1 − 2Y n2/n1, D2 = 2 − 3Y n3/n2, D3+ = 3 − 4Y n4/n3 (Chen & Goodman eq. 26; the formula of
+KenLM's and SRILM's ``-kndiscount`` estimates). The counts it is fed differ from KenLM's in one point: here every
+lower-order n-gram gets its continuation count, those that begin with the start symbol included, where KenLM keeps
+the raw counts of n-grams that begin with ``<s>``; so the lower orders' discounts differ a little from KenLM's on
+the same text.
 
 Sentence boundaries follow the biLM (:meth:`elmokit.pretraining.objective.BidirectionalLM.sentence_nll`): a sentence
 ``w1 … wm`` is read as ``<S>^(n−1) w1 … wm </S>`` and its m + 1 targets are ``w1 … wm </S>`` (the n−1 copies of the
@@ -43,6 +46,7 @@ fitting 2M tokens takes seconds and memory in the tens of MB; lookups are ``np.s
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -77,13 +81,16 @@ class _Level:
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    """A real number (Python's or numpy's), not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
 
 
 def _check_discount(discount):
     """``discount`` as :class:`KneserNeyLM` keeps it (a tuple becomes a tuple of floats), or the error."""
-    if discount in ("estimate", "modified"):
+    if isinstance(discount, str) and discount in ("estimate", "modified"):
         return discount
+    if isinstance(discount, np.ndarray):
+        discount = discount.tolist()
     if isinstance(discount, (tuple, list)):
         ok = len(discount) == 3 and all(_is_number(d) and 0 < d <= r for r, d in enumerate(discount, start=1))
         if not ok:
@@ -92,7 +99,7 @@ def _check_discount(discount):
             )
         return tuple(float(d) for d in discount)
     if _is_number(discount) and 0 < discount <= 1:
-        return discount
+        return float(discount)
     raise (UsageError if _is_number(discount) or isinstance(discount, str) else UsageTypeError)(
         f"discount must be a number in (0, 1], 'estimate', 'modified' or (D1, D2, D3+), got {discount!r}"
     )
@@ -104,15 +111,20 @@ def _modified_discounts(k: int, counts: np.ndarray) -> tuple[float, float, float
     Raises:
         DataError: some n_r is 0, or an estimate falls outside (0, r] (a corpus too small or too regular)."""
     n = [int((counts == r).sum()) for r in (1, 2, 3, 4)]
+    fix = "the corpus is too small or too regular for the estimate: give fixed discounts (D1, D2, D3+)"
     if min(n) == 0:
         raise DataError(
             f"cannot estimate the modified Kneser-Ney discounts of order {k}: counts of counts n1..n4 = {n} "
-            "hold a 0 (give fixed (D1, D2, D3+) for so small a corpus)"
+            f"hold a 0 ({fix})"
         )
     y = n[0] / (n[0] + 2 * n[1])
     d = (1 - 2 * y * n[1] / n[0], 2 - 3 * y * n[2] / n[1], 3 - 4 * y * n[3] / n[2])
     if not all(0 < x <= r for r, x in enumerate(d, start=1)):
-        raise DataError(f"modified Kneser-Ney discounts of order {k} out of range: {d} from n1..n4 = {n}")
+        shown = ", ".join(f"{x:.4g}" for x in d)
+        raise DataError(
+            f"modified Kneser-Ney discounts of order {k} out of range: ({shown}) from counts of counts n1..n4 = "
+            f"{n}, each Dr must be in (0, r] ({fix})"
+        )
     return d
 
 
@@ -206,7 +218,9 @@ class KneserNeyLM:
 
         Raises:
             InputTypeError: (also a ``TypeError``) a sentence is a ``str``.
-            DataError: no sentences, or ``discount="estimate"`` finds no n-gram seen once at some order.
+            DataError: no sentences, ``discount="estimate"`` finds no n-gram seen once at some order, or
+                ``discount="modified"`` cannot estimate an order's discounts (a count of counts n1..n4 is 0, or an
+                estimate falls outside (0, r]).
         """
         seq, local, n_sent = self._encode(sentences)
         if n_sent == 0:
@@ -389,6 +403,16 @@ def _exp(x: float) -> float:
     return math.exp(x) if x < 700 else float("inf")
 
 
+def _fit_direction(lm: KneserNeyLM, sentences, direction: str) -> KneserNeyLM:
+    """``lm.fit(sentences)``, a discount that cannot be estimated named with its direction."""
+    try:
+        return lm.fit(sentences)
+    except DataError as e:
+        if "discount" not in str(e):
+            raise
+        raise DataError(f"the {direction} Kneser-Ney LM: {e}") from None
+
+
 def kneser_ney_perplexity(
     train_sentences: Iterable[Sequence[str]],
     test_sentences: Iterable[Sequence[str]],
@@ -414,20 +438,20 @@ def kneser_ney_perplexity(
 
     Raises:
         UsageError: bad ``order`` / ``discount`` / ``vocab``.
-        DataError: no training or test sentences, or a test target of probability 0 (see
+        DataError: no training or test sentences, an estimated discount that cannot be estimated (naming the
+            direction; see :meth:`KneserNeyLM.fit`), or a test target of probability 0 (see
             :meth:`KneserNeyLM.nll_sums`).
     """
     train = [list(s) if not isinstance(s, str) else s for s in train_sentences]
     test = [list(s) if not isinstance(s, str) else s for s in test_sentences]
     if not test:
         raise DataError("kneser_ney_perplexity: no test sentences")
-    fwd = KneserNeyLM(vocab, order, discount, start=BOS, end=EOS).fit(train)
+    fwd = _fit_direction(KneserNeyLM(vocab, order, discount, start=BOS, end=EOS), train, "forward")
     nll_f, n_tok, n_sent = fwd.nll_sums(test)
     discounts = fwd.discounts
     del fwd  # one direction's tables at a time (a 5-gram model of 40M tokens holds GBs)
-    bwd = KneserNeyLM(vocab, order, discount, start=EOS, end=BOS).fit(
-        s[::-1] if not isinstance(s, str) else s for s in train
-    )
+    reversed_train = (s[::-1] if not isinstance(s, str) else s for s in train)
+    bwd = _fit_direction(KneserNeyLM(vocab, order, discount, start=EOS, end=BOS), reversed_train, "backward")
     nll_b, _, _ = bwd.nll_sums([s[::-1] for s in test])  # the same m + 1 targets per sentence
     f, b = nll_f / n_tok, nll_b / n_tok
     return {
