@@ -1,7 +1,7 @@
 """苹果 (apple the fruit / Apple the company) sense separation with the Chinese biLM (issue 10): prints the README's
 table.
 
-    ELMOKIT_CACHE=/work/cache nice -n 5 python experiments/senses_apple.py     # ~1 min on 1 CPU thread
+    nice -n 5 python experiments/senses_apple.py --threads 1     # ~1 min on 1 CPU thread (models: $ELMOKIT_CACHE)
 
 Data (:func:`elmokit.analysis.senses.build_apple_set`): the online_shopping_10_cats reviews of 水果 (→ fruit) and
 平板, 计算机, 手机 (→ Apple) that hold 苹果, segmented with the zoo tokenizer of ``elmokit-zh`` (jieba, as its
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -190,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(
         f"Wall time {wall / 60:.1f} min, of which biLM embedding {t_embed:.0f} s (≈ 0 when read from "
         f"$ELMOKIT_CACHE/senses/; {args.threads} torch thread(s)); command: "
-        "`ELMOKIT_CACHE=/work/cache python experiments/senses_apple.py`."
+        f"`python experiments/senses_apple.py --threads {args.threads}` (models from $ELMOKIT_CACHE; load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end)."
     )
     text = "\n".join(lines) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """CoarseWSD-20 sense separation with the English biLM (issue 10): prints the README's tables.
 
-    ELMOKIT_CACHE=/work/cache nice -n 5 python experiments/senses_coarsewsd.py     # ~5 min on 1 CPU thread
+    nice -n 5 python experiments/senses_coarsewsd.py --threads 1     # ~6 min on 1 CPU thread (models: $ELMOKIT_CACHE)
 
 Protocol (:mod:`elmokit.analysis.senses`): for each of the 20 words, train = the labelled memory, test = the
 queries; 1-NN and nearest-centroid (cosine) accuracy and macro-F1 for the biLM's layers 0..L and their average, beside
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -305,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(
         f"Wall time {wall / 60:.1f} min, of which biLM embedding {t_embed[0] / 60:.1f} min (≈ 0 when "
         f"read from $ELMOKIT_CACHE/senses/; {args.threads} torch thread(s)); command: "
-        "`ELMOKIT_CACHE=/work/cache python experiments/senses_coarsewsd.py`."
+        f"`python experiments/senses_coarsewsd.py --threads {args.threads}` (models from $ELMOKIT_CACHE; load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end)."
     )
     text = "\n".join(lines) + "\n"
 
