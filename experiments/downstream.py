@@ -11,10 +11,10 @@ model, data and budget (configs/tasks/<task>.toml) with one change:
 
 Each row runs 3 seeds (initialisation, batch order, dropout) and reports the test score's mean ± sample std; a gain
 over a row is claimed only when the difference of means exceeds the sum of the two stds. The biLM layers are cached
-under $ELMOKIT_CACHE/features/ (never in git), so rows and seeds reuse them. Writes
+under $ELMOKIT_CACHE/features/ (default ~/.cache/elmokit; never in git), so rows and seeds reuse them. Writes
 experiments/results/downstream-<task>.md/.json and downstream-<task>-layers.png, prints the table last.
 
-    ELMOKIT_CACHE=/work/cache nice -n 5 python experiments/downstream.py --task sst2
+    nice -n 5 python experiments/downstream.py --task sst2        # models and features from $ELMOKIT_CACHE
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from elmokit.tasks.config import load_task_config  # noqa: E402
 from elmokit.tasks.report import mean_std, plot_layer_weights, results_table, write_results  # noqa: E402
 from elmokit.tasks.training import prepare_task, train_from_config  # noqa: E402
 from elmokit.threads import default_threads  # noqa: E402
+from elmokit.weights.native import cache_dir  # noqa: E402
 
 TASKS = {
     "weibo": ("weibo-ner.toml", "Weibo NER (Chinese, weiboNER_2nd_conll)", "test entity F1"),
@@ -214,8 +215,6 @@ def main(argv=None) -> int:
         plot_rows(args.task, saved["rows"], args.out, len(saved["meta"]["seeds"]))
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if "ELMOKIT_CACHE" not in os.environ:
-        parser.error("set ELMOKIT_CACHE (the zoo models and the feature cache live there)")
     config_file, title, metric_name = TASKS[args.task]
     config = load_task_config(ROOT / "configs" / "tasks" / config_file)
     if args.epochs is not None:
@@ -280,7 +279,7 @@ def main(argv=None) -> int:
     meta = {
         "title": f"{title}: frozen ELMo vs static vectors ({metric_name}, mean ± std over {len(args.seeds)} seeds)",
         "columns": columns,
-        "command": f"ELMOKIT_CACHE={os.environ['ELMOKIT_CACHE']} nice -n 5 python experiments/downstream.py "
+        "command": f"ELMOKIT_CACHE={cache_dir()} nice -n 5 python experiments/downstream.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "config": f"configs/tasks/{config_file}",
         "model": (
