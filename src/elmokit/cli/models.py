@@ -232,6 +232,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                 "rebuild_command": data["rebuild_command"],
                 "heldout_average_perplexity": fig["heldout"]["bilm"]["average"],
                 "kneser_ney_3": fig["heldout"]["kneser_ney_3"]["average"],
+                "kneser_ney_5_modified": (fig["heldout"].get("kneser_ney_5_modified") or {}).get("average"),
                 "unigram": fig["heldout"]["unigram_add_one"],
                 "card": str(card.parent / "README.md"),
             }

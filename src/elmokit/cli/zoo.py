@@ -36,17 +36,23 @@ def cmd_zoo_build(args: argparse.Namespace) -> int:
     )
     print(
         f"held-out perplexity (average): biLM {h['bilm']['average']:.1f}, Kneser-Ney 3-gram "
-        f"{h['kneser_ney_3']['average']:.1f}, add-one unigram {h['unigram_add_one']:.1f}"
+        f"{h['kneser_ney_3']['average']:.1f}{_kn5(h)}, add-one unigram {h['unigram_add_one']:.1f}"
     )
     wt = card["figures"].get("wikitext2_test")
     if wt:
         print(
             f"WikiText-2 test (average): biLM {wt['bilm']['average']:.1f}, Kneser-Ney 3-gram "
-            f"{wt['kneser_ney_3']['average']:.1f}, add-one unigram {wt['unigram_add_one']:.1f} (OOV rate "
+            f"{wt['kneser_ney_3']['average']:.1f}{_kn5(wt)}, add-one unigram {wt['unigram_add_one']:.1f} (OOV rate "
             f"{100 * wt['oov_rate']:.2f} %)"
         )
     print(f"card: {folder / 'README.md'}")
     return 0
+
+
+def _kn5(figures: dict) -> str:
+    """``", modified Kneser-Ney 5-gram X"`` when the figures hold it (not in older cards or tiny corpora)."""
+    kn5 = figures.get("kneser_ney_5_modified") or {}
+    return f", modified Kneser-Ney 5-gram {kn5['average']:.1f}" if "average" in kn5 else ""
 
 
 def cmd_zoo_list(args: argparse.Namespace) -> int:
@@ -61,7 +67,9 @@ def cmd_zoo_list(args: argparse.Namespace) -> int:
         if c:
             wt = f", WikiText-2 test {c['wikitext2_test_average']:.1f}" if c["wikitext2_test_average"] else ""
             print(
-                f"    held-out perplexity {c['heldout_average']:.1f} (Kneser-Ney 3-gram {c['kneser_ney_3']:.1f}, "
+                f"    held-out perplexity {c['heldout_average']:.1f} (Kneser-Ney 3-gram {c['kneser_ney_3']:.1f}"
+                + (f", modified 5-gram {c['kneser_ney_5_modified']:.1f}" if c.get("kneser_ney_5_modified") else "")
+                + ", "
                 f"unigram {c['unigram']:.1f}){wt}; {c['steps']} steps, {c['tokens_per_s']:.0f} tokens/s, built in "
                 f"{c['build_minutes']} min on {c['built_at']} (commit {c['commit'][:12]})"
                 + ("; TEST BUILD (recipe overridden)" if c["test_build"] else "")
