@@ -5,8 +5,12 @@ the sentences are the first ``--sentences`` of UD English-EWT dev (``../shared/d
 ``bench/inference.py``'s reader). The run, in order:
 
 1. offline: ``Embedder.embed_sentences`` (batch 64, length-sorted) over the sentences, once pooled (``layers=average,
-   pool=mean``) and once all layers, in this process with ``--threads`` torch threads: real tokens/s;
-2. ``elmokit serve`` (a child process, ``--threads``, loopback, port 0) driven by ``--clients`` concurrent clients for
+   pool=mean``) and once all layers, in this process with ``--threads`` torch threads: real tokens/s — with the
+   default ``Embedder`` and (``*_recent``) with one that keeps the server's ``--recent-word-cache`` words, timed on a
+   second pass (every word kept, as in a server that has seen them);
+2. ``elmokit serve`` (a child process on loopback, port 0, with ``--inference-loops`` = ``--threads`` loops of
+   ``--server-threads 1`` torch thread each — as many cores as offline — and its default ``--recent-word-cache``)
+   driven by ``--clients`` concurrent clients for
    ``--seconds`` each, one sentence a request (``--sentences-per-request K``: K consecutive sentences, as a client
    embedding a document sends them; ``1,8``: the phase once per K), with three outputs: pooled JSON (``/embed``
    average + mean), all-layer binary (``Accept: application/x-npz``) and all-layer JSON;
@@ -68,23 +72,29 @@ def make_model(folder: Path, seed: int = 0) -> Path:
     return save_pretrained(model, folder)
 
 
-def offline(model_dir: Path, sentences: list[list[str]], threads: int) -> dict:
-    """Real tokens/s of ``Embedder.embed_sentences`` (batch 64), pooled and all layers (one warm-up pass first)."""
+def offline(model_dir: Path, sentences: list[list[str]], threads: int, recent_word_cache: int) -> dict:
+    """Real tokens/s of ``Embedder.embed_sentences`` (batch 64), pooled and all layers (one warm-up batch first):
+    the default ``Embedder``, and (``*_recent``) one with the server's ``recent_word_cache``, timed on a second
+    pass over the sentences (every word already kept, as in a server that has seen them)."""
     import torch
 
     from elmokit import Embedder, load_pretrained_bilm
 
     torch.set_num_threads(threads)
-    embedder = Embedder(load_pretrained_bilm(model_dir))
+    bilm = load_pretrained_bilm(model_dir)
     tokens = sum(len(s) for s in sentences)
     out = {}
-    for name, options in (("pooled", {"layers": "average", "pool": "mean"}), ("all_layers", {})):
-        list(embedder.embed_sentences(sentences[:64], 64, **options))
-        start = time.perf_counter()
-        for _ in embedder.embed_sentences(sentences, 64, **options):
-            pass
-        seconds = time.perf_counter() - start
-        out[name] = {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens}
+    for suffix, cache in (("", 0), ("_recent", recent_word_cache)):
+        if suffix and not cache:
+            continue
+        embedder = Embedder(bilm, recent_word_cache=cache)
+        for name, options in (("pooled", {"layers": "average", "pool": "mean"}), ("all_layers", {})):
+            list(embedder.embed_sentences(sentences if cache else sentences[:64], 64, **options))
+            start = time.perf_counter()
+            for _ in embedder.embed_sentences(sentences, 64, **options):
+                pass
+            seconds = time.perf_counter() - start
+            out[name + suffix] = {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens}
     return out
 
 
@@ -117,12 +127,15 @@ def start_server(model_dir: Path, threads: int, *extra: str) -> tuple[subprocess
 
 
 def stop_server(proc: subprocess.Popen) -> dict:
-    """The server's peak RSS (VmHWM, MB), then SIGTERM; its exit status."""
-    peak = float("nan")
-    with open(f"/proc/{proc.pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                peak = int(line.split()[1]) / 1024
+    """The server's peak RSS (VmHWM, MB; with ``--workers N`` the sum of its processes' peaks, an upper bound of
+    the peak of their sum), then SIGTERM; its exit status."""
+    peak = 0.0
+    for member in _process_tree(proc.pid):
+        try:
+            with open(f"/proc/{member}/status") as fh:
+                peak += sum(int(line.split()[1]) / 1024 for line in fh if line.startswith("VmHWM:"))
+        except OSError:
+            continue
     proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(60)
@@ -229,15 +242,37 @@ def bodies(sentences: list[list[str]], mode: str, per_request: int = 1) -> list[
 
 
 # ---------------------------------------------------------------------------------------------- the run
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``--workers N`` runs N worker processes under the server's), from /proc."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                todo.extend(int(child) for child in task.read_text().split())
+            except OSError:  # the task ended meanwhile
+                pass
+    return found
+
+
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads) from /proc."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of process ``pid`` and its descendants (all their threads) from /proc."""
+    total = 0
+    for member in _process_tree(pid):
+        try:
+            with open(f"/proc/{member}/stat") as fh:
+                fields = fh.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def phase(model_dir, sentences, args, modes, clients, per_request, *extra) -> dict:
-    proc, port = start_server(model_dir, args.threads, *extra)
+    loops = args.inference_loops or args.threads
+    config = ("--recent-word-cache", str(args.recent_word_cache), "--inference-loops", str(loops))
+    proc, port = start_server(model_dir, args.server_threads, *config, *extra)
     out: dict = {}
     try:
         for mode in modes:
@@ -251,18 +286,50 @@ def phase(model_dir, sentences, args, modes, clients, per_request, *extra) -> di
     return out
 
 
+def ratios(server: dict, off: dict, modes: tuple[str, ...]) -> dict:
+    """Each output's server tokens/s over offline's (pooled against pooled, the all-layer outputs against all
+    layers): ``<mode>_vs_offline`` against the default ``Embedder``, ``<mode>_vs_offline_recent`` against one that
+    keeps the recent words' vectors as the server does."""
+    out = {}
+    for mode in modes:
+        base = "pooled" if mode == "pooled" else "all_layers"
+        for suffix in ("", "_recent"):
+            if base + suffix in off:
+                out[f"{mode}_vs_offline{suffix}"] = server[mode]["tokens_per_s"] / off[base + suffix]["tokens_per_s"]
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--seconds", type=float, default=60.0, help="per load phase")
     p.add_argument("--sentences", type=int, default=2000, help="the first N of EWT dev (it holds 2,001)")
     p.add_argument("--threads", type=int, default=2, help="torch threads, offline and in the server")
+    p.add_argument(
+        "--server-threads",
+        type=int,
+        default=1,
+        help="the server's torch threads per inference loop (default: 1; a pass over a small batch keeps one core "
+        "busy whatever the count)",
+    )
+    p.add_argument(
+        "--inference-loops",
+        type=int,
+        default=None,
+        help="the server's --inference-loops (default: --threads, so that server and offline use as many cores)",
+    )
     p.add_argument("--max-requests", type=int, default=1_000_000, help="per phase, whatever the time")
     p.add_argument(
         "--sentences-per-request",
         default="1",
         help="consecutive EWT sentences in one request; a comma list (e.g. 1,8) runs the server phase once for each "
         "(the other phases use the first)",
+    )
+    p.add_argument(
+        "--recent-word-cache",
+        type=int,
+        default=50_000,
+        help="the server's --recent-word-cache (its default); offline is measured without and with it",
     )
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     p.add_argument("--overload-clients", type=int, default=512)
@@ -284,7 +351,7 @@ def main() -> None:
     result: dict = {"sentences": len(sentences), "tokens": sum(len(s) for s in sentences), "args": vars(args)}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model(Path(tmp) / "small")
-        result["offline"] = offline(model_dir, sentences, args.threads)
+        result["offline"] = offline(model_dir, sentences, args.threads, args.recent_word_cache)
         print(json.dumps({"offline": result["offline"]}), flush=True)
         if "server" in phases:
             for k in per_request:  # "server" for the first K, "server_k<K>" for the others
@@ -301,31 +368,17 @@ def main() -> None:
                 model_dir, sentences, args, ("pooled",), args.overload_clients, k0, *extra, *limit
             )
     off = result["offline"]
-    for k in per_request[1:]:
-        result[f"ratios_k{k}"] = {
-            f"{m}_vs_offline": result[f"server_k{k}"][m]["tokens_per_s"]
-            / off["pooled" if m == "pooled" else "all_layers"]["tokens_per_s"]
-            for m in modes
-            if f"server_k{k}" in result
-        }
-    if phases != {"server", "batch1", "overload"} or args.modes != "pooled,binary,json":
-        result["ratios"] = {
-            f"{m}_vs_offline": result["server"][m]["tokens_per_s"]
-            / result["offline"]["pooled" if m == "pooled" else "all_layers"]["tokens_per_s"]
-            for m in args.modes.split(",")
-            if "server" in result
-        }
-        print(json.dumps(result))
-        return
-    srv = result["server"]
-    result["ratios"] = {
-        "pooled_vs_offline": srv["pooled"]["tokens_per_s"] / off["pooled"]["tokens_per_s"],
-        "binary_all_layers_vs_offline": srv["binary"]["tokens_per_s"] / off["all_layers"]["tokens_per_s"],
-        "json_all_layers_vs_offline": srv["json"]["tokens_per_s"] / off["all_layers"]["tokens_per_s"],
-        "dynamic_vs_batch1": srv["pooled"]["tokens_per_s"] / result["batch1"]["pooled"]["tokens_per_s"],
-    }
-    over = result["overload"]["pooled"]["by_status"]
-    result["overload_only_200_and_429"] = set(over) <= {"200", "429"}
+    for k in per_request:  # "ratios" for the first K, "ratios_k<K>" for the others
+        key = "server" if k == k0 else f"server_k{k}"
+        if key in result:
+            result["ratios" if k == k0 else f"ratios_k{k}"] = ratios(result[key], off, modes)
+    if "batch1" in result and "server" in result and "pooled" in modes:
+        result["ratios"]["dynamic_vs_batch1"] = (
+            result["server"]["pooled"]["tokens_per_s"] / result["batch1"]["pooled"]["tokens_per_s"]
+        )
+    if "overload" in result:
+        over = result["overload"]["pooled"]["by_status"]
+        result["overload_only_200_and_429"] = set(over) <= {"200", "429"}
     print(json.dumps(result))
 
 

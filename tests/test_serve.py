@@ -108,6 +108,43 @@ def test_batcher_cancel_drops_queued_sentences_and_stop_fails_the_rest():
         b.submit([["y"]], OutputSpec.make("top", "mean"))
 
 
+class _SlowRecorder(_Recorder):
+    """A :class:`_Recorder` whose passes take 50 ms, recording which loop thread ran each."""
+
+    def __init__(self):
+        super().__init__()
+        self.threads = []
+
+    def embed_batch(self, batch, **options):
+        if batch != [["probe"]]:
+            self.threads.append(threading.current_thread().name)
+            time.sleep(0.05)
+        return super().embed_batch(batch, **options)
+
+
+def test_batcher_loops_take_fair_shares_of_the_queue_and_answer_each_request():
+    rec = _SlowRecorder()
+    b = Batcher(rec, max_batch_tokens=1000, max_batch_sentences=64, max_wait_ms=1, loops=2)
+    b.start()
+    assert b.ready.wait(10)
+    deadline = time.monotonic() + 10
+    while b._waiting < 2 and time.monotonic() < deadline:  # both loops waiting for work
+        time.sleep(0.01)
+    b.pause()
+    spec = OutputSpec.make("top", "mean")
+    jobs = [b.submit([[f"s{i}"] * (1 + i % 3)], spec) for i in range(10)]
+    time.sleep(0.01)  # past the oldest sentence's wait
+    b.resume()
+    assert [job.future.result(10)[0][0] for job in jobs] == [1 + i % 3 for i in range(10)]
+    b.stop()
+    assert not b.alive
+    # two loops waiting: the first takes ceil(10 / 2) = 5 sentences, the second the other 5, at the same time
+    assert sorted(rec.batches) == [[f"s{i}" for i in range(5)], [f"s{i}" for i in range(5, 10)]]
+    assert sorted(rec.threads) == ["elmokit-inference-0", "elmokit-inference-1"]
+    with pytest.raises(ValueError, match="loops must be an int >= 1, got 0"):
+        Batcher(rec, loops=0)
+
+
 # ------------------------------------------------------------------------------------------------- the routes
 def test_embed_equals_embed_batch_for_every_option(server, embedder):
     client, _ = server
@@ -389,3 +426,45 @@ def test_concurrent_clients_get_their_own_answers(server, embedder):
     for i, r in enumerate(results):
         if r.status_code == 200:
             assert within_bound(r.json()["data"][0]["vectors"], want[i % 7])
+
+
+def test_recent_word_cache_serves_the_same_values_and_counts_hits(model_dir, embedder):
+    settings = ServeSettings(model=str(model_dir), recent_word_cache=1000)
+    distinct = len({w for s in SENTENCES[:3] for w in s})
+    want = embedder.embed_batch(SENTENCES[:3])
+    with running_server(settings) as (url, state), httpx.Client(base_url=url, timeout=30) as client:
+        assert state.embedder.recent_words is not None and state.embedder.recent_words.capacity == 1000
+        assert client.get("/info").json()["settings"]["recent_word_cache"] == 1000
+        before = client.get("/metrics").text
+        for _ in range(2):  # the second time every word comes from the cache
+            answer = client.post("/embed", json={"sentences": SENTENCES[:3]})
+            assert answer.status_code == 200
+            for d, w in zip(answer.json()["data"], want):
+                assert within_bound(d["vectors"], w)
+        after = client.get("/metrics").text
+    assert metric(after, "elmokit_recent_word_misses_total") - metric(before, "elmokit_recent_word_misses_total") == (
+        distinct
+    )
+    assert metric(after, "elmokit_recent_word_hits_total") - metric(before, "elmokit_recent_word_hits_total") == (
+        distinct
+    )
+
+
+def test_two_inference_loops_answer_concurrent_clients_with_their_own_vectors(model_dir, embedder):
+    settings = ServeSettings(model=str(model_dir), inference_loops=2, max_batch_sentences=4)
+    want = embedder.embed_batch(SENTENCES, layers="top", pool="mean")
+    with running_server(settings) as (url, state), httpx.Client(base_url=url, timeout=30) as client:
+        assert client.get("/info").json()["settings"]["inference_loops"] == 2
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(
+                pool.map(
+                    lambda i: client.post(
+                        "/embed", json={"sentences": [SENTENCES[i % 7]], "layers": "top", "pool": "mean"}
+                    ),
+                    range(28),
+                )
+            )
+        assert {thread.name for thread in state.batcher._threads} == {"elmokit-inference-0", "elmokit-inference-1"}
+    for i, answer in enumerate(answers):
+        assert answer.status_code == 200
+        assert within_bound(answer.json()["data"][0]["vectors"], want[i % 7])

@@ -211,7 +211,8 @@ def test_the_new_limits_come_from_the_command_line(model_dir):
 
 def test_parsing_and_building_answers_run_off_the_event_loop(server, monkeypatch):
     # tokenising 2 MB of texts, or writing millions of numbers as JSON, on the event loop stalled every other request
-    # and /health for seconds; they run in worker threads
+    # and /health for seconds; they run in worker threads (here every answer counts as large)
+    monkeypatch.setattr(app_module, "INLINE_ANSWER_VALUES", 0)
     client, _ = server
     seen = []
 
@@ -235,3 +236,31 @@ def test_parsing_and_building_answers_run_off_the_event_loop(server, monkeypatch
         (name, "worker thread")
         for name in ("parse_embed", "_embed_response", "parse_openai", "parse_similar", "similar_result")
     ]
+
+
+def test_small_pre_tokenised_requests_stay_on_the_event_loop_and_large_ones_do_not(server, monkeypatch):
+    # a one-sentence pooled request: checking it and writing its 2P numbers cost less than two thread hops
+    client, _ = server
+    seen = []
+
+    def spy(function):
+        def wrapped(*args, **kwargs):
+            try:
+                asyncio.get_running_loop()
+                seen.append((function.__name__, "event loop"))
+            except RuntimeError:
+                seen.append((function.__name__, "worker thread"))
+            return function(*args, **kwargs)
+
+        return wrapped
+
+    for name in ("parse_embed", "_embed_response"):
+        monkeypatch.setattr(app_module, name, spy(getattr(app_module, name)))
+    small = {"sentences": [["the", "bank"]], "layers": "top", "pool": "mean"}
+    assert client.post("/embed", json=small).status_code == 200
+    assert seen == [("parse_embed", "event loop"), ("_embed_response", "event loop")]
+    seen.clear()
+    monkeypatch.setattr(app_module, "INLINE_BODY_BYTES", 1)
+    monkeypatch.setattr(app_module, "INLINE_ANSWER_VALUES", 1)
+    assert client.post("/embed", json=small).status_code == 200
+    assert seen == [("parse_embed", "worker thread"), ("_embed_response", "worker thread")]

@@ -14,6 +14,7 @@ from elmokit.cli.common import (
     RELEASED_HELP,
     add_threads_option,
     check_model,
+    non_negative_int,
     positive_float,
     positive_int,
     resolve_cli_device,
@@ -58,6 +59,8 @@ def _settings(args: argparse.Namespace):
         tokenizer=args.tokenizer,
         openai_layers=args.openai_layers,
         threads=args.threads,
+        recent_word_cache=args.recent_word_cache,
+        inference_loops=args.inference_loops,
     )
     settings.check_bind(args.insecure_no_auth)
     if args.openai_layers == "all":
@@ -106,6 +109,20 @@ def _add_batching_options(p: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=2.0,
         help="how long a queued sentence waits for others to join its batch (default: %(default)s)",
+    )
+    p.add_argument(
+        "--inference-loops",
+        type=positive_int,
+        default=1,
+        help="inference loops (threads) per process sharing its queue: a pass over a small batch keeps about one "
+        "core busy, so a second loop uses a second core (default: %(default)s)",
+    )
+    p.add_argument(
+        "--recent-word-cache",
+        type=non_negative_int,
+        default=50_000,
+        help="keep the layer-0 vectors of this many recently seen words, so a word met again skips the character "
+        "CNN (50,000 x P x 4 bytes: 26 MB at P = 128; 0: off; default: %(default)s)",
     )
     p.add_argument(
         "--max-concurrent-requests",

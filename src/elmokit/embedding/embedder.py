@@ -46,10 +46,11 @@ import torch
 
 from elmokit import interrupts
 from elmokit.characters import CharVocabulary, batch_to_ids, validate_sentences, validate_tokens
-from elmokit.checks import positive_int
+from elmokit.checks import check_int, positive_int
 from elmokit.devices import resolve_device
 from elmokit.elmo import Elmo, TokenVectorCache
 from elmokit.embedding.pooling import OutputSpec
+from elmokit.embedding.recent_words import RecentWordVectors
 from elmokit.embedding.writer import EmbedJob
 from elmokit.errors import ConfigError, UsageError, UsageTypeError
 from elmokit.modules import native
@@ -143,6 +144,12 @@ class Embedder:
             state, clips and the outputs in float32 (:mod:`elmokit.modules.precision`). Opt-in: bf16 moves the
             vectors by about 1e-2 of their scale (the README's "Mixed precision" table gives the measured errors);
             the native batch-1 kernels and the TorchScript loop are float32-only, so bf16 runs the plain loop.
+        recent_word_cache: keep the layer-0 vectors of up to this many recently seen words
+            (:class:`~elmokit.embedding.recent_words.RecentWordVectors`, least recently used out first; ``capacity ×
+            P`` float32 values allocated now), so a word met again skips the character CNN. Default 0: off. For
+            long-running embedders (``elmokit serve`` keeps 50,000 by default). Values equal the uncached ones to
+            float rounding, within the batch-independence bound below (a kept vector was computed in another batch);
+            with it, ``batch_size=1`` results are no longer bitwise independent of the order.
 
     The token layer is computed per distinct word of a batch, at most 256 words at a time through the character
     CNN, so one very long sentence does not run the CNN on all its tokens at once; the biLSTMs then run on the token
@@ -174,6 +181,7 @@ class Embedder:
         empty_tokens: str = "error",
         vocab_to_cache: Sequence[str] | TokenVectorCache | None = None,
         precision: str = "fp32",
+        recent_word_cache: int = 0,
     ) -> None:
         self.batch_size = positive_int("batch_size", batch_size)
         try:
@@ -202,9 +210,19 @@ class Embedder:
         self._cache_index: dict[str, int] = {}
         if vocab_to_cache is not None:
             self.set_token_cache(vocab_to_cache)
+        check_int("recent_word_cache", recent_word_cache, 0)
+        #: the recently seen words' layer-0 vectors (``None`` when ``recent_word_cache=0``)
+        self.recent_words: RecentWordVectors | None = None
         #: line numbers (1-based) that the last :meth:`embed_file` call skipped with ``decode_errors="skip"``
         self.skipped_lines: list[int] = []
         self._warm_up()
+        if recent_word_cache:  # after the warm-up, whose synthetic words it need not keep
+            self.recent_words = RecentWordVectors(
+                recent_word_cache,
+                self.bilm.config.lstm.projection_dim,
+                tuple(self.bilm.token_encoder.parameters()),
+                self.device,
+            )
 
     def _warm_up(self) -> None:
         """Build the inference weights the model makes lazily, for both paths, now: for one sentence the native
@@ -285,6 +303,9 @@ class Embedder:
             ids = torch.tensor([j for _, j in cached], dtype=torch.long, device=self.device)
             unique[rows] = self.token_cache.vectors[ids].to(unique.dtype)
         todo = [k for k, w in enumerate(words) if w not in self._cache_index] if cached else list(range(len(words)))
+        recent = self.recent_words
+        if recent is not None and todo:
+            todo = [todo[i] for i in recent.fill([words[k] for k in todo], unique, todo)]
         c = self.bilm.config.char_cnn.max_characters_per_token
         for start in range(0, len(todo), self.char_chunk):
             part = todo[start : start + self.char_chunk]
@@ -292,6 +313,8 @@ class Embedder:
             ids = batch_to_ids([[words[k]] for k in part], c, char_vocab=self.char_vocab, empty_tokens="keep")
             encoded = self.bilm.token_encoder.encode_unique(ids[:, 0].to(self.device)).to(unique.dtype)
             unique[torch.tensor(part, dtype=torch.long, device=self.device)] = encoded
+            if recent is not None:
+                recent.store([words[k] for k in part], encoded)
         vectors = unique[index.to(self.device)] if len(words) else unique.new_zeros((b, t, p))
         return vectors, mask.to(self.device)
 

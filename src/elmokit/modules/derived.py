@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["DerivedWeights", "optimizer_steps"]
+__all__ = ["DerivedWeights", "optimizer_steps", "sources_key", "same_sources"]
 
 _optimizer_steps = 0
 
@@ -48,6 +48,24 @@ def optimizer_steps() -> int:
     return _optimizer_steps
 
 
+def sources_key(sources: tuple[torch.Tensor, ...]) -> tuple | None:
+    """The identity of ``sources`` as they are now (see the module docstring), or ``None`` when one cannot be tracked
+    (an inference-mode or storage-less tensor). Compare two with :func:`same_sources`."""
+    try:
+        state = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
+        refs = tuple(weakref.ref(t) for t in sources)
+    except (RuntimeError, TypeError):  # inference-mode tensors (no version counter), storage-less tensors
+        return None
+    return refs, state, _optimizer_steps
+
+
+def same_sources(key: tuple, cached: tuple) -> bool:
+    """Whether two :func:`sources_key` results describe the same tensors, unchanged."""
+    refs, state, steps = key
+    old_refs, old_state, old_steps = cached
+    return steps == old_steps and state == old_state and all(new() is old() for new, old in zip(refs, old_refs))
+
+
 class DerivedWeights:
     """A small cache of tensors computed from parameters, one entry per ``name``.
 
@@ -60,30 +78,14 @@ class DerivedWeights:
     def __init__(self) -> None:
         self._entries: dict[str, tuple[tuple, object]] = {}
 
-    @staticmethod
-    def _key(sources: tuple[torch.Tensor, ...]) -> tuple | None:
-        """The identity of ``sources`` as they are now, or ``None`` when one cannot be tracked."""
-        try:
-            state = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
-            refs = tuple(weakref.ref(t) for t in sources)
-        except (RuntimeError, TypeError):  # inference-mode tensors (no version counter), storage-less tensors
-            return None
-        return refs, state, _optimizer_steps
-
-    @staticmethod
-    def _same(key: tuple, cached: tuple) -> bool:
-        refs, state, steps = key
-        old_refs, old_state, old_steps = cached
-        return steps == old_steps and state == old_state and all(new() is old() for new, old in zip(refs, old_refs))
-
     def cached(self, name: str, sources: tuple[torch.Tensor, ...], build: Callable[[], object]):
         """``build()`` cached under ``name`` as :meth:`get`, or ``None`` (nothing built) when ``sources`` cannot be
         tracked — for callers with a cheaper path than an uncached copy."""
-        key = self._key(sources)
+        key = sources_key(sources)
         if key is None:
             return None
         hit = self._entries.get(name)
-        if hit is not None and self._same(key, hit[0]):
+        if hit is not None and same_sources(key, hit[0]):
             return hit[1]
         with torch.no_grad():
             value = build()

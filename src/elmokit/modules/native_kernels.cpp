@@ -275,7 +275,11 @@ at::Tensor highway_layer(const at::Tensor& x, const at::Tensor& packed, const at
   return y;
 }
 
+// The kernels touch tensors only (their arguments are converted before the call), so they run without the GIL:
+// the server's HTTP threads and other Python threads go on while a pass computes, as they do during torch's own ops.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("lstm_layer", &lstm_layer, "one LSTM layer, both directions, without autograd");
-  module.def("highway_layer", &highway_layer, "one highway layer for at most 12 rows");
+  module.def("lstm_layer", &lstm_layer, "one LSTM layer, both directions, without autograd",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("highway_layer", &highway_layer, "one highway layer for at most 12 rows",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
 }

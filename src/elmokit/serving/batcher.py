@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from elmokit.checks import positive_int
 from elmokit.embedding.pooling import OutputSpec
 
 __all__ = ["Batcher", "Job", "BatchStats", "WorkerStopped"]
@@ -87,10 +88,18 @@ class Batcher:
         max_batch_tokens: padded token positions per forward pass (B × longest sentence; a longer one goes alone).
         max_batch_sentences: sentences per forward pass.
         max_wait_ms: how long the oldest queued sentence may wait for others to join its batch (milliseconds).
-        on_batch: called after each pass with its :class:`BatchStats` (metrics).
+        on_batch: called after each pass with its :class:`BatchStats` (metrics; from the loops' threads).
+        loops: inference loops (threads) taking batches from the one queue. A pass over a small batch keeps about one
+            core busy whatever torch's thread count (its products are too small to split), so on a machine with more
+            cores than one pass uses, a second loop runs a second batch meanwhile; each loop calls
+            ``embedder.embed_batch`` (an :class:`~elmokit.Embedder` may be called from several threads).
 
     ``queued`` is the number of sentences waiting; ``ready`` is set once the probe sentence has embedded and stays set
-    while the loop runs; ``alive`` says whether the loop thread is running.
+    while the loops run; ``alive`` says whether every loop thread is running (when one stops on an error, the others
+    finish their pass and stop too).
+
+    Raises:
+        UsageError: ``loops`` not a positive int.
     """
 
     def __init__(
@@ -101,8 +110,10 @@ class Batcher:
         max_batch_sentences: int = 64,
         max_wait_ms: float = 2.0,
         on_batch: Callable[[BatchStats], None] | None = None,
+        loops: int = 1,
     ) -> None:
         self.embedder = embedder
+        self.loops = positive_int("loops", loops)
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_sentences = max_batch_sentences
         self.max_wait = max_wait_ms / 1000.0
@@ -111,15 +122,18 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._paused = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._waiting = 0  # loops inside _next_batch (waiting for work or taking a batch)
         self.ready = threading.Event()
         self.error: BaseException | None = None
 
     # -------------------------------------------------------------------------------------------- control
     def start(self) -> None:
-        """Start the loop thread; it embeds a probe sentence first and then sets :attr:`ready`."""
-        self._thread = threading.Thread(target=self.run, name="elmokit-inference", daemon=True)
-        self._thread.start()
+        """Start the loop threads; each embeds a probe sentence first, and the first to finish sets :attr:`ready`."""
+        names = ["elmokit-inference"] if self.loops == 1 else [f"elmokit-inference-{i}" for i in range(self.loops)]
+        self._threads = [threading.Thread(target=self.run, name=name, daemon=True) for name in names]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Finish the queued work, then stop the loop (later submissions fail with :class:`WorkerStopped`)."""
@@ -127,8 +141,9 @@ class Batcher:
             self._stopping = True
             self._paused = False
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         self.ready.clear()
 
     def pause(self) -> None:
@@ -143,7 +158,7 @@ class Batcher:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return bool(self._threads) and all(thread.is_alive() for thread in self._threads)
 
     @property
     def queued(self) -> int:
@@ -186,13 +201,18 @@ class Batcher:
 
     def _take(self) -> list[_Item]:
         """The next batch (called with the lock held, the queue not empty): the oldest sentence's spec, in queue
-        order, within the sentence and padded-token budgets."""
+        order, within the sentence and padded-token budgets. With several loops waiting for work, a loop takes only
+        its share of the queue (the queued sentences ÷ the waiting loops, rounded up) and wakes another for the rest:
+        two half batches on two cores finish sooner than one whole batch on one."""
         spec = self._queue[0].job.spec
         batch: list[_Item] = []
         rest: deque[_Item] = deque()
         longest = 0
+        cap = self.max_batch_sentences
+        if self._waiting > 1:
+            cap = min(cap, -(-len(self._queue) // self._waiting))
         for item in self._queue:
-            fits = len(batch) < self.max_batch_sentences
+            fits = len(batch) < cap
             fits = fits and (len(batch) + 1) * max(longest, item.tokens) <= self.max_batch_tokens
             if item.job.spec == spec and (fits or not batch):
                 batch.append(item)
@@ -200,21 +220,27 @@ class Batcher:
             else:
                 rest.append(item)
         self._queue = rest
+        if rest and self._waiting > 1:
+            self._cond.notify()
         return batch
 
     def _next_batch(self) -> list[_Item] | None:
         """Wait for work and return the next batch; ``None`` when stopping with an empty queue."""
         with self._cond:
-            while True:
-                while (not self._queue or self._paused) and not (self._stopping and not self._queue):
-                    self._cond.wait()
-                if not self._queue:
-                    return None
-                deadline = self._queue[0].enqueued + self.max_wait
-                now = time.monotonic()
-                if self._stopping or self._enough() or now >= deadline:
-                    return self._take()
-                self._cond.wait(deadline - now)
+            self._waiting += 1
+            try:
+                while True:
+                    while (not self._queue or self._paused) and not (self._stopping and not self._queue):
+                        self._cond.wait()
+                    if not self._queue:
+                        return None
+                    deadline = self._queue[0].enqueued + self.max_wait
+                    now = time.monotonic()
+                    if self._stopping or self._enough() or now >= deadline:
+                        return self._take()
+                    self._cond.wait(deadline - now)
+            finally:
+                self._waiting -= 1
 
     def run(self) -> None:
         """The loop (the thread's target): a probe sentence, then batches until :meth:`stop`."""

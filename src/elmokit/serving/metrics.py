@@ -4,7 +4,10 @@
 * ``elmokit_requests_in_flight`` (embedding requests being answered), ``elmokit_queue_sentences`` (waiting);
 * ``elmokit_batch_sentences`` / ``elmokit_batch_tokens`` (padded positions) / ``elmokit_batch_real_tokens`` and
   ``elmokit_inference_seconds`` per forward pass (histograms), ``elmokit_embedded_sentences_total``;
-* ``elmokit_dropped_sentences_total``: queued sentences of requests whose client went away.
+* ``elmokit_dropped_sentences_total``: queued sentences of requests whose client went away;
+* ``elmokit_recent_word_hits_total`` / ``elmokit_recent_word_misses_total``: distinct words of each pass found in the
+  recent-word cache (``--recent-word-cache``) and encoded from their characters (read from the cache's own counts
+  at each scrape; absent without the cache).
 
 With ``--workers N`` each process has its own (the scrape reaches whichever process takes it).
 """
@@ -25,12 +28,39 @@ _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 65536)
 
 
+class _RecentWordCounts:
+    """A collector of the recent-word cache's hit and miss counts, read when scraped (the cache counts them itself,
+    under its lock, whichever inference loop made the call)."""
+
+    def __init__(self, recent_words) -> None:
+        self.recent_words = recent_words
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily(
+            "elmokit_recent_word_hits",
+            "distinct words of a pass found in the recent-word cache",
+            value=self.recent_words.hits,
+        )
+        yield CounterMetricFamily(
+            "elmokit_recent_word_misses",
+            "distinct words of a pass encoded from their characters",
+            value=self.recent_words.misses,
+        )
+
+
 class Metrics:
-    """The metrics (see the module docstring) in a fresh ``CollectorRegistry``, and the text of a scrape."""
+    """The metrics (see the module docstring) in a fresh ``CollectorRegistry``, and the text of a scrape.
+
+    Args:
+        recent_words: the embedder's :class:`~elmokit.embedding.recent_words.RecentWordVectors` (its counts are
+            exposed), or ``None``.
+    """
 
     content_type = prometheus_client.CONTENT_TYPE_LATEST
 
-    def __init__(self) -> None:
+    def __init__(self, recent_words=None) -> None:
         pc = prometheus_client
         self.registry = pc.CollectorRegistry()
         r = self.registry
@@ -56,6 +86,9 @@ class Metrics:
         self.dropped = pc.Counter(
             "elmokit_dropped_sentences", "queued sentences dropped because their client went away", registry=r
         )
+
+        if recent_words is not None:
+            r.register(_RecentWordCounts(recent_words))
 
     def observe_batch(self, stats: BatchStats) -> None:
         """Record one forward pass (the batcher's ``on_batch``)."""

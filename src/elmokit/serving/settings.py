@@ -47,6 +47,9 @@ class ServeSettings:
         tokenizer: how ``texts`` and the OpenAI route's strings become tokens when a request does not say.
         openai_layers / openai_pool: the layer rule and pooling of ``/v1/embeddings`` sentence vectors.
         threads: torch threads per process.
+        recent_word_cache: words whose layer-0 vectors each process keeps (``Embedder(recent_word_cache=…)``; 0: off).
+        inference_loops: inference loops (threads) per process taking batches from its queue
+            (:class:`~elmokit.serving.batcher.Batcher`'s ``loops``).
     """
 
     model: str
@@ -71,6 +74,8 @@ class ServeSettings:
     openai_layers: str = "average"
     openai_pool: str = "mean"
     threads: int | None = None
+    recent_word_cache: int = 50_000
+    inference_loops: int = 1
 
     def check_bind(self, insecure_no_auth: bool) -> None:
         """Raise :class:`UsageError` when the server would listen beyond this machine without an API key (unless
