@@ -36,14 +36,13 @@ class _RecentWordCounts:
         self.recent_words = recent_words
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily
-
-        yield CounterMetricFamily(
+        family = prometheus_client.metrics_core.CounterMetricFamily
+        yield family(
             "elmokit_recent_word_hits",
             "distinct words of a pass found in the recent-word cache",
             value=self.recent_words.hits,
         )
-        yield CounterMetricFamily(
+        yield family(
             "elmokit_recent_word_misses",
             "distinct words of a pass encoded from their characters",
             value=self.recent_words.misses,
