@@ -209,53 +209,43 @@ def test_the_new_limits_come_from_the_command_line(model_dir):
     assert ServeSettings(model="m").limits() == {**defaults.limits()}
 
 
+def _spy_where(monkeypatch, names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Wrap the app's functions ``names`` so that each call records (name, "event loop" or "worker thread")."""
+    seen: list[tuple[str, str]] = []
+
+    def spy(function):
+        def wrapped(*args, **kwargs):
+            try:
+                asyncio.get_running_loop()
+                seen.append((function.__name__, "event loop"))
+            except RuntimeError:
+                seen.append((function.__name__, "worker thread"))
+            return function(*args, **kwargs)
+
+        return wrapped
+
+    for name in names:
+        monkeypatch.setattr(app_module, name, spy(getattr(app_module, name)))
+    return seen
+
+
 def test_parsing_and_building_answers_run_off_the_event_loop(server, monkeypatch):
     # tokenising 2 MB of texts, or writing millions of numbers as JSON, on the event loop stalled every other request
     # and /health for seconds; they run in worker threads (here every answer counts as large)
     monkeypatch.setattr(app_module, "INLINE_ANSWER_VALUES", 0)
     client, _ = server
-    seen = []
-
-    def spy(function):
-        def wrapped(*args, **kwargs):
-            try:
-                asyncio.get_running_loop()
-                seen.append((function.__name__, "event loop"))
-            except RuntimeError:
-                seen.append((function.__name__, "worker thread"))
-            return function(*args, **kwargs)
-
-        return wrapped
-
-    for name in ("parse_embed", "_embed_response", "parse_openai", "parse_similar", "similar_result"):
-        monkeypatch.setattr(app_module, name, spy(getattr(app_module, name)))
+    names = ("parse_embed", "_embed_response", "parse_openai", "parse_similar", "similar_result")
+    seen = _spy_where(monkeypatch, names)
     assert client.post("/embed", json={"texts": ["the bank"], "tokenizer": "moses"}).status_code == 200
     assert client.post("/v1/embeddings", json={"input": "the bank"}).status_code == 200
     assert client.post("/similar", json={"word": "bank", "texts": ["the bank", "a bank"]}).status_code == 200
-    assert seen == [
-        (name, "worker thread")
-        for name in ("parse_embed", "_embed_response", "parse_openai", "parse_similar", "similar_result")
-    ]
+    assert seen == [(name, "worker thread") for name in names]
 
 
 def test_small_pre_tokenised_requests_stay_on_the_event_loop_and_large_ones_do_not(server, monkeypatch):
     # a one-sentence pooled request: checking it and writing its 2P numbers cost less than two thread hops
     client, _ = server
-    seen = []
-
-    def spy(function):
-        def wrapped(*args, **kwargs):
-            try:
-                asyncio.get_running_loop()
-                seen.append((function.__name__, "event loop"))
-            except RuntimeError:
-                seen.append((function.__name__, "worker thread"))
-            return function(*args, **kwargs)
-
-        return wrapped
-
-    for name in ("parse_embed", "_embed_response"):
-        monkeypatch.setattr(app_module, name, spy(getattr(app_module, name)))
+    seen = _spy_where(monkeypatch, ("parse_embed", "_embed_response"))
     small = {"sentences": [["the", "bank"]], "layers": "top", "pool": "mean"}
     assert client.post("/embed", json=small).status_code == 200
     assert seen == [("parse_embed", "event loop"), ("_embed_response", "event loop")]

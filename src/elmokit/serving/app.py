@@ -263,9 +263,9 @@ class _Guard:
 
 
 #: A pre-tokenised ``/embed`` request of at most this many body bytes is checked on the event loop, and an answer of
-#: at most this many numbers is built there: for them a hop to a worker thread and back costs more than the work
-#: (one sentence pooled: ~0.1 ms of checking and a 256-number answer). Larger ones go to a worker thread, so that
-#: the loop stays free for every other request and ``/health``.
+#: at most this many numbers is built there: for one pooled sentence the two hops to a worker thread and back cost
+#: more than the work (README, "Load test"). Larger ones go to a worker thread, so that the loop stays free for every
+#: other request and ``/health``.
 INLINE_BODY_BYTES = 16_384
 INLINE_ANSWER_VALUES = 16_384
 
