@@ -39,15 +39,16 @@ OPTIONAL = {
     "fastapi": "fastapi",
     "uvicorn": "uvicorn",
     "prometheus-client": "prometheus_client",
+    "orjson": "orjson",
     "onnx": "onnx",
     "onnxscript": "onnxscript",
     "onnxruntime": "onnxruntime",
 }
 #: Extras that ``all`` leaves out (``test`` installs them, so the suite runs their tests): flair brings transformers,
 #: huggingface-hub, boto3 and its own pins (~240 MB), for one integration; serve's web stack (FastAPI, uvicorn,
-#: prometheus-client) is for running a server, not for using the library; export's ONNX libraries serve deployment
-#: only (``elmokit[export]``).
-NOT_IN_ALL = {"flair", "fastapi", "uvicorn", "prometheus-client", "onnx", "onnxscript", "onnxruntime"}
+#: prometheus-client, orjson) is for running a server, not for using the library; export's ONNX libraries serve
+#: deployment only (``elmokit[export]``).
+NOT_IN_ALL = {"flair", "fastapi", "uvicorn", "prometheus-client", "orjson", "onnx", "onnxscript", "onnxruntime"}
 
 
 def _project() -> dict:

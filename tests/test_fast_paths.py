@@ -173,7 +173,9 @@ def test_token_encoder_inference_chunks_equal_one_piece(monkeypatch):
     assert encoder.projection.weight.grad is not None
 
 
-@pytest.mark.parametrize("lengths", [[6, 5, 3, 0], [6, 6, 5, 5, 5, 4, 3, 3, 2, 1, 0]])
+@pytest.mark.parametrize(
+    "lengths", [[6, 5, 3, 0], [6, 6, 5, 5, 5, 4, 3, 3, 2, 1, 0], [6] * 12 + [5] * 12 + [3] * 8 + [2, 1, 0]]
+)
 def test_torchscript_step_loop_equals_the_eager_loop(monkeypatch, lengths):
     """Without autograd the recurrent loop runs compiled by TorchScript (direction after direction for a few rows,
     both directions per step for more than native.MAX_LSTM_ROWS); it gives the eager loop's values (clips firing,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,21 +65,26 @@ def test_lstm_layer_equals_the_torchscript_loop(kernels, monkeypatch):
 native_lstm = native.lstm_layer
 
 
-def test_lstm_layer_small_configuration_shapes(kernels):
-    """The small configuration's widths (H = 1024, P = 128), one row of 11 steps: the kernel against the compiled
-    loop on the same cached weights."""
-    torch.manual_seed(1)
+@pytest.mark.parametrize("lengths", [[11], [11, 11, 10, 9, 6, 4, 4, 2, 1], [5] * 32])
+def test_lstm_layer_small_configuration_shapes(kernels, lengths):
+    """The small configuration's widths (H = 1024, P = 128): one row of 11 steps, nine rows ending at different
+    steps (the kernel's groups of four, two and one row sharing each weight load) and 32 rows
+    (native.MAX_LSTM_ROWS): the kernel against the compiled loop on the same cached weights."""
+    torch.manual_seed(len(lengths))
     lstm = BiLSTM(LSTMConfig(dim=1024, projection_dim=128, n_layers=1, cell_clip=3.0, proj_clip=3.0))
-    x = torch.randn(2, 11, 128)
-    c, h = torch.randn(2, 1, 1024) * 0.5, torch.randn(2, 1, 128) * 0.5
+    sizes = [sum(n > s for n in lengths) for s in range(lengths[0])]  # running rows per step
+    b = len(lengths)
+    x = torch.randn(2, sum(lengths), 128)
+    c, h = torch.randn(2, b, 1024) * 0.5, torch.randn(2, b, 128) * 0.5
+    assert b <= native.MAX_LSTM_ROWS
     with torch.no_grad():
         w_in, w_hh = lstm._inference_weights(0)
         w_ih, bias = w_in[:, :128], w_in[:, 128]
         want = lstm_module.inference_steps(by_direction=True)(
-            x, [1] * 11, c, h, w_ih, bias, w_hh, lstm.weight_proj[0], 1024, 3.0, 3.0
+            x, sizes, c, h, w_ih, bias, w_hh, lstm.weight_proj[0], 1024, 3.0, 3.0
         )
         got = native.lstm_layer(
-            kernels, x, [1] * 11, c, h, w_ih, bias, native.pack_lstm(w_hh), lstm.weight_proj[0], 3.0, 3.0
+            kernels, x, sizes, c, h, w_ih, bias, native.pack_lstm(w_hh), lstm.weight_proj[0], 3.0, 3.0
         )
     for g, w in zip(got, want):
         assert_close_to_scale(g, w, 2e-6)
@@ -279,3 +285,38 @@ def test_fused_lstm_loop_with_other_thread_counts(kernels, threads):
     for g, w in zip(got[0], want[0]):
         assert_close_to_scale(g, w, 2e-6)
     assert_close_to_scale(got[1][0], want[1][0], 2e-6)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc/self/task (Linux)")
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 2 or os.environ.get("OMP_NUM_THREADS", "") == "1",
+    reason="a new thread's OpenMP default is one thread here: nothing to tell apart",
+)
+def test_lstm_kernel_in_a_new_thread_keeps_torchs_thread_count(kernels):
+    """torch.set_num_threads(1), then the kernel called from a thread that is not the main one (as the server's
+    inference loops call it) starts no OpenMP team: such a thread's own omp_get_max_threads() is the process default
+    (the core count), so the kernel asks torch, which every thread shares."""
+    import threading
+
+    torch.manual_seed(2)
+    lstm = BiLSTM(LSTMConfig(dim=64, projection_dim=16, n_layers=1))
+    w_in, w_hh = lstm._inference_weights(0)
+    args = (torch.randn(2, 6, 16), [2, 2, 2], torch.zeros(2, 2, 64), torch.zeros(2, 2, 16), w_in[:, :16], w_in[:, 16])
+    packed = native.pack_lstm(w_hh)
+    counts = []
+
+    def call():
+        before = len(os.listdir("/proc/self/task"))
+        with torch.no_grad():
+            out = native.lstm_layer(kernels, *args, packed, lstm.weight_proj[0], 0.0, 0.0)
+        counts.append((before, len(os.listdir("/proc/self/task")), out is not None))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        worker = threading.Thread(target=call)
+        worker.start()
+        worker.join()
+    finally:
+        torch.set_num_threads(threads)
+    assert counts == [(counts[0][0], counts[0][0], True)]  # no thread started (an OpenMP team of 2 would keep one)

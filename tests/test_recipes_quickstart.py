@@ -241,8 +241,10 @@ def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
     assert [r["step"] for r in records if r["kind"] == "train"] == []
     assert [r["step"] for r in records if r["kind"] == "valid"] == [0, 2]
     final = json.loads((tmp_path / "quickstart.json").read_text())["perplexity"]
-    assert records[-1]["valid_ppl"] == pytest.approx(final["average"], rel=1e-9)
-    assert records[-1]["valid_ppl_fwd"] == pytest.approx(final["forward"], rel=1e-9)
+    # the same model and text in other batches (the held-out curve's and evaluate_perplexity's batch sizes): rows
+    # the C++ LSTM kernel (native.MAX_LSTM_ROWS) or the GEMM loop computes, in float32: equal to float32 rounding
+    assert records[-1]["valid_ppl"] == pytest.approx(final["average"], rel=1e-6)
+    assert records[-1]["valid_ppl_fwd"] == pytest.approx(final["forward"], rel=1e-6)
 
 
 def test_english_job_keeps_its_settings_and_unknown_languages_are_refused(tmp_path):

@@ -338,6 +338,37 @@ def test_cors_only_when_asked(server, model_dir, embedder):
         assert r.headers["access-control-allow-origin"] == "http://example.org"
 
 
+class _Failing(Embedder):
+    """An embedder with a defect: a sentence holding "boom" raises a plain RuntimeError (not an elmokit error)."""
+
+    def embed_batch(self, batch, **options):
+        if any("boom" in s for s in batch):
+            raise RuntimeError("boom")
+        return super().embed_batch(batch, **options)
+
+
+def test_a_defect_in_an_embedding_route_is_a_500_in_the_error_shape_and_the_server_goes_on(model_dir, caplog):
+    """/embed and /v1/embeddings are answered by the outer layer itself (not FastAPI's stack, whose last resort is a
+    plain-text "Internal Server Error"): a defect gives the JSON error shape, is logged and counted, and the next
+    request is answered."""
+    failing = _Failing(load_pretrained_bilm(model_dir))
+    with running_server(ServeSettings(model=str(model_dir)), failing) as (url, _):
+        r = httpx.post(f"{url}/embed", json={"sentences": [["a", "boom"]]})
+        assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+        assert r.json()["error"] == {
+            "message": "POST /embed: internal error (logged)",
+            "type": "server_error",
+            "param": None,
+            "code": 500,
+        }
+        assert "POST /embed failed" in caplog.text and "RuntimeError: boom" in caplog.text
+        assert httpx.post(f"{url}/v1/embeddings", json={"input": "boom"}).status_code == 500
+        assert httpx.post(f"{url}/embed", json={"sentences": [["a", "b"]]}).status_code == 200
+        text = httpx.get(f"{url}/metrics").text
+        assert metric(text, "elmokit_requests_total", route="/embed", status="500") == 1
+        assert metric(text, "elmokit_requests_total", route="/embed", status="200") == 1
+
+
 def test_503_when_the_inference_worker_is_gone(model_dir, embedder):
     with running_server(ServeSettings(model=str(model_dir)), embedder) as (url, state):
         assert httpx.get(f"{url}/health").status_code == 200

@@ -231,7 +231,7 @@ class Embedder:
         steady time (``bench/cold_start.py``). Two passes over a few synthetic words; nothing is kept but the
         model's caches: the stateless pass runs even in a subclass whose own passes carry a state."""
         few = [["a", "b"]]
-        many = [[f"w{i}", f"v{i}"] for i in range(native.MAX_LSTM_ROWS + 1)]  # > 12 distinct tokens, > 8 rows
+        many = [[f"w{i}", f"v{i}"] for i in range(native.MAX_LSTM_ROWS + 1)]  # > 12 tokens, > MAX_LSTM_ROWS rows
         spec = self.output_spec()
         for batch in (few, many):
             Embedder._forward(self, batch, spec)

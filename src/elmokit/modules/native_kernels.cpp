@@ -108,6 +108,89 @@ void highway_rows(const float* xt, const float* x, const float* wp, const float*
   });
 }
 
+
+// One unit block (16 units) of one step for R consecutive rows: the recurrent product h·W_hh of the block's i, f, o, j
+// columns added to the rows' input contributions xr (row stride 4H), the gate math and cell state update in place on
+// cr (row stride H), and the block's share of the projection added to the rows' partial sums pr (row stride P).
+// R rows share each weight load: 4R independent accumulators in the recurrent product and 2R in the projection keep
+// both FMA ports busy (one row alone has four dependency chains, half of what their latency needs).
+template <int R>
+inline void unit_block_rows(const float* xr, const float* hr, const float* wb, const float* wpr, float* cr, float* pr,
+                            int64_t blk, int64_t hd, int64_t p, float cclip) {
+  const int64_t g4 = 4 * hd;
+  v16 a[R][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) a[r][g] = load16(xr + r * g4 + g * hd + 16 * blk);
+  for (int64_t k = 0; k < p; ++k) {
+    const float* w = wb + k * 64;
+    const v16 w0 = load16(w), w1 = load16(w + 16), w2 = load16(w + 32), w3 = load16(w + 48);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const float hk = hr[r * p + k];
+      a[r][0] += hk * w0;
+      a[r][1] += hk * w1;
+      a[r][2] += hk * w2;
+      a[r][3] += hk * w3;
+    }
+  }
+  float m[R][16];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    float gi[16], gf[16], go[16], gj[16];
+    store16(gi, a[r][0]);
+    store16(gf, a[r][1]);
+    store16(go, a[r][2]);
+    store16(gj, a[r][3]);
+    float* c = cr + r * hd + 16 * blk;
+#pragma omp simd
+    for (int u = 0; u < 16; ++u) {
+      float cv = sigmoid(gf[u]) * c[u] + sigmoid(gi[u]) * tanh_sat(gj[u]);
+      if (cclip > 0) cv = fminf(fmaxf(cv, -cclip), cclip);
+      c[u] = cv;
+      m[r][u] = sigmoid(go[u]) * tanh_sat(cv);
+    }
+  }
+  const float* wblk = wpr + (16 * blk) * p;
+  int64_t j0 = 0;
+  for (; j0 + 32 <= p; j0 += 32) {  // two output vectors per row at a time: 2R accumulators
+    v16 acc[R][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = load16(pr + r * p + j0);
+      acc[r][1] = load16(pr + r * p + j0 + 16);
+    }
+#pragma GCC unroll 16
+    for (int u = 0; u < 16; ++u) {
+      const v16 w0 = load16(wblk + u * p + j0), w1 = load16(wblk + u * p + j0 + 16);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        acc[r][0] += m[r][u] * w0;
+        acc[r][1] += m[r][u] * w1;
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      store16(pr + r * p + j0, acc[r][0]);
+      store16(pr + r * p + j0 + 16, acc[r][1]);
+    }
+  }
+  if (j0 < p) {  // P = 16 (mod 32): the last output vector
+    v16 acc[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] = load16(pr + r * p + j0);
+#pragma GCC unroll 16
+    for (int u = 0; u < 16; ++u) {
+      const v16 w0 = load16(wblk + u * p + j0);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r] += m[r][u] * w0;
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) store16(pr + r * p + j0, acc[r]);
+  }
+}
+
 }  // namespace
 
 // One direction's steps (the loop of elmokit.modules.lstm._direction_steps) with the recurrent product, the gate
@@ -130,7 +213,8 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
   if (n0 == 0) return;
   at::Tensor c_run = c.narrow(0, 0, n0).contiguous().clone();  // (n0, H), each unit updated in place by its owner
   at::Tensor h0 = h.narrow(0, 0, n0).contiguous();
-  const int max_threads = omp_get_max_threads();
+  const int max_threads = static_cast<int>(at::get_num_threads());  // torch.set_num_threads, in any thread (a new
+  // thread's omp_get_max_threads() is the process default, not what torch was told)
   std::vector<float> partial(static_cast<size_t>(2 * max_threads * n0 * p));
   const float* xwp = xw.data_ptr<float>();
   const float* wpk = w_packed.data_ptr<float>();
@@ -163,40 +247,16 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
       std::memset(part, 0, sizeof(float) * n * p);
       for (int64_t blk = b0; blk < b1; ++blk) {
         const float* wb = wpk + blk * p * 64;
-        for (int64_t r = 0; r < n; ++r) {
-          const float* xr = xwp + (offset + r) * g4 + 16 * blk;
-          v16 ai = load16(xr), af = load16(xr + hd), ao = load16(xr + 2 * hd), aj = load16(xr + 3 * hd);
-          const float* hr = hloc.data() + r * p;
-          for (int64_t k = 0; k < p; ++k) {
-            const float hk = hr[k];
-            const float* w = wb + k * 64;
-            ai += hk * load16(w);
-            af += hk * load16(w + 16);
-            ao += hk * load16(w + 32);
-            aj += hk * load16(w + 48);
-          }
-          float gi[16], gf[16], go[16], gj[16], m[16];
-          store16(gi, ai);
-          store16(gf, af);
-          store16(go, ao);
-          store16(gj, aj);
-          float* cr = cp + r * hd + 16 * blk;
-#pragma omp simd
-          for (int u = 0; u < 16; ++u) {
-            float cv = sigmoid(gf[u]) * cr[u] + sigmoid(gi[u]) * tanh_sat(gj[u]);
-            if (cclip > 0) cv = fminf(fmaxf(cv, -cclip), cclip);
-            cr[u] = cv;
-            m[u] = sigmoid(go[u]) * tanh_sat(cv);
-          }
-          float* pr = part + r * p;
-          for (int64_t j0 = 0; j0 < p; j0 += 16) {
-            v16 acc = load16(pr + j0);
-            const float* wr = wpr + (16 * blk) * p + j0;
-#pragma GCC unroll 16
-            for (int u = 0; u < 16; ++u) acc += m[u] * load16(wr + u * p);
-            store16(pr + j0, acc);
-          }
-        }
+        int64_t r = 0;
+        for (; r + 4 <= n; r += 4)
+          unit_block_rows<4>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p, blk,
+                             hd, p, cclip);
+        for (; r + 2 <= n; r += 2)
+          unit_block_rows<2>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p, blk,
+                             hd, p, cclip);
+        if (r < n)
+          unit_block_rows<1>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p, blk,
+                             hd, p, cclip);
       }
 #pragma omp barrier
       for (int64_t r = 0; r < n; ++r) {

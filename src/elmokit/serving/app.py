@@ -79,6 +79,10 @@ logger = logging.getLogger(__name__)
 
 fastapi = import_optional("fastapi", "serve", "elmokit serve (the HTTP server)")
 responses = import_optional("fastapi.responses", "serve", "elmokit serve (the HTTP server)")
+#: JSON answers: orjson writes a float32 array's numbers in their shortest float32 form (read back as float32 they
+#: are the same values; half the characters of float64's) about 30× faster than ``json.dumps`` of ``tolist()``,
+#: whose cost on the event loop capped the pooled one-sentence load (README, "Load test")
+orjson = import_optional("orjson", "serve", "elmokit serve (the HTTP server)")
 Request = fastapi.Request
 Response = responses.Response
 #: Raised while a body is read when the client has gone (FastAPI's Request is Starlette's; its module defines it).
@@ -212,10 +216,19 @@ async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
 
 
 def _json_bytes(data: object) -> bytes:
+    """``data`` as compact UTF-8 JSON; NumPy arrays (C-contiguous float32 or float16) as nested lists of their
+    values in shortest round-trip form."""
     try:
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate the client sent (JSON "\ud800"): echo it escaped, as it came
-        return json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:  # a lone surrogate the client sent (JSON "\ud800"): echo it escaped, as it came
+        return json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=_listed).encode("ascii")
+
+
+def _listed(value: object) -> object:
+    """``json.dumps``'s fallback for what orjson wrote natively: an array's values as nested lists."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def _json(data: object, status: int = 200, headers: dict | None = None) -> Response:
@@ -227,10 +240,17 @@ def _error(exc: RequestError) -> Response:
 
 
 class _Guard:
-    """The outer ASGI layer: the API key (401), and each request's route, status and duration into the metrics."""
+    """The outer ASGI layer: the API key (401), and each request's route, status and duration into the metrics.
 
-    def __init__(self, app, state: ServerState) -> None:
+    ``direct`` maps ``(method, path)`` to an endpoint (``async (Request) -> Response``) answered here rather than
+    through the FastAPI application, whose routing and middleware (exception telemetry, body limit, exit stack,
+    dependency solving) held the interpreter longer than the endpoint itself for a one-sentence ``/embed``
+    (py-spy on ``bench/serve_load.py``'s load); the endpoints catch their own refusals, and anything else they
+    raise is logged and answered 500 in the error shape."""
+
+    def __init__(self, app, state: ServerState, direct: dict | None = None) -> None:
         self.app, self.state = app, state
+        self.direct = dict(direct or {})
         key = state.settings.api_key
         self.expected = key.encode() if key else None
 
@@ -250,10 +270,21 @@ class _Guard:
                 error = RequestError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", None)
                 error.headers["WWW-Authenticate"] = "Bearer"
                 await _error(error)(scope, receive, send_status)
+            elif (endpoint := self.direct.get((scope["method"], scope["path"]))) is not None:
+                await self._direct(endpoint, scope, receive, send_status)
             else:
                 await self.app(scope, receive, send_status)
         finally:
             self.state.metrics.observe_request(scope["path"], status[0], time.perf_counter() - start)
+
+    @staticmethod
+    async def _direct(endpoint, scope, receive, send) -> None:
+        try:
+            response = await endpoint(Request(scope, receive))
+        except Exception:  # a defect: as FastAPI's outermost layer would, log it and answer 500
+            logger.exception("%s %s failed", scope["method"], scope["path"])
+            response = _error(RequestError(500, f"{scope['method']} {scope['path']}: internal error (logged)", None))
+        await response(scope, receive, send)
 
     def _authorised(self, scope) -> bool:
         given = dict(scope.get("headers") or []).get(b"authorization", b"")
@@ -306,7 +337,7 @@ def _embed_response(state: ServerState, req: EmbedRequest, arrays: list[np.ndarr
         return Response(npz_bytes(arrays), media_type=NPZ_TYPE)
     head = {"model": state.model_name, "options": req.spec.settings()}
     items = [
-        _json_bytes({"index": i, "tokens": s, "shape": list(a.shape), "vectors": a.tolist()})
+        _json_bytes({"index": i, "tokens": s, "shape": list(a.shape), "vectors": np.ascontiguousarray(a)})
         for i, (s, a) in enumerate(zip(req.sentences, arrays))
     ]
     body = _json_bytes(head)[:-1] + b',"data":[' + b",".join(items) + b"]}"
@@ -347,7 +378,7 @@ def _openai_route(state: ServerState):
                 {
                     "object": "embedding",
                     "index": i,
-                    "embedding": base64_vector(a) if fmt == "base64" else a.astype(np.float32).tolist(),
+                    "embedding": base64_vector(a) if fmt == "base64" else np.ascontiguousarray(a, dtype=np.float32),
                 }
                 for i, a in enumerate(arrays)
             ]
@@ -496,7 +527,7 @@ def create_app(settings: ServeSettings, embedder: Embedder | None = None):
     """The ASGI application for ``settings`` (its model loaded now unless ``embedder`` is given); its ``state`` is the
     :class:`ServerState`. The inference loop starts with the application (its lifespan) and, at shutdown, finishes
     the work it accepted before it stops. Layers, outside in: CORS (only with ``cors_origins``), the API key and the
-    request metrics, FastAPI's routes.
+    request metrics (and the two embedding routes, answered there), FastAPI's routes.
 
     Raises the model loaders' errors (naming the model)."""
     embedder = embedder if embedder is not None else load_embedder(settings)
@@ -511,8 +542,9 @@ def create_app(settings: ServeSettings, embedder: Embedder | None = None):
     app = fastapi.FastAPI(
         title="elmokit", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json"
     )
-    app.add_api_route("/embed", _embed_route(state), methods=["POST"])
-    app.add_api_route("/v1/embeddings", _openai_route(state), methods=["POST"])
+    hot = {"/embed": _embed_route(state), "/v1/embeddings": _openai_route(state)}  # answered by _Guard directly
+    for path, endpoint in hot.items():
+        app.add_api_route(path, endpoint, methods=["POST"])  # listed in /openapi.json as before
     app.add_api_route("/similar", _similar_route(state), methods=["POST"])
     _read_routes(app, state)
 
@@ -522,7 +554,7 @@ def create_app(settings: ServeSettings, embedder: Embedder | None = None):
 
     app.add_exception_handler(404, not_here)
     app.add_exception_handler(405, not_here)
-    outer = _Guard(app, state)
+    outer = _Guard(app, state, {("POST", path): endpoint for path, endpoint in hot.items()})
     if settings.cors_origins:  # outside the key check: preflights pass, and a 401 reaches the page readably
         cors = import_optional("fastapi.middleware.cors", "serve", "elmokit serve (the HTTP server)")
         outer = cors.CORSMiddleware(

@@ -46,8 +46,8 @@ _SIMILAR_FIELDS = ("word", "sentences", "texts", "tokenizer", "labels", "match",
 
 
 class RequestError(Exception):
-    """A request the server refuses: ``status`` (401, 408, 413, 422, 429, 503), ``message`` (one line), ``param`` (the
-    field it names, or ``None``) and ``headers`` (e.g. ``Retry-After``)."""
+    """A request the server refuses: ``status`` (401, 408, 413, 422, 429, 503; 500 for a defect), ``message`` (one
+    line), ``param`` (the field it names, or ``None``) and ``headers`` (e.g. ``Retry-After``)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None) -> None:
         super().__init__(message)
@@ -55,7 +55,7 @@ class RequestError(Exception):
 
     def body(self) -> dict:
         """The JSON error body (the OpenAI error shape, which its client reads)."""
-        kind = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable"}
+        kind = {401: "authentication_error", 429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
         return {
             "error": {
                 "message": self.message,
