@@ -14,7 +14,7 @@ the sentences are the first ``--sentences`` of UD English-EWT dev (``../shared/d
    ``--seconds`` each, one sentence a request (``--sentences-per-request K``: K consecutive sentences, as a client
    embedding a document sends them; ``1,8``: the phase once per K), with three outputs: pooled JSON (``/embed``
    average + mean), all-layer binary (``Accept: application/x-npz``) and all-layer JSON;
-3. the same server with ``--max-batch-sentences 1`` (no dynamic batching), pooled;
+3. the same server with ``--max-batch-sentences 1`` (no dynamic batching), pooled, once per K;
 4. ``--overload-clients`` clients against ``--max-concurrent-requests --overload-limit``, pooled: only 200 and 429
    may come back (a client honours ``Retry-After``), no time-outs.
 
@@ -370,10 +370,12 @@ def main() -> None:
                 key = "server" if k == k0 else f"server_k{k}"
                 result[key] = phase(model_dir, sentences, args, modes, args.clients, k, *extra)
                 print(json.dumps({key: result[key]}), flush=True)
-        if "batch1" in phases:
+        if "batch1" in phases:  # "batch1" for the first K, "batch1_k<K>" for the others
             one = ("--max-batch-sentences", "1")
-            result["batch1"] = phase(model_dir, sentences, args, ("pooled",), args.clients, k0, *extra, *one)
-            print(json.dumps({"batch1": result["batch1"]}), flush=True)
+            for k in per_request:
+                key = "batch1" if k == k0 else f"batch1_k{k}"
+                result[key] = phase(model_dir, sentences, args, ("pooled",), args.clients, k, *extra, *one)
+                print(json.dumps({key: result[key]}), flush=True)
         if "overload" in phases:
             limit = ("--max-concurrent-requests", str(args.overload_limit))
             result["overload"] = phase(
@@ -384,10 +386,13 @@ def main() -> None:
         key = "server" if k == k0 else f"server_k{k}"
         if key in result:
             result["ratios" if k == k0 else f"ratios_k{k}"] = ratios(result[key], off, modes)
-    if "batch1" in result and "server" in result and "pooled" in modes:
-        result["ratios"]["dynamic_vs_batch1"] = (
-            result["server"]["pooled"]["tokens_per_s"] / result["batch1"]["pooled"]["tokens_per_s"]
-        )
+    for k in per_request:  # dynamic batching against one sentence a pass, at the same request size
+        suffix = "" if k == k0 else f"_k{k}"
+        server, batch1 = result.get("server" + suffix), result.get("batch1" + suffix)
+        if server is not None and batch1 is not None and "pooled" in modes:
+            result["ratios" + suffix]["dynamic_vs_batch1"] = (
+                server["pooled"]["tokens_per_s"] / batch1["pooled"]["tokens_per_s"]
+            )
     if "overload" in result:
         over = result["overload"]["pooled"]["by_status"]
         result["overload_only_200_and_429"] = set(over) <= {"200", "429"}
