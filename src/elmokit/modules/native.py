@@ -69,7 +69,8 @@ log = logging.getLogger(__name__)
 #: the highway kernel keeps one register pair per row: 12 rows fill AVX-512's 32 vector registers with room to load
 MAX_HIGHWAY_ROWS = 12
 #: batches up to this many rows take the C++ step loop: with four rows sharing each weight load it beats the batched
-#: GEMM path up to 32 rows (1.1–1.4× there, small and original shapes) and loses at 64 (``bench/lstm_rows.py``)
+#: GEMM loop up to 32 rows (1.03–1.4× at 16–32 rows, small and original shapes, one and two threads) and is level with
+#: it at 64 (0.95–1.07×; ``bench/lstm_rows.py``)
 MAX_LSTM_ROWS = 32
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")

@@ -2,10 +2,11 @@
 route and a polysemy page (``pip install 'elmokit[serve]'``).
 
 * :mod:`~elmokit.serving.settings`: the options and limits (``ServeSettings``);
-* :mod:`~elmokit.serving.batcher`: the queue and the one inference loop per process (token budget, maximum wait,
+* :mod:`~elmokit.serving.batcher`: the queue and its inference loops (``--inference-loops``; token budget, maximum wait,
   large requests split and reassembled);
 * :mod:`~elmokit.serving.schemas`: request checks (422 naming field and index) and the binary (``.npz``) encoding;
-* :mod:`~elmokit.serving.app`: the routes and statuses (FastAPI); :mod:`~elmokit.serving.metrics`: ``/metrics``;
+* :mod:`~elmokit.serving.app`: the routes and statuses (FastAPI; the two embedding routes answered by its outer ASGI
+  layer); :mod:`~elmokit.serving.metrics`: ``/metrics``;
 * :mod:`~elmokit.serving.runner`: uvicorn, ``--workers N``, graceful SIGTERM;
 * ``page/index.html``: the polysemy page (plain HTML and JavaScript, nothing fetched from elsewhere).
 
