@@ -178,7 +178,8 @@ def test_token_encoder_inference_chunks_equal_one_piece(monkeypatch):
 )
 def test_torchscript_step_loop_equals_the_eager_loop(monkeypatch, lengths):
     """Without autograd the recurrent loop runs compiled by TorchScript (direction after direction for a few rows,
-    both directions per step for more than native.MAX_LSTM_ROWS); it gives the eager loop's values (clips firing,
+    both directions per step for more than native.MAX_DIRECTION_ROWS without the kernel); it gives the eager loop's
+    values (clips firing,
     rows ending at different steps, a zero-length row) and the same final state."""
     import elmokit.modules.lstm as lstm_module
     from elmokit.modules import native
@@ -189,7 +190,8 @@ def test_torchscript_step_loop_equals_the_eager_loop(monkeypatch, lengths):
     x = torch.randn(2, b, 6, 5) * 2
     lengths = torch.tensor(lengths)
     state = (torch.randn(2, 1, b, 12) * 0.1, torch.randn(2, 1, b, 5) * 0.1)
-    by_direction = b <= native.MAX_LSTM_ROWS
+    assert native.lstm_rows_limit(None) == native.MAX_DIRECTION_ROWS  # no kernel: 8 rows at most by direction
+    by_direction = b <= native.MAX_DIRECTION_ROWS
     compiled = lstm_module.inference_steps(by_direction)
     assert isinstance(compiled, torch.jit.ScriptFunction)  # this torch has TorchScript: the compiled loop is used
     called = []

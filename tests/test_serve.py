@@ -108,6 +108,57 @@ def test_batcher_cancel_drops_queued_sentences_and_stop_fails_the_rest():
         b.submit([["y"]], OutputSpec.make("top", "mean"))
 
 
+class _Interrupted(_Recorder):
+    """A :class:`_Recorder` whose pass over "stop" raises a BaseException (not an Exception), as a KeyboardInterrupt
+    or SystemExit inside a pass would."""
+
+    def embed_batch(self, batch, **options):
+        if ["stop"] in batch:
+            raise KeyboardInterrupt
+        return super().embed_batch(batch, **options)
+
+
+def test_a_loop_stopped_inside_a_pass_fails_that_pass_and_the_queue():
+    """The requests of the pass the loop stopped in are answered too (WorkerStopped, a 503 in the server), not left
+    waiting for ever; so are the queued ones."""
+    b = Batcher(_Interrupted(), max_batch_tokens=100, max_batch_sentences=2, max_wait_ms=1)
+    b.start()
+    assert b.ready.wait(10)
+    b.pause()
+    in_pass = b.submit([["stop"], ["x"]], OutputSpec.make("top", "mean"))
+    queued = b.submit([["y"]], OutputSpec.make("top", "mean"))
+    b.resume()
+    for job in (in_pass, queued):
+        with pytest.raises(RuntimeError, match="the inference worker stopped"):
+            job.future.result(timeout=10)
+    assert isinstance(b.error, KeyboardInterrupt) and not b.alive
+
+
+def test_a_job_finishing_after_the_event_loop_closed_is_dropped_quietly(model_dir, embedder, caplog):
+    """A request cancelled at shutdown leaves its job queued; when the job finishes after the event loop has closed,
+    nothing is logged (its answer has nobody to go to)."""
+    import asyncio
+
+    settings = ServeSettings(model=str(model_dir))
+    with running_server(settings, embedder) as (_, state):
+        state.batcher.pause()
+        request = type("R", (), {"receive": staticmethod(lambda: asyncio.sleep(3600))})()
+
+        async def cancelled() -> None:
+            task = asyncio.ensure_future(state.run(request, [["a", "b"]], OutputSpec.make("top", "mean")))
+            await asyncio.sleep(0.05)
+            task.cancel()
+
+        asyncio.run(cancelled())  # the loop is closed when run() returns
+        assert state.batcher.queued == 1
+        state.batcher.resume()
+        deadline = time.monotonic() + 10
+        while state.batcher.queued and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+    assert "Event loop is closed" not in caplog.text and "Traceback" not in caplog.text
+
+
 class _SlowRecorder(_Recorder):
     """A :class:`_Recorder` whose passes take 50 ms, recording which loop thread ran each."""
 

@@ -17,11 +17,11 @@ written out one gate at a time):
   at batch 1 this took the LSTMs of the small configuration from ≈ 4.2 to ≈ 3.4 ms for 12 tokens (2 threads).
 * all rows of one length (always so for a single sentence) skip the gather into and the scatter out of the packed
   layout: time-major is then a transpose.
-* without autograd the loop runs **direction after direction** (each direction's recurrent weights stay in the
-  cores' L2 caches across its steps; see :func:`_steps_by_direction`), and for at most
-  :data:`~elmokit.modules.native.MAX_LSTM_ROWS` rows in the C++ kernel of :mod:`elmokit.modules.native` where it
-  could be built and H and P are multiples of 16 (the same loop as one OpenMP team per direction, each thread owning
-  a range of units): at batch 1
+* without autograd, for a few rows (:func:`~elmokit.modules.native.lstm_rows_limit`: 32 in the C++ kernel of
+  :mod:`elmokit.modules.native` built for AVX-512, 8 otherwise) the loop runs **direction after direction** (each
+  direction's recurrent weights stay in the cores' L2 caches across its steps; see :func:`_steps_by_direction`), in
+  that kernel where it could be built and H and P are multiples of 16 (the same loop as one OpenMP team per
+  direction, each thread owning a range of units): at batch 1
   the LSTMs of the small configuration went from ≈ 3.3 ms (both directions per step) to ≈ 2.3 (direction after
   direction) and ≈ 1.6 ms (the kernel) for a 10-token sentence (``bench/latency_breakdown.py``).
 """
@@ -446,13 +446,16 @@ class BiLSTM(nn.Module):
         p = self.projection_dim
         w_ih, bias = w_in[:, :p], w_in[:, p]  # views: (2, P, 4H) and (2, 4H)
         clips = float(cell_clip or 0.0), float(proj_clip or 0.0)
-        if c.shape[1] > native.MAX_LSTM_ROWS:  # both directions per step, one batched product each
+        rows = c.shape[1]
+        module = None
+        if rows <= native.MAX_LSTM_ROWS and hd % 16 == 0 and p % 16 == 0 and native.usable(x, c, h, w_proj):
+            module = native.kernels()
+        if rows > native.lstm_rows_limit(module):  # both directions per step, one batched product each
             # the bias as one more input column ((x | 1) · (W_ih ; b)): no pass broadcasting it over xw
             xw = torch.bmm(torch.cat([x, x.new_ones(x.shape[0], x.shape[1], 1)], dim=2), w_in)
             out, final_c, final_h = inference_steps()(xw, batch_sizes, c, h, w_hh_ifoj, w_proj, hd, *clips)
             return out, (final_c, final_h)
         result = None
-        module = native.kernels() if hd % 16 == 0 and p % 16 == 0 and native.usable(x, c, h, w_proj) else None
         # (None: untracked weights)
         packed = (
             None

@@ -62,16 +62,31 @@ __all__ = [
     "pack_highway",
     "MAX_HIGHWAY_ROWS",
     "MAX_LSTM_ROWS",
+    "MAX_DIRECTION_ROWS",
+    "lstm_rows_limit",
 ]
 
 log = logging.getLogger(__name__)
 
 #: the highway kernel keeps one register pair per row: 12 rows fill AVX-512's 32 vector registers with room to load
 MAX_HIGHWAY_ROWS = 12
-#: batches up to this many rows take the C++ step loop: with four rows sharing each weight load it beats the batched
-#: GEMM loop up to 32 rows (1.03–1.4× at 16–32 rows, small and original shapes, one and two threads) and is level with
-#: it at 64 (0.95–1.07×; ``bench/lstm_rows.py``)
+#: batches up to this many rows take the C++ step loop where it was built for AVX-512: with four rows sharing each
+#: weight load it beats the batched GEMM loop up to 32 rows (1.03–1.4× at 16–32 rows, small and original shapes, one
+#: and two threads) and is level with it at 64 (0.95–1.07×; ``bench/lstm_rows.py``)
 MAX_LSTM_ROWS = 32
+#: without the kernel, or with one built without AVX-512 (one row a weight load, four rows' accumulators would not
+#: fit its registers), batches up to this many rows run direction after direction (TorchScript or the kernel), as
+#: measured before the row groups: the batched loop above it
+MAX_DIRECTION_ROWS = 8
+
+
+def lstm_rows_limit(module) -> int:
+    """The most rows a batch may have to run direction after direction: :data:`MAX_LSTM_ROWS` with the kernels
+    ``module`` built for AVX-512 (its ``max_rows``), :data:`MAX_DIRECTION_ROWS` otherwise (``None``: no kernels)."""
+    if module is None:
+        return MAX_DIRECTION_ROWS
+    return min(MAX_LSTM_ROWS, int(getattr(module, "max_rows", MAX_DIRECTION_ROWS)))
+
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"] + (

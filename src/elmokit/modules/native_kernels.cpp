@@ -114,6 +114,12 @@ void highway_rows(const float* xt, const float* x, const float* wp, const float*
 // cr (row stride H), and the block's share of the projection added to the rows' partial sums pr (row stride P).
 // R rows share each weight load: 4R independent accumulators in the recurrent product and 2R in the projection keep
 // both FMA ports busy (one row alone has four dependency chains, half of what their latency needs).
+#if defined(__AVX512F__)
+constexpr int kRowGroup = 4;  // four rows' 16 accumulators (and 4 weights) in AVX-512's 32 vector registers
+#else
+constexpr int kRowGroup = 1;  // a 16-float vector is 2 (AVX2) or 4 (NEON) registers: one row at a time, as before
+#endif
+
 template <int R>
 inline void unit_block_rows(const float* xr, const float* hr, const float* wb, const float* wpr, float* cr, float* pr,
                             int64_t blk, int64_t hd, int64_t p, float cclip) {
@@ -248,13 +254,17 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
       for (int64_t blk = b0; blk < b1; ++blk) {
         const float* wb = wpk + blk * p * 64;
         int64_t r = 0;
-        for (; r + 4 <= n; r += 4)
-          unit_block_rows<4>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p, blk,
-                             hd, p, cclip);
-        for (; r + 2 <= n; r += 2)
-          unit_block_rows<2>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p, blk,
-                             hd, p, cclip);
-        if (r < n)
+        if constexpr (kRowGroup >= 4) {
+          for (; r + 4 <= n; r += 4)
+            unit_block_rows<4>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p,
+                               blk, hd, p, cclip);
+        }
+        if constexpr (kRowGroup >= 2) {
+          for (; r + 2 <= n; r += 2)
+            unit_block_rows<2>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p,
+                               blk, hd, p, cclip);
+        }
+        for (; r < n; ++r)
           unit_block_rows<1>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p, blk,
                              hd, p, cclip);
       }
@@ -338,6 +348,8 @@ at::Tensor highway_layer(const at::Tensor& x, const at::Tensor& packed, const at
 // The kernels touch tensors only (their arguments are converted before the call), so they run without the GIL:
 // the server's HTTP threads and other Python threads go on while a pass computes, as they do during torch's own ops.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  // the most rows lstm_layer is worth using for (native.lstm_rows_limit): 32 with row groups, 8 without
+  module.attr("max_rows") = kRowGroup >= 4 ? 32 : 8;
   module.def("lstm_layer", &lstm_layer, "one LSTM layer, both directions, without autograd",
              pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("highway_layer", &highway_layer, "one highway layer for at most 12 rows",

@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import hmac
 import importlib.resources
-import json
 import logging
 import sys
 import time
@@ -63,6 +62,7 @@ from elmokit.serving.schemas import (
     RequestError,
     SimilarRequest,
     base64_vector,
+    json_bytes,
     npz_bytes,
     parse_embed,
     parse_json,
@@ -79,10 +79,6 @@ logger = logging.getLogger(__name__)
 
 fastapi = import_optional("fastapi", "serve", "elmokit serve (the HTTP server)")
 responses = import_optional("fastapi.responses", "serve", "elmokit serve (the HTTP server)")
-#: JSON answers: orjson writes a float32 array's numbers in their shortest float32 form (read back as float32 they
-#: are the same values; half the characters of float64's) about 30× faster than ``json.dumps`` of ``tolist()``,
-#: whose cost on the event loop capped the pooled one-sentence load (README, "Load test")
-orjson = import_optional("orjson", "serve", "elmokit serve (the HTTP server)")
 Request = fastapi.Request
 Response = responses.Response
 #: Raised while a body is read when the client has gone (FastAPI's Request is Starlette's; its module defines it).
@@ -170,7 +166,7 @@ class ServerState:
         # event loop's time per one-sentence request: py-spy on bench/serve_load.py)
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
-        job.future.add_done_callback(lambda done: loop.call_soon_threadsafe(_relay, done, answer))
+        job.future.add_done_callback(lambda done: _relay_threadsafe(loop, done, answer))
         gone = loop.create_task(_disconnect(request))
         gone.add_done_callback(lambda _: answer.done() or answer.set_exception(_ClientGone()))
         try:
@@ -184,6 +180,15 @@ class ServerState:
             raise RequestError(422, str(exc)) from None
         finally:
             gone.cancel()
+
+
+def _relay_threadsafe(loop: asyncio.AbstractEventLoop, done, answer: asyncio.Future) -> None:
+    """From the inference thread: :func:`_relay` on the event loop, unless it has closed (a request cancelled at
+    shutdown whose job finished after the loop ended: nobody waits for it)."""
+    try:
+        loop.call_soon_threadsafe(_relay, done, answer)
+    except RuntimeError:  # "Event loop is closed"
+        pass
 
 
 def _relay(done, answer: asyncio.Future) -> None:
@@ -239,24 +244,8 @@ async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
-def _json_bytes(data: object) -> bytes:
-    """``data`` as compact UTF-8 JSON; NumPy arrays (C-contiguous float32 or float16) as nested lists of their
-    values in shortest round-trip form."""
-    try:
-        return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
-    except TypeError:  # a lone surrogate the client sent (JSON "\ud800"): echo it escaped, as it came
-        return json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=_listed).encode("ascii")
-
-
-def _listed(value: object) -> object:
-    """``json.dumps``'s fallback for what orjson wrote natively: an array's values as nested lists."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
 def _json(data: object, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(_json_bytes(data), status_code=status, headers=headers, media_type="application/json")
+    return Response(json_bytes(data), status_code=status, headers=headers, media_type="application/json")
 
 
 def _error(exc: RequestError) -> Response:
@@ -361,10 +350,10 @@ def _embed_response(state: ServerState, req: EmbedRequest, arrays: list[np.ndarr
         return Response(npz_bytes(arrays), media_type=NPZ_TYPE)
     head = {"model": state.model_name, "options": req.spec.settings()}
     items = [
-        _json_bytes({"index": i, "tokens": s, "shape": list(a.shape), "vectors": np.ascontiguousarray(a)})
+        json_bytes({"index": i, "tokens": s, "shape": list(a.shape), "vectors": np.ascontiguousarray(a)})
         for i, (s, a) in enumerate(zip(req.sentences, arrays))
     ]
-    body = _json_bytes(head)[:-1] + b',"data":[' + b",".join(items) + b"]}"
+    body = json_bytes(head)[:-1] + b',"data":[' + b",".join(items) + b"]}"
     return Response(body, media_type="application/json")
 
 

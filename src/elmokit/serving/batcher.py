@@ -244,11 +244,14 @@ class Batcher:
 
     def run(self) -> None:
         """The loop (the thread's target): a probe sentence, then batches until :meth:`stop`."""
+        running: list[_Item] = []
         try:
             self.embedder.embed_batch([["probe"]], layers="top", pool="mean")
             self.ready.set()
             while (batch := self._next_batch()) is not None:
+                running = batch
                 self._run_batch(batch)
+                running = []
         except BaseException as exc:  # noqa: BLE001 — the loop must report why it stopped, whatever it was
             self.error = exc
             logger.exception("the inference loop stopped")
@@ -257,7 +260,7 @@ class Batcher:
             with self._cond:
                 self._stopping = True
                 left, self._queue = list(self._queue), deque()
-            for item in left:
+            for item in running + left:  # the pass it stopped in (a BaseException in it), and what waited
                 _settle(item.job.future, error=WorkerStopped("the inference worker stopped"))
 
     def _run_batch(self, batch: list[_Item]) -> None:

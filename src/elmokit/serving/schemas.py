@@ -22,7 +22,7 @@ import numpy as np
 from elmokit.characters import validate_sentences
 from elmokit.data.tokenizers import TOKENIZERS, word_tokenizer
 from elmokit.embedding.pooling import OutputSpec
-from elmokit.errors import ElmoError
+from elmokit.errors import ElmoError, import_optional
 from elmokit.serving.settings import ServeSettings
 
 __all__ = [
@@ -35,8 +35,14 @@ __all__ = [
     "parse_openai",
     "parse_similar",
     "npz_bytes",
+    "json_bytes",
     "base64_vector",
 ]
+
+#: JSON answers: orjson writes a float32 array's numbers in their shortest float32 form (read back as float32 they
+#: are the same values; half the characters of float64's) about 30× faster than ``json.dumps`` of ``tolist()``,
+#: whose cost on the event loop capped the pooled one-sentence load (README, "Load test")
+orjson = import_optional("orjson", "serve", "elmokit serve (the HTTP server)")
 
 NPZ_TYPE = "application/x-npz"
 
@@ -275,6 +281,22 @@ def npz_bytes(arrays: Sequence[np.ndarray]) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **{str(i): a for i, a in enumerate(arrays)})
     return buffer.getvalue()
+
+
+def json_bytes(data: object) -> bytes:
+    """``data`` as compact UTF-8 JSON; NumPy arrays (C-contiguous float32 or float16) as nested lists of their
+    values in shortest round-trip form."""
+    try:
+        return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:  # a lone surrogate the client sent (JSON "\ud800"): echo it escaped, as it came
+        return json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=_listed).encode("ascii")
+
+
+def _listed(value: object) -> object:
+    """``json.dumps``'s fallback for what orjson wrote natively: an array's values as nested lists."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def base64_vector(vector: np.ndarray) -> str:
