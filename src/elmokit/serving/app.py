@@ -162,8 +162,8 @@ class ServerState:
         except WorkerStopped as exc:
             raise RequestError(503, str(exc), None, {"Retry-After": "1"}) from None
         # one event-loop future settled by whichever comes first, the job (from the inference thread) or the
-        # client's disconnect (asyncio.wait over wrap_future's future and the watcher, as before, cost a fifth of the
-        # event loop's time per one-sentence request: py-spy on bench/serve_load.py)
+        # client's disconnect (asyncio.wait over wrap_future's future and the watcher, as before, held the interpreter
+        # for about 15 % of the event loop's time per one-sentence request: py-spy --gil on bench/serve_load.py)
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
         job.future.add_done_callback(lambda done: _relay_threadsafe(loop, done, answer))
