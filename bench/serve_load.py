@@ -8,6 +8,9 @@ the sentences are the first ``--sentences`` of UD English-EWT dev (``../shared/d
    pool=mean``) and once all layers, in this process with ``--threads`` torch threads: real tokens/s, the best of
    three passes — with the default ``Embedder`` and (``*_recent``) with one that keeps the server's
    ``--recent-word-cache`` words, timed after a first pass (every word kept, as in a server that has seen them);
+   then, with one torch thread and that cache, ``Embedder.embed_batch`` on unsorted groups of ``--pass-sizes``
+   sentences (``passes_one_thread``): what a bigger pass gains per token before any HTTP work, which bounds the
+   dynamic-batching ratio of step 3;
 2. ``elmokit serve`` (a child process on loopback, port 0, with ``--inference-loops`` = ``--threads`` loops of
    ``--server-threads 1`` torch thread each — as many cores as offline — and its default ``--recent-word-cache``)
    driven by ``--clients`` concurrent clients for
@@ -108,6 +111,43 @@ def offline(
                 "passes_tokens_per_s": [round(tokens / t) for t in passes],
             }
     return out
+
+
+def pass_sizes(
+    model_dir: Path, sentences: list[list[str]], recent_word_cache: int, sizes: tuple[int, ...], repeats: int = 3
+) -> dict:
+    """What dynamic batching can gain before any HTTP work: real tokens/s of ``Embedder.embed_batch`` (pooled) on
+    consecutive, unsorted groups of ``size`` sentences (as requests arrive), one torch thread (as one server inference
+    loop), with the server's ``recent_word_cache`` filled by a first pass; the best of ``repeats`` passes over the
+    first 600 sentences, for each size. The ratio of a size to size 1 bounds the server's ``dynamic_vs_batch1`` at
+    that batch size (the server adds the same HTTP work per request to both)."""
+    import torch
+
+    from elmokit import Embedder, load_pretrained_bilm
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        embedder = Embedder(load_pretrained_bilm(model_dir), recent_word_cache=recent_word_cache)
+        part = sentences[:600]
+        tokens = sum(len(s) for s in part)
+        for i in range(0, len(part), 64):  # every word kept, as in a server that has seen them
+            embedder.embed_batch(part[i : i + 64], layers="average", pool="mean")
+        out: dict = {}
+        for size in sizes:
+            passes = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                for i in range(0, len(part), size):
+                    embedder.embed_batch(part[i : i + size], layers="average", pool="mean")
+                passes.append(time.perf_counter() - start)
+            out[f"batch{size}"] = {"tokens_per_s": tokens / min(passes), "sentences": len(part), "tokens": tokens}
+        for size in sizes:
+            if size != 1 and "batch1" in out:
+                out[f"batch{size}_vs_batch1"] = out[f"batch{size}"]["tokens_per_s"] / out["batch1"]["tokens_per_s"]
+        return out
+    finally:
+        torch.set_num_threads(before)
 
 
 # ---------------------------------------------------------------------------------------------- the server
@@ -344,6 +384,12 @@ def main() -> None:
         help="the server's --recent-word-cache (its default); offline is measured without and with it",
     )
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    p.add_argument(
+        "--pass-sizes",
+        default="1,12,32",
+        help="batch sizes of the one-thread offline passes (``passes_one_thread``: what batching gains before HTTP; "
+        "12 is about what 32 one-sentence clients give each of two loops); '' skips them",
+    )
     p.add_argument("--overload-clients", type=int, default=512)
     p.add_argument("--overload-limit", type=int, default=64, help="the server's --max-concurrent-requests")
     p.add_argument(
@@ -365,6 +411,10 @@ def main() -> None:
         model_dir = make_model(Path(tmp) / "small")
         result["offline"] = offline(model_dir, sentences, args.threads, args.recent_word_cache)
         print(json.dumps({"offline": result["offline"]}), flush=True)
+        if args.pass_sizes:
+            sizes = tuple(int(n) for n in args.pass_sizes.split(","))
+            result["passes_one_thread"] = pass_sizes(model_dir, sentences, args.recent_word_cache, sizes)
+            print(json.dumps({"passes_one_thread": result["passes_one_thread"]}), flush=True)
         if "server" in phases:
             for k in per_request:  # "server" for the first K, "server_k<K>" for the others
                 key = "server" if k == k0 else f"server_k{k}"
