@@ -306,6 +306,11 @@ std::vector<at::Tensor> lstm_layer(const at::Tensor& x, const std::vector<int64_
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 3 && x.size(0) == 2, "lstm_layer: x must be (2, N, P) float32");
   TORCH_CHECK(w_hh.dim() == 4 && w_hh.size(3) == 64 && w_hh.size(1) * 16 == c.size(2) && h.size(2) % 16 == 0,
               "lstm_layer: w_hh must be packed by native.pack_lstm (H and P multiples of 16)");
+  // Before any ATen op: torch's thread count into this thread's OpenMP and MKL settings. A thread that is not the
+  // main one (the server's inference loops) starts with the process defaults (the core count) until torch's first
+  // parallel op there sets them; a GEMM run before that (the input product below, MKL or oneDNN) started an OpenMP
+  // team of that size from such a thread after torch.set_num_threads(1) on AMD EPYC machines.
+  at::get_num_threads();
   if (!all_finite(x) || !all_finite(c) || !all_finite(h)) return {};  // inf or NaN: the caller's ATen path
   at::Tensor out = at::empty({2, x.size(1), w_proj.size(2)}, x.options());
   at::Tensor final_c = at::empty_like(c);
@@ -327,6 +332,7 @@ at::Tensor highway_layer(const at::Tensor& x, const at::Tensor& packed, const at
   TORCH_CHECK(m >= 1 && m <= 12, "highway_layer: 1 to 12 rows, got ", m);
   TORCH_CHECK(f % 16 == 0 && packed.size(0) == f / 16 && packed.size(1) == f && packed.size(2) == 32,
               "highway_layer: packed weight does not match F = ", f);
+  at::get_num_threads();  // torch's thread count into this thread's OpenMP settings first, as in lstm_layer
   if (!all_finite(x)) return at::Tensor();  // inf or NaN: the caller's ATen path
   at::Tensor xt = x.t().contiguous();  // (F, M): one input's M values side by side
   at::Tensor y = at::empty_like(x);

@@ -67,9 +67,11 @@ class _SampledLogSumExp(torch.autograd.Function):
     kept for the backward, which scales it in place by the incoming gradient and runs the two GEMMs:
     ``∂h = P·g · Wₛ``, ``∂Wₛ = (P·g)ᵀ · h``, ``∂bₛ = Σₙ P·g``. The composed ops (linear, masked fill, logsumexp and
     their backward) allocate and sweep (N, S) tensors about three times more often; at bilm-tf's N = 2,560,
-    S = 8,192 that was ≈ 15 % of a training step. The forward runs in blocks of rows (:data:`_BLOCK_ELEMENTS`
-    logits each), so that the max, exp, sum and division sweep a block while it is in cache rather than four times
-    through memory; each row's arithmetic is unchanged, so float32 results equal the unblocked ones bit for bit.
+    S = 8,192 that was ≈ 15 % of a training step. The logits are one GEMM over all rows; the softmax then runs in
+    blocks of rows (:data:`_BLOCK_ELEMENTS` logits each), so that the max, exp, sum and division sweep a block while
+    it is in cache rather than four times through memory. A row's arithmetic does not depend on the block size, so
+    the results equal the unblocked ones bit for bit (the product is not split by blocks: a GEMM's rounding changes
+    with its row count on some CPUs' kernels).
     Equal to the composed ops up to float rounding (``tests/test_softmax.py``). Once differentiable (the saved buffer
     is consumed by the backward).
 
@@ -87,7 +89,10 @@ class _SampledLogSumExp(torch.autograd.Function):
             if low is not None:
                 h1, w1 = h1.to(low), w1.to(low)
             n, s = h1.shape[0], w1.shape[0]
-            probs = torch.empty(n, s, dtype=h1.dtype, device=h1.device)  # (N, S) float32, or bfloat16 under bf16
+            # (N, S) float32, or bfloat16 under bf16: all rows' logits in one product, so that a row's logits do not
+            # depend on the block it falls in (a GEMM's blocking, and so its rounding, changes with its row count:
+            # 16 rows against 53 differed on AMD EPYC's kernels)
+            probs = torch.mm(h1, w1.t())
             lse = torch.empty(n, dtype=torch.float32, device=h1.device)
             step = max(16, _BLOCK_ELEMENTS // max(s, 1))
             starts = list(range(0, n, step))
@@ -95,10 +100,7 @@ class _SampledLogSumExp(torch.autograd.Function):
             cuts = torch.searchsorted(hit_rows, torch.tensor([*starts, n], device=hit_rows.device)).tolist()
             for i, r0 in enumerate(starts):
                 r1 = min(n, r0 + step)
-                if low is None:
-                    x = torch.mm(h1[r0:r1], w1.t(), out=probs[r0:r1])  # written in place: no copy
-                else:
-                    x = torch.mm(h1[r0:r1], w1.t()).float()  # (rows, S) float32, one block
+                x = probs[r0:r1] if low is None else probs[r0:r1].float()  # (rows, S) float32, one block
                 rows, cols = hit_rows[cuts[i] : cuts[i + 1]] - r0, hit_cols[cuts[i] : cuts[i + 1]]
                 if rows.numel():
                     x[rows, cols] = torch.finfo(x.dtype).min
