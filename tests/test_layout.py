@@ -1,85 +1,92 @@
-"""The package layout's rules (issue 20): one home per concept, the old module paths as one-release aliases."""
+"""The package layout's rules (issues 20 and 39): one home per concept, a small package root without alias modules,
+the library never importing a recipe or the command line, no function over 80 lines without a reason."""
 
 import ast
 import importlib
 import subprocess
 import sys
-import warnings
 
 import pytest
 
 from conftest import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "src" / "elmokit"
-#: one-release alias modules at the root (not counted among the root's modules)
-ALIASES = {
-    "pooling": "elmokit.embedding.pooling",
-    "senses": "elmokit.analysis.senses",
-    "polysemy": "elmokit.analysis.polysemy",
-    "embed_output": None,
-}
+#: the one-release alias modules of the layout change, gone since issue 39 (no release promised them)
+OLD_PATHS = [
+    "elmokit.pooling",
+    "elmokit.senses",
+    "elmokit.polysemy",
+    "elmokit.embed_output",
+    "elmokit.zoo",
+    "elmokit.zoo.build",
+    "elmokit.zoo.corpora",
+    "elmokit.training",
+    "elmokit.threads",
+]
+#: where the long-function rule applies (``tools/long_functions.py``), and what it skips for now: ``bench/train.py``
+#: is being split on another branch (issue 39); take it out of this list once that lands
+CHECKED = ["src", "bench", "experiments", "tools"]
+NOT_YET = ["bench/train.py"]
 
 
-def test_old_module_paths_warn_and_give_the_new_modules():
-    for old, new in ALIASES.items():
-        sys.modules.pop(f"elmokit.{old}", None)
-        with pytest.warns(FutureWarning, match=f"elmokit.{old} moved to elmokit"):
-            module = importlib.import_module(f"elmokit.{old}")
-        if new is not None:  # the same module object: patching the old name patches the real one
-            assert module is importlib.import_module(new)
-        sys.modules.pop(f"elmokit.{old}", None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        from elmokit.embed_output import open_embeddings, sentence_key
-        from elmokit.zoo.build import load_tokenizer
-        from elmokit.zoo.corpora import split_english
-    from elmokit.data.tokenizers import load_tokenizer as new_load
-    from elmokit.data.tokenizers import split_english as new_split
-    from elmokit.embedding.reader import open_embeddings as new_open
-    from elmokit.embedding.reader import sentence_key as new_key
-
-    assert (open_embeddings, sentence_key, load_tokenizer, split_english) == (new_open, new_key, new_load, new_split)
+def test_the_root_holds_at_most_twelve_modules():
+    """Every ``.py`` directly in ``src/elmokit`` counts, ``__init__`` and ``__main__`` too."""
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(modules) <= 12, modules
 
 
-def test_the_alias_warning_points_at_the_importing_line():
-    code = "import elmokit.pooling\n"
-    res = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(REPO_ROOT / "src"), "PATH": ""},
-    )
-    assert res.stderr.startswith("<string>:1: FutureWarning: elmokit.pooling moved to elmokit.embedding.pooling")
-
-
-def test_the_root_holds_at_most_twelve_modules_and_no_training_alias():
-    modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
-    counted = [m for m in modules if m not in ALIASES]
-    assert len(counted) <= 12, counted
-    assert not (PACKAGE / "training" / "__init__.py").exists()  # (a stale __pycache__ folder may remain)
+@pytest.mark.parametrize("old", OLD_PATHS)
+def test_the_old_module_paths_are_gone(old):
+    sys.modules.pop(old, None)
+    with pytest.raises(ModuleNotFoundError) as missing:
+        importlib.import_module(old)
+    assert missing.value.name in (old, old.rpartition(".")[0]) and missing.value.name != "elmokit"
+    assert not hasattr(importlib.import_module("elmokit"), "_moved")
 
 
 def _sources():
     return sorted(p for p in PACKAGE.rglob("*.py"))
 
 
-def test_no_module_over_600_lines_and_no_function_over_80_without_a_reason():
-    """Modules ≤ 600 lines; functions ≤ 80 lines (def line to last line) unless the line above the ``def`` (or its
-    first decorator) says ``# long: <reason>``."""
-    long_modules, long_functions = [], []
+def test_no_module_over_600_lines():
+    long_modules = []
     for path in _sources():
-        text = path.read_text(encoding="utf-8")
-        lines = text.splitlines()
-        if len(lines) > 600:
-            long_modules.append(f"{path.relative_to(PACKAGE)}: {len(lines)} lines")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                length = node.end_lineno - node.lineno + 1
-                if length > 80 and not lines[first - 2].strip().startswith("# long:"):
-                    long_functions.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {length} lines")
-    assert not long_modules and not long_functions, long_modules + long_functions
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        if n > 600:
+            long_modules.append(f"{path.relative_to(PACKAGE)}: {n} lines")
+    assert not long_modules, long_modules
+
+
+def _long_functions(*args):
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / "long_functions.py"), *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_no_function_over_80_lines_without_a_reason():
+    """Functions ≤ 80 lines (def line to last line) in the library, the benches, the experiments and the tools,
+    unless the line above the ``def`` (or its first decorator) says ``# long: <reason>``."""
+    res = _long_functions(*CHECKED, *(f"--exclude={p}" for p in NOT_YET))
+    assert (res.returncode, res.stdout, res.stderr) == (0, "", "")
+
+
+def test_the_long_function_checker_finds_one_and_honours_a_reason(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(79))  # def line + 79 + return = 81 lines
+    (tmp_path / "a.py").write_text(f"import os\n\n\ndef short():\n    return 1\n\n\ndef f():\n{body}    return 0\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.py").write_text(f"# long: one table\n@staticmethod\ndef g():\n{body}    return 0\n")
+    method = body.replace("    ", "        ")
+    (tmp_path / "sub" / "c.py").write_text(f"class C:\n    async def h(self):\n{method}        return 0\n")
+    res = _long_functions(str(tmp_path))
+    rows = sorted(res.stdout.splitlines())
+    assert res.returncode == 1
+    assert rows == [f"{tmp_path / 'a.py'}:8 f: 81 lines", f"{tmp_path / 'sub' / 'c.py'}:2 h: 81 lines"]
+    res = _long_functions(str(tmp_path), f"--exclude={tmp_path / 'sub' / 'c.py'}", "--exclude", str(tmp_path / "a.py"))
+    assert (res.returncode, res.stdout) == (0, "")
+    assert _long_functions(str(tmp_path), "--limit", "81").returncode == 0  # 81 lines is not over 81
 
 
 def test_an_import_inside_a_function_says_why():

@@ -99,21 +99,6 @@ def __getattr__(name: str) -> object:
     return value
 
 
-def _moved(old: str, new: str) -> object:
-    """The module ``new`` for a one-release alias module ``old`` (``elmokit.pooling`` → ``elmokit.embedding.pooling``):
-    warns once (:class:`FutureWarning`, shown by default) and makes ``old`` the same module object in
-    :data:`sys.modules`, so that code patching the old name patches the real one."""
-    import sys  # lazy: only alias modules call this
-    import warnings
-
-    warnings.warn(
-        f"{old} moved to {new}: import it from there ({old} is an alias for one release)", FutureWarning, stacklevel=3
-    )
-    module = importlib.import_module(new)
-    sys.modules[old] = module
-    return module
-
-
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
