@@ -22,7 +22,7 @@ measurement:
 
 Settings (``--settings``, comma-separated names from :data:`SETTINGS`): ``today`` is libgomp's default wait policy
 (spin 300,000 iterations before sleeping, the state before the busy-machine issue; set explicitly so elmokit's
-defaults do not apply), ``elmokit`` whatever ``elmokit`` now sets up by itself (:mod:`elmokit.threads`), and the
+defaults do not apply), ``elmokit`` whatever ``elmokit`` now sets up by itself (:mod:`elmokit.modules.threads`), and the
 others the single knobs tried: passive waiting, shorter spin counts, one thread.
 
 Run: ``python bench/contention.py [--seconds 10] [--settings today,elmokit] [--repeats 1]``. The quiet figures of
@@ -90,7 +90,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     import elmokit  # noqa: F401  (first: elmokit's thread defaults apply before torch starts its OpenMP runtime)
-    from elmokit import threads as elmokit_threads
+    from elmokit.modules import threads as elmokit_threads
 
     elmokit_threads.set_threads(args.threads or elmokit_threads.default_threads())  # as the CLI does
     result: dict = {"threads": torch.get_num_threads(), "omp": elmokit_threads.openmp_settings()}

@@ -33,11 +33,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
-import elmokit  # noqa: E402,F401  (before torch: elmokit's OpenMP wait setting applies, see elmokit.threads)
+import elmokit  # noqa: E402,F401  (before torch: elmokit's OpenMP wait setting applies, see elmokit.modules.threads)
+from elmokit.modules.threads import default_threads  # noqa: E402
 from elmokit.tasks.config import load_task_config  # noqa: E402
 from elmokit.tasks.report import mean_std, plot_layer_weights, results_table, write_results  # noqa: E402
 from elmokit.tasks.training import prepare_task, train_from_config  # noqa: E402
-from elmokit.threads import default_threads  # noqa: E402
 from elmokit.weights.native import cache_dir  # noqa: E402
 
 TASKS = {

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 from sense_tables import choices_table, per_word_table, protocol_note, summary_table
 
-from elmokit.threads import default_threads  # (imports elmokit before torch: its OpenMP wait setting applies)
+from elmokit.modules.threads import default_threads  # (imports elmokit before torch: its OpenMP wait setting applies)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "coarsewsd-20"

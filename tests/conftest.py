@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import elmokit  # noqa: F401  (before torch: elmokit's OpenMP wait setting, see elmokit.threads, applies here too)
+import elmokit  # noqa: F401  (before torch: elmokit's OpenMP wait setting, see elmokit.modules.threads, applies here too)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"

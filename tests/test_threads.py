@@ -1,5 +1,5 @@
-"""elmokit.threads: the OpenMP wait setting made before torch loads, the default thread count, --threads on the
-computing commands, and the quickstart's busy-machine warning."""
+"""elmokit.modules.threads: the OpenMP wait setting made before torch loads, the default thread count, --threads on
+the computing commands, and the quickstart's busy-machine warning."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from elmokit import threads
 from elmokit.cli import build_parser, main
 from elmokit.errors import UsageError
+from elmokit.modules import threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMPUTING = [
@@ -39,7 +39,7 @@ def _child(code: str, **env: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-REPORT = "import json; from elmokit import threads; print(json.dumps(threads.openmp_settings()))"
+REPORT = "import json; from elmokit.modules import threads; print(json.dumps(threads.openmp_settings()))"
 
 
 def test_import_sets_the_spin_count_before_torch_loads():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from elmokit import threads as _threads
+from elmokit.modules import threads as _threads
 
 _threads.configure_openmp()  # before anything imports torch (OpenMP reads its settings once, when torch loads)
 

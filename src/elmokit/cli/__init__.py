@@ -31,9 +31,10 @@ from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 
 import elmokit
-from elmokit import interrupts, threads
+from elmokit import interrupts
 from elmokit.allocator import keep_freed_memory
 from elmokit.errors import ElmoError, cli_wording, exit_status
+from elmokit.modules import threads
 
 __all__ = ["main", "entry", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
@@ -223,7 +224,8 @@ def _run(args: argparse.Namespace) -> int:
         with interrupts.handling_signals(), cli_wording():
             keep_freed_memory()  # freed large blocks are reused, not page-faulted in again (see elmokit.allocator)
             with contextlib.ExitStack() as stack:
-                if getattr(args, "uses_threads", False):  # computing commands: --threads (default: elmokit.threads)
+                # computing commands: --threads (default: elmokit.modules.threads)
+                if getattr(args, "uses_threads", False):
                     stack.enter_context(threads.using_threads(args.threads or threads.default_threads()))
                 status = int(args.func(args) or 0)
             _flush_stdout()

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from elmokit import threads
 from elmokit.config import read_options_json as read_options
 from elmokit.errors import MissingFileError, UsageError
+from elmokit.modules import threads
 
 __all__ = [
     "positive_int",
@@ -71,8 +71,8 @@ def positive_int(text: str) -> int:
 
 def add_threads_option(p: argparse.ArgumentParser, default: int | None = None, note: str = "") -> None:
     """Add ``--threads N`` (torch intra-op threads for the command; the CLI's main sets them before the command
-    runs) to a computing command. ``default`` None: :func:`elmokit.threads.default_threads` (``ELMOKIT_THREADS``,
-    else the CPUs this process may use), shown in ``--help``."""
+    runs) to a computing command. ``default`` None: :func:`elmokit.modules.threads.default_threads`
+    (``ELMOKIT_THREADS``, else the CPUs this process may use), shown in ``--help``."""
     shown = default
     if shown is None:
         try:

@@ -39,10 +39,10 @@ from elmokit.embedding import Embedder
 from elmokit.errors import UsageError
 from elmokit.io import LOCK_NAME, atomic_write_text
 from elmokit.modules.precision import check_precision
+from elmokit.modules.threads import cpu_share
 from elmokit.pretraining.checkpoint import run_files
 from elmokit.pretraining.perplexity import evaluate_perplexity, unigram_perplexity
 from elmokit.pretraining.trainer import TrainConfig, Trainer, load_lm
-from elmokit.threads import cpu_share
 
 __all__ = [
     "run_job",
@@ -296,8 +296,8 @@ class QuickstartJob:
 #: the step time is measured again over a longer window (see :func:`_steps_for_budget`).
 PROBE_WARMUP, PROBE_STEPS, RETIME_SHARE = 5, 20, 0.25
 #: The machine counts as busy when the timed steps got less than this share of their threads' CPU time
-#: (:class:`elmokit.threads.CpuShare`): on a quiet machine 2-thread training steps get about 0.9-1.0 of it, beside
-#: another 2-thread job about half (README, "Threads and busy machines").
+#: (:class:`elmokit.modules.threads.CpuShare`): on a quiet machine 2-thread training steps get about 0.9-1.0 of it,
+#: beside another 2-thread job about half (README, "Threads and busy machines").
 BUSY_SHARE = 0.75
 
 
