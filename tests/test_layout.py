@@ -48,6 +48,48 @@ def _sources():
     return sorted(p for p in PACKAGE.rglob("*.py"))
 
 
+#: the parts of the package that are not the library: the command line and the recipes (and the root's entry points)
+NOT_LIBRARY = {"cli", "recipes", "__init__", "__main__"}
+
+
+def _imported(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``tree``, inside functions too (``from elmokit import cli`` gives
+    ``elmokit.cli``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return found
+
+
+def test_no_library_module_imports_the_recipes_or_the_command_line():
+    """The design's rule, lazy imports included (``serving.app`` read its page's examples from the quickstart
+    recipes until issue 39; they live in :mod:`elmokit.data.examples` now)."""
+    offenders = []
+    for path in _sources():
+        part = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        if part in NOT_LIBRARY:
+            continue
+        for line, name in _imported(ast.parse(path.read_text(encoding="utf-8"))):
+            if name.split(".")[:2] in (["elmokit", "recipes"], ["elmokit", "cli"]):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{line} {name}")
+    assert not offenders, offenders
+
+
+def test_the_import_contract_names_every_library_part():
+    """``lint-imports`` (in CI) enforces the rule through the contract in pyproject.toml; a new package or root module
+    must be listed there, or the rule would not cover it."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+; 3.10 runs the test above
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (forbidden,) = [c for c in contracts if c["type"] == "forbidden" and "elmokit.recipes" in c["forbidden_modules"]]
+    assert sorted(forbidden["forbidden_modules"]) == ["elmokit.cli", "elmokit.recipes"]
+    parts = {p.stem for p in PACKAGE.glob("*.py")} | {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert sorted(forbidden["source_modules"]) == sorted(f"elmokit.{p}" for p in parts - NOT_LIBRARY)
+
+
 def test_no_module_over_600_lines():
     long_modules = []
     for path in _sources():

@@ -8,11 +8,10 @@ from collections import Counter
 import pytest
 
 from elmokit.cli import main as cli_main
+from elmokit.data.examples import APPLE_SENTENCES, APPLE_TEXTS
 from elmokit.pretraining.trainer import load_lm
 from elmokit.recipes.quickstart import PERPLEXITY_MARGIN, SEPARATION_MARGIN, perplexity_verdict, quickstart_job
 from elmokit.recipes.quickstart.zh import (
-    _APPLE_TEXTS,
-    APPLE_SENTENCES,
     COMPANY_CUES,
     PERPLEXITY_MARGIN_ZH,
     apple_senses,
@@ -115,7 +114,7 @@ def test_both_senses_of_apple_occur_and_are_counted(corpus):
 def test_apple_probes_are_one_token_as_jieba_segments_them(corpus):
     assert Counter(sense for sense, _, _ in APPLE_SENTENCES) == {"fruit": 4, "company": 4}
     keys = {sentence_key(s) for s in corpus[0] + corpus[1]}
-    for (sense, text), (sense2, tokens, i) in zip(_APPLE_TEXTS, APPLE_SENTENCES):
+    for (sense, text), (sense2, tokens, i) in zip(APPLE_TEXTS, APPLE_SENTENCES):
         assert sense == sense2
         assert segment(text) == [tokens], text  # the model reads them as it read its reviews
         assert tokens[i] == "苹果" and tokens.count("苹果") == 1

@@ -50,6 +50,7 @@ from elmokit.analysis.polysemy import (
     plot_scale,
 )
 from elmokit.characters import validate_sentences
+from elmokit.data.examples import APPLE_SENTENCES, BANK_SENTENCES
 from elmokit.data.text_checks import is_cjk
 from elmokit.embedding import Embedder
 from elmokit.embedding.pooling import OutputSpec
@@ -527,9 +528,6 @@ def _read_routes(app, state: ServerState) -> None:
 
     @app.get("/examples")
     async def examples() -> Response:
-        from elmokit.recipes.quickstart.en import BANK_SENTENCES  # lazy: only the page's examples need the recipes
-        from elmokit.recipes.quickstart.zh import APPLE_SENTENCES  # lazy: as above
-
         def pack(rows, word):
             return {"word": word, "sentences": [t for _, t, _ in rows], "labels": [lab for lab, _, _ in rows]}
 

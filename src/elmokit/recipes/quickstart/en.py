@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 
 from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
+from elmokit.data.examples import BANK_SENTENCES
 from elmokit.errors import import_optional
 from elmokit.recipes.quickstart.protocol import SEPARATION_MARGIN, TRAIN_SETTINGS, QuickstartJob, sense_similarities
 
@@ -27,18 +28,6 @@ __all__ = ["en_job", "load_lee_corpus", "tokenize", "quickstart_config", "BANK_S
 
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|\w+(?:['’-]\w+)*|[^\w\s]")
 _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"'’”]))\s+(?=[\"'“‘A-Z])")
-
-#: (sense, tokens, index of "bank"): three sentences per sense, so that the comparison is between means over several
-#: pairs (3 river pairs + 3 money pairs within a sense, 9 pairs across) rather than single cosines.
-BANK_SENTENCES = [
-    ("river", "They walked along the bank of the river .".split(), 4),
-    ("river", "The boat drifted to the muddy bank of the stream .".split(), 6),
-    ("river", "Fishermen sat on the grassy bank beside the water .".split(), 5),
-    ("money", "She took the money to the bank to open an account .".split(), 6),
-    ("money", "The bank raised interest rates on home loans .".split(), 1),
-    ("money", "He borrowed money from the bank to buy a house .".split(), 5),
-]
-
 
 def tokenize(text: str) -> list[list[str]]:
     """Split running English text into sentences (at . ! ?, or one followed by a closing quote, before a capital or an

