@@ -351,7 +351,7 @@ def ratios(server: dict, off: dict, modes: tuple[str, ...]) -> dict:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--seconds", type=float, default=60.0, help="per load phase")
@@ -401,12 +401,16 @@ def main() -> None:
     p.add_argument(
         "--server-args", default="", help="extra `elmokit serve` options of every phase, e.g. '--max-wait-ms 5'"
     )
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def run_phases(args: argparse.Namespace, sentences: list[list[str]], per_request: list[int], modes: tuple) -> dict:
+    """The offline passes, then the load phases asked for (``--phases``) on a fresh small model; each phase's figures
+    are printed as one JSON line as soon as it ends. Returns them by name (``offline``, ``passes_one_thread``,
+    ``server``/``server_k<K>``, ``batch1``/``batch1_k<K>``, ``overload``)."""
     phases, extra = set(args.phases.split(",")), args.server_args.split()
-    per_request = [int(k) for k in args.sentences_per_request.split(",")]
-    k0, modes = per_request[0], tuple(args.modes.split(","))
-    sentences = read_conllu_forms(EWT_DEV, args.sentences)
-    result: dict = {"sentences": len(sentences), "tokens": sum(len(s) for s in sentences), "args": vars(args)}
+    k0 = per_request[0]
+    result: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model(Path(tmp) / "small")
         result["offline"] = offline(model_dir, sentences, args.threads, args.recent_word_cache)
@@ -431,7 +435,14 @@ def main() -> None:
             result["overload"] = phase(
                 model_dir, sentences, args, ("pooled",), args.overload_clients, k0, *extra, *limit
             )
-    off = result["offline"]
+    return result
+
+
+def add_ratios(result: dict, per_request: list[int], modes: tuple) -> None:
+    """Add to ``result`` the server's ratios to offline (``ratios``/``ratios_k<K>``), dynamic batching's to one
+    sentence a pass at the same request size (``dynamic_vs_batch1`` in them), and whether the overload phase was
+    answered only 200 or 429."""
+    k0, off = per_request[0], result["offline"]
     for k in per_request:  # "ratios" for the first K, "ratios_k<K>" for the others
         key = "server" if k == k0 else f"server_k{k}"
         if key in result:
@@ -446,6 +457,16 @@ def main() -> None:
     if "overload" in result:
         over = result["overload"]["pooled"]["by_status"]
         result["overload_only_200_and_429"] = set(over) <= {"200", "429"}
+
+
+def main() -> None:
+    args = parse_args()
+    per_request = [int(k) for k in args.sentences_per_request.split(",")]
+    modes = tuple(args.modes.split(","))
+    sentences = read_conllu_forms(EWT_DEV, args.sentences)
+    result: dict = {"sentences": len(sentences), "tokens": sum(len(s) for s in sentences), "args": vars(args)}
+    result.update(run_phases(args, sentences, per_request, modes))
+    add_ratios(result, per_request, modes)
     print(json.dumps(result))
 
 
