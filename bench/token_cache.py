@@ -71,17 +71,69 @@ def _import_side(side: str):
     return Elmo, batch_to_ids, build_cache
 
 
-def child(args: argparse.Namespace) -> None:
-    import numpy as np
-    import torch
+class _Passes:
+    """Timed passes of one side over the sentences: ``run(elmo, use_cache, batches)`` embeds batches of sentence
+    indices (AllenNLP's state reset before each batch), ``rows(outs)`` gathers the real tokens' vectors in sentence
+    order, ``word_ids(batch)`` gives the cache's ids (0 = padding)."""
 
-    torch.set_num_threads(args.threads)
-    Elmo, batch_to_ids, build_cache = _import_side(args.child)
-    sentences = json.loads(Path(args.sentences).read_text(encoding="utf-8"))
-    vocab = cache_vocab(sentences)
-    index = {w: i for i, w in enumerate(vocab)}
+    def __init__(self, side: str, sentences: list[list[str]], vocab: list[str], batch_to_ids):
+        self.side, self.sentences, self.batch_to_ids = side, sentences, batch_to_ids
+        self.index = {w: i for i, w in enumerate(vocab)}
 
-    t = time.perf_counter()  # construction times: the plain model first, so that the weight file is in the page cache
+    def reset(self, elmo) -> None:
+        if self.side == "allennlp":
+            elmo._elmo_lstm._elmo_lstm.reset_states()
+
+    def word_ids(self, batch: list[list[str]]):
+        import torch
+
+        ids = torch.zeros(len(batch), max(len(s) for s in batch), dtype=torch.long)
+        for j, s in enumerate(batch):
+            ids[j, : len(s)] = torch.tensor([self.index[w] for w in s], dtype=torch.long)
+        return ids
+
+    def run(self, elmo, use_cache: bool, batches: list[list[int]]) -> tuple[float, list]:
+        import torch
+
+        outs = []
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for idx in batches:
+                self.reset(elmo)
+                batch = [self.sentences[i] for i in idx]
+                if use_cache:
+                    out = elmo(self.batch_to_ids(batch), self.word_ids(batch))
+                else:
+                    out = elmo(self.batch_to_ids(batch))
+                outs.append((idx, out["elmo_representations"][0], out["mask"]))
+        return time.perf_counter() - start, outs
+
+    def rows(self, outs: list):
+        import numpy as np
+
+        got: list = [None] * len(self.sentences)
+        for idx, rep, mask in outs:
+            for j, i in enumerate(idx):
+                got[i] = rep[j][mask[j].bool()].float().numpy()
+        return np.concatenate(got, axis=0)
+
+    def cache_used(self, cached, first: list[list[str]]) -> bool:
+        """The cached path really ran: all-zero character ids beside the word ids give the same output."""
+        import torch
+
+        with torch.inference_mode():
+            self.reset(cached)
+            chars = self.batch_to_ids(first)
+            zero = cached(torch.zeros_like(chars), self.word_ids(first))["elmo_representations"][0]
+            self.reset(cached)
+            real = cached(chars, self.word_ids(first))["elmo_representations"][0]
+        return bool(torch.equal(zero, real))
+
+
+def _build_models(args: argparse.Namespace, Elmo, build_cache, vocab: list[str]) -> tuple:
+    """``(plain, cached, init_plain, init_cached, builds)``: the two models, their construction times (the plain one
+    first, so that the weight file is in the page cache) and the warm cache rebuilds' times."""
+    t = time.perf_counter()
     plain = Elmo(args.options, args.weights, 1, dropout=0.0).eval()
     init_plain = time.perf_counter() - t
     t = time.perf_counter()
@@ -92,62 +144,43 @@ def child(args: argparse.Namespace) -> None:
         t = time.perf_counter()
         build_cache(cached, vocab)
         builds.append(time.perf_counter() - t)
+    return plain, cached, init_plain, init_cached, builds
 
-    def reset(elmo) -> None:
-        if args.child == "allennlp":
-            elmo._elmo_lstm._elmo_lstm.reset_states()
 
-    def word_ids(batch: list[list[str]]) -> torch.Tensor:
-        ids = torch.zeros(len(batch), max(len(s) for s in batch), dtype=torch.long)
-        for j, s in enumerate(batch):
-            ids[j, : len(s)] = torch.tensor([index[w] for w in s], dtype=torch.long)
-        return ids
+def _timed_passes(passes: _Passes, plain, cached, file_order: list[list[int]], repeats: int) -> tuple:
+    """``(times_plain, times_cached, out_plain, out_cached)``: one warm-up batch each, then ``repeats`` passes of
+    both modes interleaved (the outputs of the first pass kept)."""
+    passes.run(plain, False, file_order[:1])  # warm-up
+    passes.run(cached, True, file_order[:1])
+    times_plain, times_cached = [], []
+    out_plain = out_cached = None
+    for _ in range(repeats):
+        t, o = passes.run(plain, False, file_order)
+        times_plain.append(t)
+        out_plain = out_plain or o
+        t, o = passes.run(cached, True, file_order)
+        times_cached.append(t)
+        out_cached = out_cached or o
+    return times_plain, times_cached, out_plain, out_cached
 
-    def run(elmo, use_cache: bool, batches: list[list[int]]) -> tuple[float, list]:
-        outs = []
-        start = time.perf_counter()
-        with torch.inference_mode():
-            for idx in batches:
-                reset(elmo)
-                batch = [sentences[i] for i in idx]
-                if use_cache:
-                    out = elmo(batch_to_ids(batch), word_ids(batch))
-                else:
-                    out = elmo(batch_to_ids(batch))
-                outs.append((idx, out["elmo_representations"][0], out["mask"]))
-        return time.perf_counter() - start, outs
 
-    def rows(outs: list) -> np.ndarray:
-        got: list = [None] * len(sentences)
-        for idx, rep, mask in outs:
-            for j, i in enumerate(idx):
-                got[i] = rep[j][mask[j].bool()].float().numpy()
-        return np.concatenate(got, axis=0)
+def child(args: argparse.Namespace) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(args.threads)
+    Elmo, batch_to_ids, build_cache = _import_side(args.child)
+    sentences = json.loads(Path(args.sentences).read_text(encoding="utf-8"))
+    vocab = cache_vocab(sentences)
+    plain, cached, init_plain, init_cached, builds = _build_models(args, Elmo, build_cache, vocab)
+    passes = _Passes(args.child, sentences, vocab, batch_to_ids)
 
     b = args.batch_size
     file_order = [list(range(i, min(i + b, len(sentences)))) for i in range(0, len(sentences), b)]
     n_tokens = sum(len(s) for s in sentences)
-    run(plain, False, file_order[:1])  # warm-up
-    run(cached, True, file_order[:1])
-    times_plain, times_cached = [], []
-    out_plain = out_cached = None
-    for _ in range(args.repeats):
-        t, o = run(plain, False, file_order)
-        times_plain.append(t)
-        out_plain = out_plain or o
-        t, o = run(cached, True, file_order)
-        times_cached.append(t)
-        out_cached = out_cached or o
-    # the cached path really ran: all-zero character ids beside the word ids give the same output
-    first = [sentences[i] for i in file_order[0]]
-    with torch.inference_mode():
-        reset(cached)
-        chars = batch_to_ids(first)
-        zero = cached(torch.zeros_like(chars), word_ids(first))["elmo_representations"][0]
-        reset(cached)
-        real = cached(chars, word_ids(first))["elmo_representations"][0]
-    cache_used = bool(torch.equal(zero, real))
-    a, c = rows(out_plain), rows(out_cached)
+    times_plain, times_cached, out_plain, out_cached = _timed_passes(passes, plain, cached, file_order, args.repeats)
+    cache_used = passes.cache_used(cached, [sentences[i] for i in file_order[0]])
+    a, c = passes.rows(out_plain), passes.rows(out_cached)
     np.save(args.outputs + ".plain.npy", a)
     np.save(args.outputs + ".cached.npy", c)
     tps_plain, tps_cached = n_tokens / min(times_plain), n_tokens / min(times_cached)
