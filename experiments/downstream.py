@@ -171,7 +171,7 @@ def summary_table(results: Path) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=sorted(TASKS), help="the table to make (required unless --summary)")
     parser.add_argument(
@@ -201,37 +201,25 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--replot", action="store_true", help="only redraw the layer-weight PNG from the table's JSON (no training)"
     )
-    args = parser.parse_args(argv)
-    if args.summary:
-        print(summary_table(args.out))
-        return 0
-    if args.task is None:
-        parser.error("--task is required (or --summary)")
-    torch.set_num_threads(args.threads)
-    if args.replot:
-        import json
+    return parser
 
-        saved = json.loads((args.out / f"downstream-{args.task}.json").read_text(encoding="utf-8"))
-        plot_rows(args.task, saved["rows"], args.out, len(saved["meta"]["seeds"]))
-        return 0
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    config_file, title, metric_name = TASKS[args.task]
-    config = load_task_config(ROOT / "configs" / "tasks" / config_file)
+
+def load_config(args: argparse.Namespace):
+    """The task's config (configs/tasks/<task>.toml) with ``--epochs`` and ``--max-train-sentences`` applied."""
+    config = load_task_config(ROOT / "configs" / "tasks" / TASKS[args.task][0])
     if args.epochs is not None:
         config = config.override({"train.epochs": args.epochs})
     if args.max_train_sentences is not None:
         config = config.override({"data.max_train_sentences": args.max_train_sentences})
-    load_before = os.getloadavg()
-    start = time.perf_counter()
-    rows = []
-    for name in args.rows:
-        rows.append(run_row(config.override(ROWS[name]), name, args.seeds))
-    total = time.perf_counter() - start
+    return config
 
-    # ------------------------------------------------------------------ the table
+
+def table_rows(rows: list[dict]) -> tuple[list[dict], dict]:
+    """``(table rows, stats)``: one table row per run row (test and dev per seed, Δ vs static with its verdict,
+    best epochs, minutes), and each row's ``(mean, std)`` of its test scores by name."""
     scores = {r["name"]: [run["test"] for run in r["runs"]] for r in rows}
     stats = {name: mean_std(v) for name, v in scores.items()}
-    table_rows = []
+    out = []
     for r in rows:
         name = r["name"]
         mean, std = stats[name]
@@ -249,8 +237,14 @@ def main(argv=None) -> int:
             row["Δ vs static"] = f"{gain:+.1f}" + (
                 " (beyond spread)" if abs(gain) > std + b_std else " (within spread)"
             )
-        table_rows.append(row)
-    claims = []
+        out.append(row)
+    return out, stats
+
+
+def claims(stats: dict) -> list[str]:
+    """One line per comparison of two rows that both ran: the difference of means and whether it is beyond the sum
+    of the two sample stds."""
+    lines = []
     for a, b in (
         ("static + ELMo", "static"),
         ("static + ELMo", "static + char CNN"),
@@ -265,8 +259,13 @@ def main(argv=None) -> int:
                 if ma - mb > sa + sb
                 else ("loss beyond the spread" if mb - ma > sa + sb else "no difference beyond the spread")
             )
-            claims.append(f"{a} vs {b}: {ma - mb:+.2f} ({verdict}: |Δ| vs std sum {sa + sb:.2f})")
-    columns = [
+            lines.append(f"{a} vs {b}: {ma - mb:+.2f} ({verdict}: |Δ| vs std sum {sa + sb:.2f})")
+    return lines
+
+
+def columns(metric_name: str) -> list[tuple[str, str]]:
+    """The table's (key, header) columns."""
+    return [
         ("row", "row"),
         ("test", metric_name + " (mean ± std)"),
         ("dev", "dev (mean ± std)"),
@@ -275,10 +274,16 @@ def main(argv=None) -> int:
         ("best epochs", "best epoch per seed"),
         ("min / row", "minutes / row (3 seeds)"),
     ]
+
+
+def run_meta(args, argv, config, rows: list[dict], claim_lines: list[str], total: float, load_before) -> dict:
+    """The table's metadata: title, columns, the command, the config, model, budget and data, the biLMs, seeds,
+    claims, timings and the machine (its load average now, after the runs)."""
+    config_file, title, metric_name = TASKS[args.task]
     t = config.train
-    meta = {
+    return {
         "title": f"{title}: frozen ELMo vs static vectors ({metric_name}, mean ± std over {len(args.seeds)} seeds)",
-        "columns": columns,
+        "columns": columns(metric_name),
         "command": f"ELMOKIT_CACHE={cache_dir()} nice -n 5 python experiments/downstream.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "config": f"configs/tasks/{config_file}",
@@ -303,20 +308,56 @@ def main(argv=None) -> int:
         "static_vectors": config.static.vectors,
         "bilms": {r["name"]: (r["bilm"] or {}).get("name") for r in rows},
         "seeds": args.seeds,
-        "claims (a gain is claimed only when the difference of means exceeds the sum of the two sample stds)": claims,
+        "claims (a gain is claimed only when the difference of means exceeds the sum of the two sample stds)": (
+            claim_lines
+        ),
         "row_seconds": {r["name"]: round(r["seconds"], 1) for r in rows},
         "total_minutes": round(total / 60, 1),
         "machine": f"2 CPU cores shared with other jobs (load average {load_before[0]:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after), torch {torch.__version__}, {torch.get_num_threads()} threads",
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
     }
+
+
+def replot(args: argparse.Namespace) -> None:
+    """Redraw the layer-weight PNG from the table's saved JSON."""
+    import json
+
+    saved = json.loads((args.out / f"downstream-{args.task}.json").read_text(encoding="utf-8"))
+    plot_rows(args.task, saved["rows"], args.out, len(saved["meta"]["seeds"]))
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.summary:
+        print(summary_table(args.out))
+        return 0
+    if args.task is None:
+        parser.error("--task is required (or --summary)")
+    torch.set_num_threads(args.threads)
+    if args.replot:
+        replot(args)
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    config = load_config(args)
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    rows = []
+    for name in args.rows:
+        rows.append(run_row(config.override(ROWS[name]), name, args.seeds))
+    total = time.perf_counter() - start
+
+    table, stats = table_rows(rows)
+    claim_lines = claims(stats)
+    meta = run_meta(args, argv, config, rows, claim_lines, total, load_before)
     stem = args.out / f"downstream-{args.task}"
-    json_rows = [dict(row, runs=r["runs"]) for row, r in zip(table_rows, rows)]
-    write_results(stem, json_rows, meta, columns=columns)
+    json_rows = [dict(row, runs=r["runs"]) for row, r in zip(table, rows)]
+    write_results(stem, json_rows, meta, columns=meta["columns"])
     plot_rows(args.task, rows, args.out, len(args.seeds))
     print()
-    print(results_table(table_rows, columns), end="")
-    print("\n".join(claims))
+    print(results_table(table, meta["columns"]), end="")
+    print("\n".join(claim_lines))
     print(f"total {total / 60:.1f} min; rows: " + ", ".join(f"{r['name']} {r['seconds'] / 60:.1f} min" for r in rows))
     return 0
 
