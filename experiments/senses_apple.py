@@ -36,7 +36,9 @@ import os
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sense_tables import choices_table, protocol_note, summary_table
 
@@ -49,7 +51,7 @@ def _cell(s: dict) -> str:
     return f"{100 * s['accuracy']:.1f} / {100 * s['macro_f1']:.1f}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DATA, help="online_shopping_10_cats.csv (default: %(default)s)")
     parser.add_argument("--model", default="elmokit-zh", help="biLM (default: %(default)s)")
@@ -70,30 +72,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--folds", type=int, default=5, help="cross-validation folds on the memory (default: %(default)s)"
     )
-    args = parser.parse_args(argv)
-    windows = [int(w) for w in args.windows.split(",")]
-    if 0 not in windows:
-        parser.error("--windows must include 0 (the target span, as the old protocol reads it)")
+    return parser
 
-    import torch
 
-    from elmokit import Embedder
-    from elmokit.analysis.polysemy import plot_occurrences
-    from elmokit.analysis.sense_protocol import (
-        elmo_candidates,
-        fair_protocol,
-        static_candidates,
-        static_setting_name,
-        window_vectors,
-    )
-    from elmokit.analysis.senses import STATIC_GRID, build_apple_set, group_split, layer_scores, mfs_scores
-    from elmokit.baselines.word2vec import load_word2vec
+@dataclass
+class Split:
+    """The sense set and its split: the memory (labelled) and the queries, by review."""
+
+    data: Any
+    memory: list
+    queries: list
+    senses: list[str]
+    folder: Path
+    model_key: str
+
+
+@dataclass
+class Scores:
+    """Everything measured: the window vectors' target-span layers (``mem_v``, ``q_v``), the old protocol's rows
+    (``layers``, ``static``, ``mfs``), the fair protocol's result, and the biLM embedding time."""
+
+    mem_v: Any
+    q_v: Any
+    layers: dict
+    fair: dict
+    static: dict
+    mfs: dict
+    t_embed: float
+
+
+def split_data(args: argparse.Namespace) -> Split:
+    """The 苹果 set segmented as ``--segmenter`` says, split by review (half of each sense's reviews to the
+    queries)."""
+    from elmokit.analysis.senses import build_apple_set, group_split
     from elmokit.data.tokenizers import load_tokenizer, split_chinese, word_tokenizer
-    from elmokit.io import atomic_write_text, file_sha256
-    from elmokit.weights.native import cache_dir, resolve_model_name
+    from elmokit.io import file_sha256
+    from elmokit.weights.native import resolve_model_name
 
-    torch.set_num_threads(args.threads)
-    t0 = time.time()
     folder = Path(resolve_model_name(args.model))
     model_key = file_sha256(folder / "model.safetensors")
     if args.segmenter == "jieba":
@@ -105,20 +120,39 @@ def main(argv: list[str] | None = None) -> int:
     memory, queries = group_split(data.examples, 0.5, args.seed)
     assert not {e.group for e in memory} & {e.group for e in queries}
     senses = sorted({e.label for e in data.examples})
-    embedder = Embedder(str(folder), batch_size=64)
+    return Split(data, memory, queries, senses, folder, model_key)
+
+
+def score(args: argparse.Namespace, windows: list[int], sp: Split) -> Scores:
+    """Embed the memory and the queries (cached), score the fixed layers, MFS, and run the fair protocol (ELMo and
+    word2vec families); the old word2vec row is the fair protocol's word2vec choice for 1-NN / centroid (same grid,
+    folds, tie rule)."""
+    from elmokit import Embedder
+    from elmokit.analysis.sense_protocol import (
+        elmo_candidates,
+        fair_protocol,
+        static_candidates,
+        static_setting_name,
+        window_vectors,
+    )
+    from elmokit.analysis.senses import STATIC_GRID, layer_scores, mfs_scores
+    from elmokit.baselines.word2vec import load_word2vec
+    from elmokit.weights.native import cache_dir
+
+    memory, queries, senses = sp.memory, sp.queries, sp.senses
+    embedder = Embedder(str(sp.folder), batch_size=64)
     cache = cache_dir() / "senses" / "apple"
     t_embed = time.time()
-    mem_w = window_vectors(embedder, memory, windows, context=args.context, cache_dir=cache, model_key=model_key)
-    q_w = window_vectors(embedder, queries, windows, context=args.context, cache_dir=cache, model_key=model_key)
+    mem_w = window_vectors(embedder, memory, windows, context=args.context, cache_dir=cache, model_key=sp.model_key)
+    q_w = window_vectors(embedder, queries, windows, context=args.context, cache_dir=cache, model_key=sp.model_key)
     mem_v, q_v = mem_w[0], q_w[0]  # the target span: the old protocol's vectors
     t_embed = time.time() - t_embed
     y_mem, y_q = [e.label for e in memory], [e.label for e in queries]
     layers = layer_scores(mem_v, y_mem, q_v, y_q, senses)
-    kv = load_word2vec(args.word2vec or folder / "word2vec")
+    kv = load_word2vec(args.word2vec or sp.folder / "word2vec")
     fam_mem = {"elmo": elmo_candidates(mem_w), "word2vec": static_candidates(kv, memory)}
     fam_q = {"elmo": elmo_candidates(q_w), "word2vec": static_candidates(kv, queries)}
     fair = fair_protocol(fam_mem, fam_q, y_mem, [e.group for e in memory], y_q, senses, folds=args.folds, seed=0)
-    # the old word2vec row is the fair protocol's word2vec choice for 1-NN / centroid (same grid, folds, tie rule)
     grid_of = {static_setting_name(st): st for st in STATIC_GRID}
     static = {}
     for clf in ("1nn", "centroid"):
@@ -130,74 +164,81 @@ def main(argv: list[str] | None = None) -> int:
             "cv_macro_f1": got["cv_macro_f1"],
         }
     mfs = mfs_scores(y_mem, y_q, senses)
+    return Scores(mem_v, q_v, layers, fair, static, mfs, t_embed)
+
+
+def _setting(st: dict) -> str:
+    where = "whole (cut) sentence" if st["window"] is None else f"±{st['window']}"
+    return f"{where}, target {'in' if st['include_target'] else 'out'}"
+
+
+def old_table(sc: Scores) -> list[str]:
+    """The old protocol's table: MFS, the word2vec window, ELMo's fixed layers at the target."""
+    lines = ["| method | 1-NN | nearest centroid |", "|---|---:|---:|"]
+    lines.append(f"| MFS (memory's most frequent sense) | {_cell(sc.mfs)} | {_cell(sc.mfs)} |")
+    lines.append(
+        f"| word2vec window (1-NN: {_setting(sc.static['1nn']['settings'])}; centroid: "
+        f"{_setting(sc.static['centroid']['settings'])}) | {_cell(sc.static['1nn'])} | {_cell(sc.static['centroid'])} |"
+    )
+    for k, r in sc.layers.items():
+        name = "layer 0 (static)" if k == "0" else ("layer average" if k == "average" else f"layer {k}")
+        lines.append(f"| ELMo {name} | {_cell(r['1nn'])} | {_cell(r['centroid'])} |")
+    return lines
+
+
+def _listing(d: dict) -> str:
+    return ", ".join(f"{c} {n}" for c, n in d.items())
+
+
+def set_notes(args: argparse.Namespace, sp: Split) -> list[str]:
+    """The set's counts, the split's and the word2vec window's note."""
 
     def count(examples):
         c = Counter(e.label for e in examples)
-        g = {s: len({e.group for e in examples if e.label == s}) for s in senses}
-        return ", ".join(f"{s} {c[s]} ({g[s]} reviews)" for s in senses)
+        g = {s: len({e.group for e in examples if e.label == s}) for s in sp.senses}
+        return ", ".join(f"{s} {c[s]} ({g[s]} reviews)" for s in sp.senses)
 
-    st = data.stats
-    lines = [
+    st = sp.data.stats
+    return [
+        f"Set: {sum(st['reviews_with_word_token'].values())} reviews with 苹果 as a word token "
+        f"({_listing(st['reviews_with_word_token'])}), {len(sp.data.examples)} occurrences; "
+        f"{sum(st['reviews_only_inside_other_token'].values())} reviews had 苹果 only inside another word "
+        f"({_listing(st['reviews_only_inside_other_token'])}; longer words holding it, all reviews: "
+        f"{_listing(dict(list(st['longer_tokens_holding_word'].items())[:6]))}); "
+        f"{sum(st['reviews_in_other_categories'].values())} reviews in other categories not used.",
+        f"Split (by review, stratified, seed {args.seed}, half of each sense's reviews to the queries): "
+        f"memory {count(sp.memory)}; queries {count(sp.queries)}; no review on both sides.",
+        "word2vec window: 300-d skip-gram vectors of the biLM's training text averaged over ±window words, "
+        "window and target-in/out chosen by 5-fold group CV on the memory (macro-F1).",
+    ]
+
+
+def report_head(args: argparse.Namespace, windows: list[int], sc: Scores) -> list[str]:
+    """The title, the fair protocol's summary and choices tables, the protocol's note and the old table's title."""
+    return [
         f"苹果 in online_shopping_10_cats, fair protocol (settings chosen on the memory only). Cells: accuracy % / "
         f"macro-F1 % on the queries. Model `{args.model}`; context ±{args.context} tokens.",
         "",
-        *summary_table({"苹果": fair}, {"苹果": layers}),
+        *summary_table({"苹果": sc.fair}, {"苹果": sc.layers}),
         "",
-        *choices_table({"苹果": fair}),
+        *choices_table({"苹果": sc.fair}),
         "",
         protocol_note(args.folds, windows),
         "",
         "The old protocol's table (fixed layers at the target; the word2vec window chosen on the memory):",
         "",
     ]
-    head = ["method", "1-NN", "nearest centroid"]
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|---|---:|---:|")
-    lines.append(f"| MFS (memory's most frequent sense) | {_cell(mfs)} | {_cell(mfs)} |")
 
-    def setting(st: dict) -> str:
-        where = "whole (cut) sentence" if st["window"] is None else f"±{st['window']}"
-        return f"{where}, target {'in' if st['include_target'] else 'out'}"
 
-    lines.append(
-        f"| word2vec window (1-NN: {setting(static['1nn']['settings'])}; centroid: "
-        f"{setting(static['centroid']['settings'])}) | {_cell(static['1nn'])} | {_cell(static['centroid'])} |"
-    )
-    for k, r in layers.items():
-        name = "layer 0 (static)" if k == "0" else ("layer average" if k == "average" else f"layer {k}")
-        lines.append(f"| ELMo {name} | {_cell(r['1nn'])} | {_cell(r['centroid'])} |")
-    lines.append("")
+def write_outputs(args: argparse.Namespace, windows: list[int], sp: Split, sc: Scores, text: str, wall: float) -> None:
+    """senses-apple.png (the query occurrences), .md (``text``) and .json in ``--out``."""
+    from elmokit.analysis.polysemy import plot_occurrences
+    from elmokit.io import atomic_write_text
 
-    def listing(d: dict) -> str:
-        return ", ".join(f"{c} {n}" for c, n in d.items())
-
-    lines.append(
-        f"Set: {sum(st['reviews_with_word_token'].values())} reviews with 苹果 as a word token "
-        f"({listing(st['reviews_with_word_token'])}), {len(data.examples)} occurrences; "
-        f"{sum(st['reviews_only_inside_other_token'].values())} reviews had 苹果 only inside another word "
-        f"({listing(st['reviews_only_inside_other_token'])}; longer words holding it, all reviews: "
-        f"{listing(dict(list(st['longer_tokens_holding_word'].items())[:6]))}); "
-        f"{sum(st['reviews_in_other_categories'].values())} reviews in other categories not used."
-    )
-    lines.append(
-        f"Split (by review, stratified, seed {args.seed}, half of each sense's reviews to the queries): "
-        f"memory {count(memory)}; queries {count(queries)}; no review on both sides."
-    )
-    lines.append(
-        "word2vec window: 300-d skip-gram vectors of the biLM's training text averaged over ±window words, "
-        "window and target-in/out chosen by 5-fold group CV on the memory (macro-F1)."
-    )
-    wall = time.time() - t0
-    lines.append(
-        f"Wall time {wall / 60:.1f} min, of which biLM embedding {t_embed:.0f} s (≈ 0 when read from "
-        f"$ELMOKIT_CACHE/senses/; {args.threads} torch thread(s)); command: "
-        f"`python experiments/senses_apple.py --threads {args.threads}` (models from $ELMOKIT_CACHE; load average "
-        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end)."
-    )
-    text = "\n".join(lines) + "\n"
+    y_mem, y_q = [e.label for e in sp.memory], [e.label for e in sp.queries]
     args.out.mkdir(parents=True, exist_ok=True)
     plot_occurrences(
-        q_v,
+        sc.q_v,
         args.out / "senses-apple.png",
         y_q,
         title=f"pingguo ('apple'): {len(y_q)} query occurrences, {args.model} (PCA per layer)",
@@ -208,21 +249,21 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "model": args.model,
-                "model_sha256": model_key,
+                "model_sha256": sp.model_key,
                 "context": args.context,
                 "seed": args.seed,
-                "stats": st,
+                "stats": sp.data.stats,
                 "memory": dict(Counter(y_mem)),
                 "queries": dict(Counter(y_q)),
-                "memory_reviews": len({e.group for e in memory}),
-                "query_reviews": len({e.group for e in queries}),
-                "mfs": mfs,
-                "static": static,
-                "layers": layers,
+                "memory_reviews": len({e.group for e in sp.memory}),
+                "query_reviews": len({e.group for e in sp.queries}),
+                "mfs": sc.mfs,
+                "static": sc.static,
+                "layers": sc.layers,
                 "windows": windows,
                 "folds": args.folds,
-                "fair": {"mfs": fair["mfs"], "families": fair["families"]},
-                "fair_cv": fair["choices"],
+                "fair": {"mfs": sc.fair["mfs"], "families": sc.fair["families"]},
+                "fair_cv": sc.fair["choices"],
                 "wall_seconds": round(wall, 1),
             },
             ensure_ascii=False,
@@ -230,6 +271,31 @@ def main(argv: list[str] | None = None) -> int:
         )
         + "\n",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    windows = [int(w) for w in args.windows.split(",")]
+    if 0 not in windows:
+        parser.error("--windows must include 0 (the target span, as the old protocol reads it)")
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    sp = split_data(args)
+    sc = score(args, windows, sp)
+    lines = [*report_head(args, windows, sc), *old_table(sc), "", *set_notes(args, sp)]
+    wall = time.time() - t0
+    lines.append(
+        f"Wall time {wall / 60:.1f} min, of which biLM embedding {sc.t_embed:.0f} s (≈ 0 when read from "
+        f"$ELMOKIT_CACHE/senses/; {args.threads} torch thread(s)); command: "
+        f"`python experiments/senses_apple.py --threads {args.threads}` (models from $ELMOKIT_CACHE; load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end)."
+    )
+    text = "\n".join(lines) + "\n"
+    write_outputs(args, windows, sp, sc, text, wall)
     sys.stdout.write(text)
     return 0
 
