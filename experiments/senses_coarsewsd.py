@@ -40,7 +40,9 @@ import os
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sense_tables import choices_table, per_word_table, protocol_note, summary_table
@@ -60,7 +62,7 @@ def _pct(pair) -> str:
     return f"{pair[0]:.1f} / {pair[1]:.1f}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DATA, help="CoarseWSD-20 folder (default: %(default)s)")
     parser.add_argument("--model", default="elmokit-en", help="biLM (default: %(default)s)")
@@ -82,43 +84,57 @@ def main(argv: list[str] | None = None) -> int:
         "--windows", default="0,2,5", help="ELMo windows (± tokens) offered to the choice (default: %(default)s)"
     )
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds on train (default: %(default)s)")
-    args = parser.parse_args(argv)
-    windows = [int(w) for w in args.windows.split(",")]
-    if 0 not in windows:
-        parser.error("--windows must include 0 (the target span: the old protocol and the casing choice use it)")
+    return parser
 
-    import torch
 
+@dataclass
+class Run:
+    """The model, the words and their train/test examples, the truecasing table, and the embedding clock."""
+
+    args: argparse.Namespace
+    windows: list[int]
+    folder: Path
+    model_key: str
+    cache: Path
+    embedder: Any
+    words: list[str]
+    senses: dict
+    train: dict
+    test: dict
+    table: dict
+    t0: float
+    t_embed: float = 0.0
+
+    def cased(self, examples, casing):
+        from elmokit.analysis.senses import SenseExample, recase
+
+        return [SenseExample(recase(e.tokens, casing, self.table), e.start, e.end, e.label, e.group) for e in examples]
+
+    def vectors(self, examples_by_word, casing):
+        """``{word: {window: (n, L+1, D)}}`` of the examples recased (embeddings cached under ``$ELMOKIT_CACHE``)."""
+        from elmokit.analysis.sense_protocol import window_vectors
+
+        start = time.time()
+        flat = [e for w in self.words for e in self.cased(examples_by_word[w], casing)]
+        arr = window_vectors(
+            self.embedder, flat, self.windows, context=self.args.context, cache_dir=self.cache, model_key=self.model_key
+        )
+        out, a = {}, 0
+        for w in self.words:
+            out[w] = {k: v[a : a + len(examples_by_word[w])] for k, v in arr.items()}
+            a += len(examples_by_word[w])
+        self.t_embed += time.time() - start
+        return out
+
+
+def load_run(args: argparse.Namespace, windows: list[int], t0: float) -> Run:
+    """The biLM, the words asked for (all 20 by default) with their senses and examples, and the truecasing table
+    counted on the biLM's training text."""
     from elmokit import Embedder
-    from elmokit.analysis.polysemy import plot_occurrences
-    from elmokit.analysis.sense_protocol import (
-        elmo_candidates,
-        fair_protocol,
-        static_candidates,
-        static_setting_name,
-        window_vectors,
-    )
-    from elmokit.analysis.senses import (
-        CASINGS,
-        STATIC_GRID,
-        SenseExample,
-        coarsewsd_senses,
-        coarsewsd_words,
-        cv_folds,
-        cv_score,
-        layer_scores,
-        mfs_scores,
-        read_coarsewsd,
-        read_coarsewsd_baselines,
-        recase,
-        truecase_table,
-    )
-    from elmokit.baselines.word2vec import load_word2vec
-    from elmokit.io import atomic_write_text, file_sha256
+    from elmokit.analysis.senses import coarsewsd_senses, coarsewsd_words, read_coarsewsd, truecase_table
+    from elmokit.io import file_sha256
     from elmokit.weights.native import cache_dir, resolve_model_name
 
-    torch.set_num_threads(args.threads)
-    t0 = time.time()
     folder = Path(resolve_model_name(args.model))
     model_key = file_sha256(folder / "model.safetensors")
     cache = cache_dir() / "senses" / "coarsewsd"
@@ -133,31 +149,21 @@ def main(argv: list[str] | None = None) -> int:
         for line in fh:
             counts.update(line.split())
     table = truecase_table(counts)
+    return Run(args, windows, folder, model_key, cache, embedder, words, senses, train, test, table, t0)
 
-    def cased(examples, casing):
-        return [SenseExample(recase(e.tokens, casing, table), e.start, e.end, e.label, e.group) for e in examples]
 
-    t_embed = [0.0]
+def choose_casing(run: Run) -> tuple[str, dict, dict]:
+    """``(casing, casing_cv, train vectors)``: the casing chosen by cross-validation on train, at the target span
+    (window 0, as in the old protocol), layer average, mean of 1-NN and centroid macro-F1 over the words; ties go
+    to the earlier casing. Only the best casing's vectors are kept in memory."""
+    from elmokit.analysis.senses import CASINGS, cv_folds, cv_score
 
-    def vectors(examples_by_word, casing):
-        start = time.time()
-        flat = [e for w in words for e in cased(examples_by_word[w], casing)]
-        arr = window_vectors(embedder, flat, windows, context=args.context, cache_dir=cache, model_key=model_key)
-        out, a = {}, 0
-        for w in words:  # {word: {window: (n, L+1, D)}}
-            out[w] = {k: v[a : a + len(examples_by_word[w])] for k, v in arr.items()}
-            a += len(examples_by_word[w])
-        t_embed[0] += time.time() - start
-        return out
-
-    # ---- casing, chosen by cross-validation on train
-    # (the casing is chosen at the target span, window 0, as in the old protocol; only the best casing's vectors are
-    # kept in memory)
+    args, words, train, senses = run.args, run.words, run.train, run.senses
     folds = {w: cv_folds([e.label for e in train[w]], [e.group for e in train[w]], args.folds, 0) for w in words}
     casing_cv = {}
     best_train = (None, -1.0, None)
     for casing in CASINGS:
-        v = vectors(train, casing)
+        v = run.vectors(train, casing)
         per = {
             clf: float(np.mean([cv_score(v[w][0].mean(axis=1), train[w], senses[w], folds[w], clf) for w in words]))
             for clf in ("1nn", "centroid")
@@ -166,78 +172,85 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"# casing {casing}: train {args.folds}-fold CV macro-F1 (layer average) 1-NN {100 * per['1nn']:.1f}, "
             f"centroid "
-            f"{100 * per['centroid']:.1f} ({time.time() - t0:.0f} s)",
+            f"{100 * per['centroid']:.1f} ({time.time() - run.t0:.0f} s)",
             file=sys.stderr,
         )
         if casing_cv[casing]["mean"] > best_train[1]:  # ties: the earlier casing
             best_train = (casing, casing_cv[casing]["mean"], v)
         del v
     casing, _, train_w = best_train
-    test_w = vectors(test, casing)
-    train_v = {w: train_w[w][0] for w in words}  # the old protocol: the target span
-    test_v = {w: test_w[w][0] for w in words}
+    return casing, casing_cv, train_w
 
-    # ---- scores
-    kv = load_word2vec(args.word2vec or folder / "word2vec")
+
+def _static_row(fair_w: dict, grid_of: dict) -> dict:
+    """The old protocol's word2vec window row: the fair protocol's word2vec choice for 1-NN / centroid (same grid,
+    folds and tie rule as choose_static_settings)."""
+    static = {}
+    for clf in ("1nn", "centroid"):
+        got = fair_w["families"]["word2vec"][clf]
+        static[clf] = {
+            "accuracy": got["accuracy"],
+            "macro_f1": got["macro_f1"],
+            "settings": grid_of[got["setting"]],
+            "cv_macro_f1": got["cv_macro_f1"],
+        }
+    return static
+
+
+def score_words(run: Run, casing: str, train_w: dict, test_w: dict) -> tuple[dict, dict, dict]:
+    """``(results, fair, authors)``: per word the old protocol's scores (MFS, word2vec window, fixed layers at the
+    target span) and the fair protocol's result; the authors' figures from SOURCE.md."""
+    from elmokit.analysis.sense_protocol import elmo_candidates, fair_protocol, static_candidates, static_setting_name
+    from elmokit.analysis.senses import STATIC_GRID, layer_scores, mfs_scores, read_coarsewsd_baselines
+    from elmokit.baselines.word2vec import load_word2vec
+
+    args, train, test, senses = run.args, run.train, run.test, run.senses
+    kv = load_word2vec(args.word2vec or run.folder / "word2vec")
     authors = read_coarsewsd_baselines(args.data / "SOURCE.md")
     grid_of = {static_setting_name(st): st for st in STATIC_GRID}
     results, fair = {}, {}
-    for w in words:
+    for w in run.words:
         y_mem = [e.label for e in train[w]]
         y_q = [e.label for e in test[w]]
-        tr_c, te_c = cased(train[w], casing), cased(test[w], casing)
+        tr_c, te_c = run.cased(train[w], casing), run.cased(test[w], casing)
         fam_tr = {"elmo": elmo_candidates(train_w[w]), "word2vec": static_candidates(kv, tr_c)}
         fam_te = {"elmo": elmo_candidates(test_w[w]), "word2vec": static_candidates(kv, te_c)}
         groups = [e.group for e in train[w]]
         fair[w] = fair_protocol(fam_tr, fam_te, y_mem, groups, y_q, senses[w], folds=args.folds, seed=0)
-        print(f"# {w}: fair protocol done ({time.time() - t0:.0f} s)", file=sys.stderr)
-        # the word2vec window row of the old protocol is the fair protocol's word2vec choice for 1-NN / centroid
-        # (same grid, folds and tie rule as choose_static_settings)
-        static = {}
-        for clf in ("1nn", "centroid"):
-            got = fair[w]["families"]["word2vec"][clf]
-            static[clf] = {
-                "accuracy": got["accuracy"],
-                "macro_f1": got["macro_f1"],
-                "settings": grid_of[got["setting"]],
-                "cv_macro_f1": got["cv_macro_f1"],
-            }
+        print(f"# {w}: fair protocol done ({time.time() - run.t0:.0f} s)", file=sys.stderr)
         results[w] = {
             "n_train": len(y_mem),
             "n_test": len(y_q),
             "senses": senses[w],
             "mfs": mfs_scores(y_mem, y_q, senses[w]),
-            "static": static,
-            "layers": layer_scores(train_v[w], y_mem, test_v[w], y_q, senses[w]),
+            "static": _static_row(fair[w], grid_of),
+            "layers": layer_scores(train_w[w][0], y_mem, test_w[w][0], y_q, senses[w]),  # the target span
         }
-    layer_keys = list(results[words[0]]["layers"])
+    return results, fair, authors
 
-    def avg(get) -> dict:
-        return {m: float(np.mean([get(results[w])[m] for w in words])) for m in ("accuracy", "macro_f1")}
 
-    # ---- tables
-    names = {
+def _avg(results: dict, words: list[str], get) -> dict:
+    return {m: float(np.mean([get(results[w])[m] for w in words])) for m in ("accuracy", "macro_f1")}
+
+
+def _layer_names(layer_keys: list[str]) -> dict:
+    return {
         k: ("layer 0 (static)" if k == "0" else ("layer avg" if k == "average" else f"layer {k}")) for k in layer_keys
     }
+
+
+def centroid_table(args, words: list[str], results: dict, authors: dict, casing: str) -> list[str]:
+    """The old protocol's nearest-centroid table, with the authors' columns."""
+    layer_keys = list(results[words[0]]["layers"])
+    names = _layer_names(layer_keys)
     cols_a = ["MFS", "word2vec window, centroid"] + [f"ELMo {names[k]}" for k in layer_keys]
     author_cols = authors["columns"][1:]  # their MFS column is ours recomputed; keep the authors' methods
     lines = [
-        f"CoarseWSD-20 test, fair protocol, average over {len(words)} word(s). Cells: accuracy % / macro-F1 %. "
-        f"Model `{args.model}`; casing `{casing}`; ±{args.context} tokens of context.",
-        "",
-        *summary_table(fair, {w: results[w]["layers"] for w in words}),
-        "",
-        protocol_note(args.folds, windows),
-        "",
-        "The old protocol's tables follow (fixed layers at the target span; the word2vec window chosen on train).",
-        "",
-    ]
-    lines.append(
         f"CoarseWSD-20 test, nearest sense centroid (cosine). Cells: accuracy % / macro-F1 %. Model "
         f"`{args.model}`; casing: `{casing}` (chosen on train); each sentence cut to ±{args.context} tokens "
-        "around the target."
-    )
-    lines.append("")
+        "around the target.",
+        "",
+    ]
     head = ["word", "train/test"] + cols_a + [f"authors: {c}" for c in author_cols]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|---|---:|" + "---:|" * (len(head) - 2))
@@ -247,15 +260,26 @@ def main(argv: list[str] | None = None) -> int:
         row += [_cell(r["layers"][k]["centroid"]) for k in layer_keys]
         row += [_pct(authors["rows"][w][c]) if w in authors["rows"] else "—" for c in author_cols]
         lines.append("| " + " | ".join(row) + " |")
-    row = ["**average**", "", _cell(avg(lambda r: r["mfs"])), _cell(avg(lambda r: r["static"]["centroid"]))]
-    row += [_cell(avg(lambda r, k=k: r["layers"][k]["centroid"])) for k in layer_keys]
+    row = [
+        "**average**",
+        "",
+        _cell(_avg(results, words, lambda r: r["mfs"])),
+        _cell(_avg(results, words, lambda r: r["static"]["centroid"])),
+    ]
+    row += [_cell(_avg(results, words, lambda r, k=k: r["layers"][k]["centroid"])) for k in layer_keys]
     row += [_pct(authors["rows"]["avg"][c]) if len(words) == 20 else "—" for c in author_cols]
     lines.append("| " + " | ".join(row) + " |")
-    lines.append("")
-    lines.append(
-        "CoarseWSD-20 test, 1-NN (cosine, nearest single training occurrence). Cells: accuracy % / macro-F1 %."
-    )
-    lines.append("")
+    return lines
+
+
+def one_nn_table(words: list[str], results: dict) -> list[str]:
+    """The old protocol's 1-NN table."""
+    layer_keys = list(results[words[0]]["layers"])
+    names = _layer_names(layer_keys)
+    lines = [
+        "CoarseWSD-20 test, 1-NN (cosine, nearest single training occurrence). Cells: accuracy % / macro-F1 %.",
+        "",
+    ]
     head = ["word", "MFS", "word2vec window, 1-NN"] + [f"ELMo {names[k]}" for k in layer_keys]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|---|" + "---:|" * (len(head) - 1))
@@ -263,19 +287,20 @@ def main(argv: list[str] | None = None) -> int:
         r = results[w]
         row = [w, _cell(r["mfs"]), _cell(r["static"]["1nn"])] + [_cell(r["layers"][k]["1nn"]) for k in layer_keys]
         lines.append("| " + " | ".join(row) + " |")
-    row = ["**average**", _cell(avg(lambda r: r["mfs"])), _cell(avg(lambda r: r["static"]["1nn"]))]
-    row += [_cell(avg(lambda r, k=k: r["layers"][k]["1nn"])) for k in layer_keys]
+    row = [
+        "**average**",
+        _cell(_avg(results, words, lambda r: r["mfs"])),
+        _cell(_avg(results, words, lambda r: r["static"]["1nn"])),
+    ]
+    row += [_cell(_avg(results, words, lambda r, k=k: r["layers"][k]["1nn"])) for k in layer_keys]
     lines.append("| " + " | ".join(row) + " |")
-    lines.append("")
-    lines.append(
-        "Casing of the lower-cased text for the cased biLM, 5-fold CV on train (layer average, mean "
-        "macro-F1 % over the words): "
-        + "; ".join(
-            f"`{c}` 1-NN {100 * casing_cv[c]['1nn']:.1f}, centroid {100 * casing_cv[c]['centroid']:.1f}"
-            for c in CASINGS
-        )
-        + f" → `{casing}`."
-    )
+    return lines
+
+
+def old_protocol_notes(words: list[str], results: dict, casing: str, casing_cv: dict) -> list[str]:
+    """The casing choice, the word2vec window's chosen settings, and where the authors' columns come from."""
+    from elmokit.analysis.senses import CASINGS
+
     settings = Counter(
         (
             str(results[w]["static"][c]["settings"]["window"] or "sentence"),
@@ -284,39 +309,72 @@ def main(argv: list[str] | None = None) -> int:
         for w in words
         for c in ("1nn", "centroid")
     )
-    lines.append(
+    return [
+        "Casing of the lower-cased text for the cased biLM, 5-fold CV on train (layer average, mean "
+        "macro-F1 % over the words): "
+        + "; ".join(
+            f"`{c}` 1-NN {100 * casing_cv[c]['1nn']:.1f}, centroid {100 * casing_cv[c]['centroid']:.1f}"
+            for c in CASINGS
+        )
+        + f" → `{casing}`.",
         "word2vec window baseline: 300-d skip-gram vectors of the biLM's training text, mean over ±window "
         "tokens or the whole (cut) sentence, target included or not, both chosen per word and classifier "
         "by 5-fold CV on train; "
         "chosen (window, target included) × count: "
         + ", ".join(f"({w_}, {t_}) × {n}" for (w_, t_), n in sorted(settings.items(), key=lambda x: -x[1]))
-        + "."
-    )
-    lines.append(
+        + ".",
         'Authors\' columns: SOURCE.md "Baselines", recomputed there from the released predictions of '
         'Loureiro et al. (2021): "1NN" = nearest sense centroid of BERT vectors (sum of the last 4 '
-        "layers); FTX = supervised fastText classifiers (not a nearest-neighbour method)."
-    )
+        "layers); FTX = supervised fastText classifiers (not a nearest-neighbour method).",
+    ]
+
+
+def report(run: Run, casing: str, casing_cv: dict, results: dict, fair: dict, authors: dict) -> tuple[str, float]:
+    """``(the tables as Markdown text, wall seconds so far)``: the fair protocol's summary, the old protocol's
+    tables and notes, the fair protocol per word and its choices, the wall time."""
+    args, words = run.args, run.words
+    lines = [
+        f"CoarseWSD-20 test, fair protocol, average over {len(words)} word(s). Cells: accuracy % / macro-F1 %. "
+        f"Model `{args.model}`; casing `{casing}`; ±{args.context} tokens of context.",
+        "",
+        *summary_table(fair, {w: results[w]["layers"] for w in words}),
+        "",
+        protocol_note(args.folds, run.windows),
+        "",
+        "The old protocol's tables follow (fixed layers at the target span; the word2vec window chosen on train).",
+        "",
+        *centroid_table(args, words, results, authors, casing),
+        "",
+        *one_nn_table(words, results),
+        "",
+        *old_protocol_notes(words, results, casing, casing_cv),
+    ]
     lines += ["", "Fair protocol per word: test macro-F1 % (word2vec window / ELMo / [ELMo; word2vec]).", ""]
     lines += per_word_table(fair)
     lines += ["", "Settings chosen on train, per word (ELMo: layer or mix, ±window; probe: C, class weights).", ""]
     lines += choices_table(fair)
     lines.append("")
-    wall = time.time() - t0
+    wall = time.time() - run.t0
     lines.append(
-        f"Wall time {wall / 60:.1f} min, of which biLM embedding {t_embed[0] / 60:.1f} min (≈ 0 when "
+        f"Wall time {wall / 60:.1f} min, of which biLM embedding {run.t_embed / 60:.1f} min (≈ 0 when "
         f"read from $ELMOKIT_CACHE/senses/; {args.threads} torch thread(s)); command: "
         f"`python experiments/senses_coarsewsd.py --threads {args.threads}` (models from $ELMOKIT_CACHE; load average "
         f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end)."
     )
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", wall
 
-    # ---- plot: bank test occurrences
+
+def write_outputs(run: Run, test_w: dict, text: str, wall: float, casing: str, casing_cv: dict, results, fair):
+    """senses-bank.png (the bank test occurrences, when bank is among the words), senses-coarsewsd.md and .json."""
+    from elmokit.analysis.polysemy import plot_occurrences
+    from elmokit.io import atomic_write_text
+
+    args = run.args
     args.out.mkdir(parents=True, exist_ok=True)
-    if "bank" in words:
-        labels = [e.label.removeprefix("bank_") for e in test["bank"]]
+    if "bank" in run.words:
+        labels = [e.label.removeprefix("bank_") for e in run.test["bank"]]
         plot_occurrences(
-            test_v["bank"],
+            test_w["bank"][0],
             args.out / "senses-bank.png",
             labels,
             title=f"bank: {len(labels)} CoarseWSD-20 test occurrences, {args.model} (PCA per layer)",
@@ -327,11 +385,11 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "model": args.model,
-                "model_sha256": model_key,
+                "model_sha256": run.model_key,
                 "casing": casing,
                 "casing_cv": casing_cv,
                 "context": args.context,
-                "windows": windows,
+                "windows": run.windows,
                 "folds": args.folds,
                 "words": results,
                 "fair": {w: {"mfs": r["mfs"], "families": r["families"]} for w, r in fair.items()},
@@ -342,6 +400,24 @@ def main(argv: list[str] | None = None) -> int:
         )
         + "\n",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    windows = [int(w) for w in args.windows.split(",")]
+    if 0 not in windows:
+        parser.error("--windows must include 0 (the target span: the old protocol and the casing choice use it)")
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    run = load_run(args, windows, time.time())
+    casing, casing_cv, train_w = choose_casing(run)
+    test_w = run.vectors(run.test, casing)
+    results, fair, authors = score_words(run, casing, train_w, test_w)
+    text, wall = report(run, casing, casing_cv, results, fair, authors)
+    write_outputs(run, test_w, text, wall, casing, casing_cv, results, fair)
     sys.stdout.write(text)
     return 0
 
