@@ -254,12 +254,12 @@ def test_embed_with_the_jieba_tokenizer_without_jieba(tmp_path):
     )
     assert not (tmp_path / "out.h5").exists()
     # the library call says the same
-    from elmokit.data.tokenizers import make_tokenizer
+    from elmokit.data.tokenizers import word_tokenizer
 
     with pytest.MonkeyPatch.context() as mp:
         hide(mp, "jieba")
         with pytest.raises(MissingExtraError, match=r"elmokit\[tokenizers\]"):
-            make_tokenizer("jieba")
+            word_tokenizer("jieba")
 
 
 def test_train_without_matplotlib_skips_the_learning_curve(tmp_path):

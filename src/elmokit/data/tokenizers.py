@@ -25,7 +25,6 @@ from elmokit.errors import MissingFileError, UsageError, import_optional
 __all__ = [
     "TOKENIZERS",
     "word_tokenizer",
-    "make_tokenizer",
     "clean_tokens",
     "split_english",
     "split_chinese",
@@ -88,9 +87,6 @@ def word_tokenizer(name: str) -> Callable[[str], list[str]]:
         _jieba()
         return _jieba_words
     raise UsageError(f"tokenizer must be one of {TOKENIZERS}, got {name!r}")
-
-
-make_tokenizer = word_tokenizer  # the name elmokit.embed_output used
 
 
 def segmenter_versions() -> dict[str, str]:
