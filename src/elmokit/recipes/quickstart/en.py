@@ -29,6 +29,7 @@ __all__ = ["en_job", "load_lee_corpus", "tokenize", "quickstart_config", "BANK_S
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|\w+(?:['’-]\w+)*|[^\w\s]")
 _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"'’”]))\s+(?=[\"'“‘A-Z])")
 
+
 def tokenize(text: str) -> list[list[str]]:
     """Split running English text into sentences (at . ! ?, or one followed by a closing quote, before a capital or an
     opening quote) and tokens (words, numbers, punctuation)."""

