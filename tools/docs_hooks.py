@@ -59,11 +59,12 @@ def command_parsers(parser: argparse.ArgumentParser | None = None, path: tuple[s
 def option_rows(parser: argparse.ArgumentParser) -> list[dict]:
     """One row per argument that ``--help`` lists: ``invocation`` (as argparse writes it: ``-v, --verbose``,
     ``--layers SPEC``, ``MODEL``), ``help`` (``%(default)s`` expanded as ``--help`` does), ``default``, ``choices``,
-    ``required``. Subcommand lists and suppressed arguments are left out, as ``--help`` leaves them."""
+    ``required``. Suppressed arguments are left out, as ``--help`` leaves them out; a command group's subcommand
+    argument (``COMMAND``) is a row whose choices are the subcommands."""
     formatter = parser._get_formatter()
     rows = []
     for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) or action.help == argparse.SUPPRESS:
+        if action.help == argparse.SUPPRESS:
             continue
         default = action.default
         shown_default = None
@@ -115,7 +116,7 @@ def cli_markdown() -> str:
             if row["help"]:
                 entry += f": {_md(' '.join(row['help'].split()))}"
             extras = []
-            if row["choices"] is not None and not any(isinstance(c, argparse.ArgumentParser) for c in row["choices"]):
+            if row["choices"] is not None:
                 extras.append("choices: " + ", ".join(_code(c) for c in row["choices"]))
             if row["default"] is not None:
                 extras.append(f"default: {_code(row['default'])}")

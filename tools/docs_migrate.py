@@ -211,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_next = True
                 continue
             if not m:
+                if run_next:
+                    raise SystemExit(f"{template}:{n}: <!-- run --> stands on the line before a directive only")
                 parts.append(tline)
                 continue
             indices, shift, dropped = parse_directive(m.group(1), sections, lines, f"{template}:{n}")
