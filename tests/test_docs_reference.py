@@ -68,8 +68,24 @@ def _listed_in_help(text: str) -> tuple[set[str], set[str]]:
 def test_every_command_is_walked():
     names = {" ".join(path) for path, _, _ in COMMANDS}
     # the top-level commands the design lists, and the groups' subcommands
-    for name in ("train", "perplexity", "score", "embed", "similar", "convert", "export", "info", "quickstart",
-                 "zoo build", "zoo list", "tag train", "tag predict", "tag evaluate", "classify train", "serve"):
+    for name in (
+        "train",
+        "perplexity",
+        "score",
+        "embed",
+        "similar",
+        "convert",
+        "export",
+        "info",
+        "quickstart",
+        "zoo build",
+        "zoo list",
+        "tag train",
+        "tag predict",
+        "tag evaluate",
+        "classify train",
+        "serve",
+    ):
         assert name in names, name
     markdown = hooks.cli_markdown()
     for path, _, _ in COMMANDS:
@@ -140,15 +156,31 @@ def _rendered(page: str) -> list[tuple[str, dict]]:
     return found
 
 
-API_PAGES = ["elmokit.md", "embedding.md", "pretraining.md", "serving.md", "export.md", "tasks.md", "analysis.md",
-             "compat.md"]
+API_PAGES = [
+    "elmokit.md",
+    "embedding.md",
+    "pretraining.md",
+    "serving.md",
+    "export.md",
+    "tasks.md",
+    "analysis.md",
+    "compat.md",
+]
 
 
 def test_api_pages_render_every_public_name():
     rendered = {ident: opts for page in API_PAGES for ident, opts in _rendered(page)}
     whole = {ident for ident, opts in rendered.items() if not opts["members_false"]}
-    for package in ("elmokit", "elmokit.export", "elmokit.serving", "elmokit.pretraining", "elmokit.embedding",
-                    "elmokit.compat.allennlp", "elmokit.compat.efml", "elmokit.compat.simple_elmo"):
+    for package in (
+        "elmokit",
+        "elmokit.export",
+        "elmokit.serving",
+        "elmokit.pretraining",
+        "elmokit.embedding",
+        "elmokit.compat.allennlp",
+        "elmokit.compat.efml",
+        "elmokit.compat.simple_elmo",
+    ):
         assert package in whole, f"{package}: its public names (__all__) are not rendered"
     # packages without a static __all__: every public name is rendered from the module that defines it
     for package in ("elmokit.tasks", "elmokit.analysis", "elmokit.integrations"):

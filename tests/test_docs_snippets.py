@@ -36,7 +36,9 @@ def _run_bash(example) -> None:
         ["bash", "-euo", "pipefail", "-c", example.parsed], capture_output=True, text=True, env=env, timeout=600
     )
     if done.returncode != 0:
-        raise AssertionError(f"exit {done.returncode}\n{example.parsed}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}")
+        raise AssertionError(
+            f"exit {done.returncode}\n{example.parsed}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+        )
 
 
 SYBIL = sybil.Sybil(
@@ -55,7 +57,11 @@ def base_folder(tmp_path_factory) -> Path:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     subprocess.run(
         [sys.executable, "-m", "elmokit", "convert", "elmo_options.json", "elmo_weights.hdf5", "my-model"],
-        cwd=folder, check=True, env=env, capture_output=True, timeout=300,
+        cwd=folder,
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=300,
     )
     return folder
 

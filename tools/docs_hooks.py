@@ -112,7 +112,9 @@ def cli_markdown() -> str:
         if parser.description:
             lines += [_md(" ".join(parser.description.split())), ""]
         for row in option_rows(parser):
-            entry = f"- `{row['invocation']}`" + (" (required)" if row["required"] and row["invocation"][0] == "-" else "")
+            entry = f"- `{row['invocation']}`" + (
+                " (required)" if row["required"] and row["invocation"][0] == "-" else ""
+            )
             if row["help"]:
                 entry += f": {_md(' '.join(row['help'].split()))}"
             extras = []

@@ -48,7 +48,10 @@ REASONS = [
     (r"model\.zip|ElmoModel", "needs an NLPL model zip (a download)"),
     (r"CONLL_03|flair", "needs the flair extra and CoNLL-2003 (downloads, hours of training)"),
     (r"zoo build|elmokit-en|elmokit-zh|experiments/", "needs a zoo model (`elmokit zoo build`: an hour of training)"),
-    (r"\"original\"|'original'| original |\"small\"|small\.pt2|small\.onnx|original-5\.5b", "downloads a released model"),
+    (
+        r"\"original\"|'original'| original |\"small\"|small\.pt2|small\.onnx|original-5\.5b",
+        "downloads a released model",
+    ),
     (r"elmokit train|build_trainer|--init-from", "trains for minutes to hours on a corpus of your own"),
     (r"elmokit quickstart", "trains for 5 minutes (the tutorial's own run)"),
     (r"tag train|classify train|tag evaluate", "needs a trained task model and the task data (minutes of training)"),
@@ -114,7 +117,9 @@ class Piece:
     run: bool
 
 
-def parse_directive(args: str, sections: list[Section], lines: list[str], where: str) -> tuple[list[int], int, int | None]:
+def parse_directive(
+    args: str, sections: list[Section], lines: list[str], where: str
+) -> tuple[list[int], int, int | None]:
     """``(README lines to copy, heading-level shift, the heading line dropped by noheading — the page's own heading
     stands for it — or None)``."""
     words = shlex.split(args)
@@ -192,8 +197,8 @@ def annotate_fences(text: str, run: bool) -> str:
     return "\n".join(out)
 
 
+# long: one pass, in order: templates → pieces → where each heading landed → pages → coverage, each a few lines
 def main(argv: list[str] | None = None) -> int:
-    # long: one pass: templates → pieces → anchors → pages → coverage, each a few lines
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--readme", default=str(ROOT / "README.md"))
     parser.add_argument("--check", action="store_true", help="exit 1 when a README line went to no page")
