@@ -11,6 +11,7 @@ module builds its own. The browser test skips with the reason when the browser i
 
 from __future__ import annotations
 
+import ast
 import functools
 import html
 import http.server
@@ -81,6 +82,42 @@ def test_api_pages_show_the_docstrings(site):
             assert f'id="{module.__name__}.{name}"' in source, f"{name}: no API entry on {page}"
             first = "".join(_first_sentence(getattr(module, name)).split())
             assert first in text, f"{name}: its docstring is not on {page}"
+
+
+PUBLIC = {  # the packages whose __all__ an API page renders whole
+    "elmokit": "elmokit",
+    "elmokit.embedding": "embedding",
+    "elmokit.pretraining": "pretraining",
+    "elmokit.serving": "serving",
+    "elmokit.export": "export",
+    "elmokit.compat.allennlp": "compat",
+    "elmokit.compat.efml": "compat",
+    "elmokit.compat.simple_elmo": "compat",
+    "elmokit.integrations.flair": "compat",
+}
+
+
+def _static_all(module: str) -> list[str]:
+    """A module's ``__all__`` read from its source (nothing imported: flair, fastapi may be missing)."""
+    path = REPO / "src" / Path(*module.split("."))
+    source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text(encoding="utf-8")
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise AssertionError(f"{module} has no literal __all__")
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_api_pages_have_an_entry_for_every_public_name(site, module):
+    source = (site / "reference" / "api" / PUBLIC[module] / "index.html").read_text(encoding="utf-8")
+    names = _static_all(module)
+    assert names
+    ids = set(re.findall(r'id="([\w.]+)"', source))
+    # the entry of the package's name, or of the module that defines it (a lazily exported name)
+    missing = [
+        n for n in names if not any(i == f"{module}.{n}" or re.fullmatch(rf"{module}(\.\w+)+\.{n}", i) for i in ids)
+    ]
+    assert not missing, f"{module}: no API entry for {missing}"
 
 
 def test_the_four_parts_and_the_generated_reference_are_built(site):

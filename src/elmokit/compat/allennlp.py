@@ -88,8 +88,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: AllenNLP 0.9's defaults: the "original" English model (2x4096_512_2048cnn_2xhighway).
-DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE = RELEASED["original"]
+#: AllenNLP 0.9's default options file: the "original" English model's (2x4096_512_2048cnn_2xhighway).
+DEFAULT_OPTIONS_FILE = RELEASED["original"][0]
+#: AllenNLP 0.9's default weight file: the "original" English model's.
+DEFAULT_WEIGHT_FILE = RELEASED["original"][1]
 DEFAULT_BATCH_SIZE = 64
 OUTPUT_FORMATS = ("all", "top", "average")
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
