@@ -4,13 +4,16 @@ why it cannot: ``<!-- skip: next "needs a download" -->``.
 Each page runs in a fresh folder that holds a small model — the AllenNLP test model of ``../shared/fixtures``
 (``elmo_options.json`` + ``elmo_weights.hdf5``) and its native copy ``my-model/`` — and ``sentences.txt``, with the
 page's Python blocks sharing one namespace in page order and each ``bash`` block run by ``bash -euo pipefail`` with
-this tree's ``elmokit``. A block that fails fails its page's test."""
+this tree's ``elmokit``. A block that fails fails its page's test. (The serving tutorial starts ``elmokit serve`` on
+port 18080 and stops it; the test stops it too if a block failed in between.)"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import unittest
@@ -81,6 +84,12 @@ def _fences(text: str) -> list[tuple[int, str, str]]:
     return found
 
 
+def _stop_server(pid_file: Path) -> None:
+    if pid_file.is_file():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO / "docs").as_posix())
 def test_every_snippet_runs_or_says_why_not(page, base_folder, tmp_path, monkeypatch):
     fences = _fences(page.read_text(encoding="utf-8"))
@@ -98,11 +107,14 @@ def test_every_snippet_runs_or_says_why_not(page, base_folder, tmp_path, monkeyp
     shutil.copytree(base_folder, work)
     monkeypatch.chdir(work)
     ran = 0
-    for example in examples:
-        try:
-            example.evaluate()
-        except unittest.SkipTest:
-            continue
-        ran += example in code
+    try:
+        for example in examples:
+            try:
+                example.evaluate()
+            except unittest.SkipTest:
+                continue
+            ran += example in code
+    finally:
+        _stop_server(work / "serve.pid")  # the serving tutorial's server, if a block failed before it stopped it
     skipped = sum(1 for _, language, before in snippets if before.startswith("<!-- skip"))
     assert ran == len(snippets) - skipped, f"{page.name}: {ran} blocks ran, {len(snippets) - skipped} should have"
