@@ -14,7 +14,8 @@ directives, each alone on its line::
 
 While it copies, it rewrites the README's links for the site: ``#anchor`` → the page (and anchor) where that
 heading now lives, ``experiments/results/X`` → ``results/X`` (the site carries those files, see
-``tools/docs_hooks.py``), ``docs/serve-page.png`` → ``serve-page.png``. On the tutorial and how-to pages each Python
+``tools/docs_hooks.py``), ``docs/serve-page.png`` → ``serve-page.png``; a copy of a whole result file of
+``experiments/results/`` becomes an include of that file (``--8<--``), so the page shows what the script wrote. On the tutorial and how-to pages each Python
 or shell block that a template does not mark runnable (``<!-- run -->`` on the line before a directive: every block of
 it runs) gets a skip marker with the reason (``REASONS``), which ``tests/test_docs_snippets.py`` requires.
 
@@ -278,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
             if page.startswith(SNIPPET_PAGES):
                 text = annotate_fences(text, piece.run)
             out.append(text)
+        text = "\n".join(out)
+        for result in sorted((ROOT / "experiments" / "results").glob("*.md")):  # a script's whole output, copied:
+            body = result.read_text(encoding="utf-8").strip()  # include the file instead (pymdownx.snippets)
+            if body and body in text:
+                text = text.replace(body, f'--8<-- "experiments/results/{result.name}"')
+        out = [text]
         dest = DOCS / page
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text("\n".join(out).rstrip("\n") + "\n", encoding="utf-8")
