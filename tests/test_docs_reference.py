@@ -171,11 +171,11 @@ API_PAGES = [
 def test_api_pages_render_every_public_name():
     rendered = {ident: opts for page in API_PAGES for ident, opts in _rendered(page)}
     whole = {ident for ident, opts in rendered.items() if not opts["members_false"]}
+    # (elmokit.pretraining's lazily exported names are rendered from their modules: test_docs_site.py checks each)
     for package in (
         "elmokit",
         "elmokit.export",
         "elmokit.serving",
-        "elmokit.pretraining",
         "elmokit.embedding",
         "elmokit.compat.allennlp",
         "elmokit.compat.efml",

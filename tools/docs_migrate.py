@@ -15,9 +15,10 @@ directives, each alone on its line::
 While it copies, it rewrites the README's links for the site: ``#anchor`` → the page (and anchor) where that
 heading now lives, ``experiments/results/X`` → ``results/X`` (the site carries those files, see
 ``tools/docs_hooks.py``), ``docs/serve-page.png`` → ``serve-page.png``; a copy of a whole result file of
-``experiments/results/`` becomes an include of that file (``--8<--``), so the page shows what the script wrote. On the tutorial and how-to pages each Python
-or shell block that a template does not mark runnable (``<!-- run -->`` on the line before a directive: every block of
-it runs) gets a skip marker with the reason (``REASONS``), which ``tests/test_docs_snippets.py`` requires.
+``experiments/results/`` becomes an include of that file (``--8<--``), so the page shows what the script wrote.
+On the tutorial and how-to pages each Python or shell block that a template does not mark runnable (``<!-- run -->``
+on the line before a directive: every block of it runs) gets a skip marker with the reason (``REASONS``), which
+``tests/test_docs_snippets.py`` requires.
 
 Then it reports every non-blank README line that no page took (``--check``: exit 1 if any). It is the tool of the
 move, run again after each README change until the README shrinks; afterwards the pages are the source.
