@@ -53,23 +53,26 @@ from elmokit.characters import validate_sentences
 from elmokit.data.text_checks import is_cjk
 from elmokit.embedding import Embedder
 from elmokit.embedding.pooling import OutputSpec
-from elmokit.errors import ElmoError, import_optional
+from elmokit.errors import ElmoError, UsageError, import_optional
 from elmokit.serving.batcher import Batcher, Job, WorkerStopped
 from elmokit.serving.metrics import Metrics
 from elmokit.serving.schemas import (
+    JSON_TYPE,
     NPZ_TYPE,
     EmbedRequest,
     RequestError,
     SimilarRequest,
     base64_vector,
     json_bytes,
+    negotiate,
     npz_bytes,
+    parse_accept,
     parse_embed,
     parse_json,
     parse_openai,
     parse_similar,
 )
-from elmokit.serving.settings import ServeSettings
+from elmokit.serving.settings import ServeSettings, as_option
 from elmokit.weights.fingerprint import bilm_fingerprint
 from elmokit.weights.native import load_pretrained_bilm
 
@@ -116,7 +119,10 @@ class ServerState:
         self.settings = settings
         self.embedder = embedder
         # the /v1/embeddings rule against this model (a layer it lacks: UsageError at start-up, not a 500 per request)
-        self.openai_spec = embedder.output_spec(settings.openai_layers, settings.openai_pool)
+        try:
+            self.openai_spec = embedder.output_spec(settings.openai_layers, settings.openai_pool)
+        except ElmoError as exc:
+            raise UsageError(as_option(str(exc), "--openai-layers", settings.openai_layers, "layers")) from None
         self.metrics = Metrics(getattr(embedder, "recent_words", None))
         self.batcher = Batcher(
             embedder,
@@ -357,11 +363,25 @@ def _embed_response(state: ServerState, req: EmbedRequest, arrays: list[np.ndarr
     return Response(body, media_type="application/json")
 
 
+#: What ``/embed`` answers in, by preference (RFC 9110 content negotiation on ``Accept``: :func:`negotiate`).
+_EMBED_TYPES = (JSON_TYPE, NPZ_TYPE)
+
+
+def _not_acceptable(accept: list[str]) -> RequestError:
+    """406 for an ``Accept`` that rules out both of ``/embed``'s types (``.npy`` named: it is not offered)."""
+    asked = ", ".join(f"{kind}/{sub}" + (f";q={q:g}" if q != 1 else "") for kind, sub, q in parse_accept(accept) or ())
+    why = "binary output is an .npz archive" if "application/x-npy" in asked else f"Accept lists {asked}"
+    return RequestError(
+        406, f"{why}: /embed answers {JSON_TYPE} or {NPZ_TYPE} (send 'Accept: {NPZ_TYPE}' for the archive)", "accept"
+    )
+
+
 def _embed_route(state: ServerState):
     async def embed(request: Request) -> Response:
-        accept = request.headers.get("accept", "")
-        if "application/x-npy" in accept:
-            return _error(RequestError(406, f"binary output is an .npz archive: send 'Accept: {NPZ_TYPE}'", "accept"))
+        media = negotiate(request.headers.getlist("accept"), _EMBED_TYPES)
+        if media is None:
+            return _error(_not_acceptable(request.headers.getlist("accept")))
+        npz = media == NPZ_TYPE
 
         async def handle(body: dict, size: int) -> Response:
             dims = (state.embedder.num_layers, state.embedder.output_dim)
@@ -371,8 +391,8 @@ def _embed_route(state: ServerState):
                 req = await asyncio.to_thread(parse_embed, body, state.settings, *dims)
             arrays = await state.run(request, req.sentences, req.spec)
             if sum(a.size for a in arrays) <= INLINE_ANSWER_VALUES:
-                return _embed_response(state, req, arrays, NPZ_TYPE in accept)
-            return await asyncio.to_thread(_embed_response, state, req, arrays, NPZ_TYPE in accept)
+                return _embed_response(state, req, arrays, npz)
+            return await asyncio.to_thread(_embed_response, state, req, arrays, npz)
 
         return await _answer(state, request, handle)
 
@@ -421,7 +441,8 @@ class _QueuedEmbedder:
 def similar_result(state: ServerState, req: SimilarRequest) -> dict:
     """``/similar``'s answer, as ``elmokit similar --json`` computes it (every layer and the average): the
     occurrences, per layer the cosine matrix (rounded to 6 decimals as the command prints it) and its summary, and
-    per layer the 2-D projection :func:`~elmokit.analysis.polysemy.plot_scale` draws (unit vectors, one scale).
+    per layer the 2-D projection :func:`~elmokit.analysis.polysemy.plot_scale` draws (unit vectors, one scale); every
+    float as float32 (the answer writes each in its shortest float32 form).
 
     Raises:
         RequestError: 422 when the word occurs in no sentence, or more than ``max_occurrences`` times."""
@@ -458,11 +479,20 @@ def similar_result(state: ServerState, req: SimilarRequest) -> dict:
         ],
         "layer_names": names,  # the layers' order (a JavaScript object puts "1", "2" before "0 (static)")
         "layers": {
-            name: {"summary": label_similarity(m, labels), "cosine": np.round(m, 6).tolist()}
+            name: {"summary": _float32(label_similarity(m, labels)), "cosine": np.round(m, 6).astype(np.float32)}
             for name, m in zip(names, sims)
         },
-        "projection": {"limit": limit, "layers": {name: xy.tolist() for name, xy in zip(names, coords)}},
+        "projection": {
+            "limit": np.float32(limit),
+            "layers": {name: np.ascontiguousarray(xy, dtype=np.float32) for name, xy in zip(names, coords)},
+        },
     }
+
+
+def _float32(summary: dict) -> dict:
+    """A summary's floats as float32 scalars, so that the answer writes them in the shortest float32 form, as every
+    number the server sends (counts stay ints, absent values ``None``)."""
+    return {k: np.float32(v) if isinstance(v, float) else v for k, v in summary.items()}
 
 
 def _similar_route(state: ServerState):
