@@ -218,6 +218,10 @@ def _add_batching_options(p: argparse.ArgumentParser) -> None:
         help="occurrences of the word /similar compares (an n x n matrix per layer); more get 422 "
         "(default: %(default)s)",
     )
+
+
+def _add_time_options(p: argparse.ArgumentParser) -> None:
+    """How long a client may take to send its request, and to read its answer at shutdown."""
     p.add_argument(
         "--body-timeout",
         type=positive_float,
@@ -293,6 +297,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         "pip install 'elmokit[serve]'.",
     )
     _add_batching_options(p)
+    _add_time_options(p)
     _add_access_options(p)
     add_threads_option(p)
     p.set_defaults(func=cmd_serve, interrupted_note=lambda args: "the server stopped before it started")

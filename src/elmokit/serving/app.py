@@ -57,16 +57,18 @@ from elmokit.errors import ElmoError, UsageError, import_optional
 from elmokit.serving.batcher import Batcher, Job, WorkerStopped
 from elmokit.serving.metrics import Metrics
 from elmokit.serving.schemas import (
-    JSON_TYPE,
+    EMBED_TYPES,
     NPZ_TYPE,
     EmbedRequest,
     RequestError,
     SimilarRequest,
     base64_vector,
+    check_finite,
+    float32_values,
     json_bytes,
     negotiate,
+    not_acceptable,
     npz_bytes,
-    parse_accept,
     parse_embed,
     parse_json,
     parse_openai,
@@ -333,25 +335,11 @@ async def _answer(state: ServerState, request: Request, handler) -> Response:
         return Response(status_code=499)
 
 
-def _check_finite(arrays: list[np.ndarray], spec: OutputSpec) -> None:
-    """Raise 422 when an output holds inf or NaN (JSON cannot carry them): a fixed mix's weights, or float16's range,
-    too small for the values."""
-    if all(np.isfinite(a).all() for a in arrays):
-        return
-    options = spec.settings()
-    raise RequestError(
-        422,
-        f"the vectors overflow to inf or NaN with layers={options['layers']} and dtype={options['dtype']}: use smaller "
-        "mix weights (float32 holds values up to 3.4e38, float16 up to 65504)",
-        "layers" if spec.layers.kind == "mix" else "dtype",
-    )
-
-
 def _embed_response(state: ServerState, req: EmbedRequest, arrays: list[np.ndarray], npz: bool) -> Response:
     """``/embed``'s answer, built in a worker thread (millions of numbers as JSON take seconds, which would stall
     every other request and ``/health`` on the event loop); the JSON one sentence at a time, so that the loop's
     thread gets the interpreter between them. Raises 422 when the vectors overflow."""
-    _check_finite(arrays, req.spec)
+    check_finite(arrays, req.spec)
     if npz:
         return Response(npz_bytes(arrays), media_type=NPZ_TYPE)
     head = {"model": state.model_name, "options": req.spec.settings()}
@@ -363,24 +351,11 @@ def _embed_response(state: ServerState, req: EmbedRequest, arrays: list[np.ndarr
     return Response(body, media_type="application/json")
 
 
-#: What ``/embed`` answers in, by preference (RFC 9110 content negotiation on ``Accept``: :func:`negotiate`).
-_EMBED_TYPES = (JSON_TYPE, NPZ_TYPE)
-
-
-def _not_acceptable(accept: list[str]) -> RequestError:
-    """406 for an ``Accept`` that rules out both of ``/embed``'s types (``.npy`` named: it is not offered)."""
-    asked = ", ".join(f"{kind}/{sub}" + (f";q={q:g}" if q != 1 else "") for kind, sub, q in parse_accept(accept) or ())
-    why = "binary output is an .npz archive" if "application/x-npy" in asked else f"Accept lists {asked}"
-    return RequestError(
-        406, f"{why}: /embed answers {JSON_TYPE} or {NPZ_TYPE} (send 'Accept: {NPZ_TYPE}' for the archive)", "accept"
-    )
-
-
 def _embed_route(state: ServerState):
     async def embed(request: Request) -> Response:
-        media = negotiate(request.headers.getlist("accept"), _EMBED_TYPES)
+        media = negotiate(request.headers.getlist("accept"), EMBED_TYPES)
         if media is None:
-            return _error(_not_acceptable(request.headers.getlist("accept")))
+            return _error(not_acceptable(request.headers.getlist("accept")))
         npz = media == NPZ_TYPE
 
         async def handle(body: dict, size: int) -> Response:
@@ -479,7 +454,7 @@ def similar_result(state: ServerState, req: SimilarRequest) -> dict:
         ],
         "layer_names": names,  # the layers' order (a JavaScript object puts "1", "2" before "0 (static)")
         "layers": {
-            name: {"summary": _float32(label_similarity(m, labels)), "cosine": np.round(m, 6).astype(np.float32)}
+            name: {"summary": float32_values(label_similarity(m, labels)), "cosine": np.round(m, 6).astype(np.float32)}
             for name, m in zip(names, sims)
         },
         "projection": {
@@ -487,12 +462,6 @@ def similar_result(state: ServerState, req: SimilarRequest) -> dict:
             "layers": {name: np.ascontiguousarray(xy, dtype=np.float32) for name, xy in zip(names, coords)},
         },
     }
-
-
-def _float32(summary: dict) -> dict:
-    """A summary's floats as float32 scalars, so that the answer writes them in the shortest float32 form, as every
-    number the server sends (counts stay ints, absent values ``None``)."""
-    return {k: np.float32(v) if isinstance(v, float) else v for k, v in summary.items()}
 
 
 def _similar_route(state: ServerState):

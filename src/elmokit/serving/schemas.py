@@ -32,8 +32,12 @@ __all__ = [
     "SimilarRequest",
     "NPZ_TYPE",
     "JSON_TYPE",
+    "EMBED_TYPES",
     "parse_accept",
     "negotiate",
+    "not_acceptable",
+    "check_finite",
+    "float32_values",
     "parse_json",
     "parse_embed",
     "parse_openai",
@@ -366,6 +370,39 @@ def negotiate(values: Sequence[str], offered: Sequence[str]) -> str | None:
         if best_key is None or key > best_key:
             best, best_key = media, key
     return best
+
+
+#: What ``/embed`` answers in, by preference (RFC 9110 content negotiation on ``Accept``: :func:`negotiate`).
+EMBED_TYPES = (JSON_TYPE, NPZ_TYPE)
+
+
+def not_acceptable(accept: list[str]) -> RequestError:
+    """406 for an ``Accept`` that rules out both of ``/embed``'s types (``.npy`` named: it is not offered)."""
+    asked = ", ".join(f"{kind}/{sub}" + (f";q={q:g}" if q != 1 else "") for kind, sub, q in parse_accept(accept) or ())
+    why = "binary output is an .npz archive" if "application/x-npy" in asked else f"Accept lists {asked}"
+    return RequestError(
+        406, f"{why}: /embed answers {JSON_TYPE} or {NPZ_TYPE} (send 'Accept: {NPZ_TYPE}' for the archive)", "accept"
+    )
+
+
+def check_finite(arrays: list[np.ndarray], spec: OutputSpec) -> None:
+    """Raise 422 when an output holds inf or NaN (JSON cannot carry them): a fixed mix's weights, or float16's range,
+    too small for the values."""
+    if all(np.isfinite(a).all() for a in arrays):
+        return
+    options = spec.settings()
+    raise RequestError(
+        422,
+        f"the vectors overflow to inf or NaN with layers={options['layers']} and dtype={options['dtype']}: use smaller "
+        "mix weights (float32 holds values up to 3.4e38, float16 up to 65504)",
+        "layers" if spec.layers.kind == "mix" else "dtype",
+    )
+
+
+def float32_values(summary: dict) -> dict:
+    """A summary's floats as float32 scalars, so that the answer writes them in the shortest float32 form, as every
+    number the server sends (counts stay ints, absent values ``None``)."""
+    return {k: np.float32(v) if isinstance(v, float) else v for k, v in summary.items()}
 
 
 def npz_bytes(arrays: Sequence[np.ndarray]) -> bytes:
