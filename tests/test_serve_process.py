@@ -247,7 +247,10 @@ def test_workers_serve_one_port_and_stop_on_sigterm(model_dir):
             proc.kill()
 
 
-@pytest.mark.parametrize(("extra", "bound"), [([], 5.0), (["--shutdown-timeout", "1"], 1.0)])
+@pytest.mark.parametrize(
+    ("extra", "bound"),
+    [([], 5.0), (["--shutdown-timeout", "1"], 1.0), (["--workers", "2", "--shutdown-timeout", "1"], 1.0)],
+)
 def test_a_client_that_never_reads_its_answer_holds_shutdown_only_for_the_bound(model_dir, extra, bound):
     # a client posting a large /embed and never reading the answer held a SIGTERM'd server for as long as it lived
     # ("Waiting for connections to close"); now it gets --shutdown-timeout seconds (default 5) once answered
