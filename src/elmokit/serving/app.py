@@ -5,7 +5,8 @@ Routes (the README's "Serving" section has examples):
 * ``POST /embed``: ``{"sentences": [["The", "bank"], …]}`` (token lists) or ``{"texts": [...], "tokenizer": …}``,
   options ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as :meth:`Embedder.embed_batch`. JSON
   (tokens, shape and vectors per sentence), or an ``.npz`` archive with ``Accept: application/x-npz``
-  (:mod:`elmokit.serving.schemas` says why npz). Values are :meth:`Embedder.embed_batch`'s on the same sentences
+  (:mod:`elmokit.serving.schemas` says why npz; ``Accept`` is negotiated as RFC 9110 says, by its ``negotiate``:
+  406 only when neither type is acceptable). Values are :meth:`Embedder.embed_batch`'s on the same sentences
   within its documented batch-independence bound (the batch a sentence shares is the server's choice).
 * ``POST /v1/embeddings``: the OpenAI embeddings schema; sentence vectors are ``--openai-layers`` (default: the
   average of the L+1 layers) mean-pooled over real tokens (shown by ``/info``).
@@ -16,10 +17,11 @@ Routes (the README's "Serving" section has examples):
   ``GET /info``, ``GET /metrics`` (Prometheus), ``GET /`` (the polysemy page), ``GET /examples`` (its examples).
 
 Statuses: 401 (no or wrong ``Authorization: Bearer`` key when the server has one; every route but ``/``,
-``/examples``, ``/health``), 408 (the body not all sent within ``--body-timeout``), 413 (body over
-``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences or options: one line naming the field and
-index, in the library's wording), 429 with ``Retry-After`` (over ``--max-concurrent-requests``), 503 with
-``Retry-After`` (no inference loop). A client that disconnects while its sentences wait, or while it sends its body,
+``/examples``, ``/health``), 406 (an ``Accept`` that rules out both of ``/embed``'s types), 408 (the body not all
+sent within ``--body-timeout``), 413 (body over ``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences
+or options: one line naming the field and index, in the library's wording; a string holding a lone surrogate, named
+as such), 429 with ``Retry-After`` (over ``--max-concurrent-requests``), 503 with ``Retry-After`` (no inference
+loop). A client that disconnects while its sentences wait, or while it sends its body,
 is logged as status 499 (its queued sentences dropped). Errors are JSON in the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}``.
 

@@ -105,7 +105,12 @@ def parse_json(body: bytes) -> dict:
     if not isinstance(value, dict):
         raise _invalid(f"the request body must be a JSON object, got a {type(value).__name__}", None)
     if _SURROGATE_ESCAPE.search(body):  # only JSON's \uXXXX escapes can bring one (UTF-8 cannot encode it)
-        _refuse_lone_surrogates(value)
+        try:
+            _refuse_lone_surrogates(value)
+        except RecursionError:  # nested almost as deep as the parser reads
+            raise _invalid(
+                "the request body is JSON nested too deeply (the fields need at most 2 levels of lists)", None
+            ) from None
     return value
 
 
@@ -125,6 +130,7 @@ def _refuse_lone_surrogates(value: object, where: str = "") -> None:
             if found is not None:
                 field = None if what == "a field name" else str(path).split(".")[0].split("[")[0]
                 shown = text if len(text) <= 40 else text[:37] + "..."
+                what = what if len(what) <= 60 else what[:57] + "..."
                 raise _invalid(
                     f"{what} ({shown!r}) holds a lone surrogate (U+{ord(found.group()):04X} at character "
                     f"{found.start()}), half of a UTF-16 pair and not a character: send valid Unicode text",
