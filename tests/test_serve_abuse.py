@@ -210,6 +210,18 @@ def test_a_lone_surrogate_is_refused_by_name_in_strict_json(server, route, body,
     _still_serves(client)
 
 
+@pytest.mark.parametrize("token", ["", "  ", "\u3000"])
+def test_a_blank_token_is_refused_without_a_library_only_hint(server, token):
+    # the library's message ends "or pass empty_tokens='keep'": a field this API refuses as unknown
+    client, _ = server
+    r = client.post("/embed", json={"sentences": [["a"], ["b", token]]})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "sentences"
+    assert r.json()["error"]["message"] == (
+        f"sentence 1, token 1 is {token!r}: empty or whitespace-only tokens are refused (they are usually tokeniser "
+        "padding, and would change their neighbours' vectors): drop them"
+    )
+
+
 def test_a_surrogate_pair_is_one_character_not_refused(server):
     client, _ = server
     r = client.post("/embed", content=rb'{"sentences": [["ok\ud83d\ude00"]], "pool": "mean"}', headers=_RAW)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elmokit.characters import validate_sentences
+from elmokit.characters import is_blank_token, validate_sentences
 from elmokit.data.tokenizers import TOKENIZERS, word_tokenizer
 from elmokit.embedding.pooling import OutputSpec
 from elmokit.errors import ElmoError, import_optional
@@ -185,10 +185,17 @@ def _sentences(body: dict, settings: ServeSettings) -> tuple[list[list[str]], st
         if isinstance(sentences, list):
             _check_count(len(sentences), field, settings)
     try:
-        sentences = validate_sentences(sentences, name=field)
+        sentences = validate_sentences(sentences, name=field, empty_tokens="keep")  # blank tokens: below
     except ElmoError as exc:
         raise _invalid(str(exc), field) from None
     for i, sentence in enumerate(sentences):
+        for j, token in enumerate(sentence):
+            if is_blank_token(token):  # the library's hint, empty_tokens='keep', is no field of this API
+                raise _invalid(
+                    f"sentence {i}, token {j} is {token[:10]!r}: empty or whitespace-only tokens are refused (they "
+                    "are usually tokeniser padding, and would change their neighbours' vectors): drop them",
+                    field,
+                )
         if len(sentence) > settings.max_tokens_per_sentence:
             raise _invalid(
                 f"sentence {i} has {len(sentence)} tokens; this server takes at most "
