@@ -255,7 +255,7 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="KEY",
         help=f"as --api-key-file, the key given here (visible in ps: prefer --api-key-file or {API_KEY_ENV}; "
-        f"either option wins over {API_KEY_ENV})",
+        f"either option wins over {API_KEY_ENV}; default: none)",
     )
     p.add_argument(
         "--insecure-no-auth",
