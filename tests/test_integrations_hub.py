@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,11 @@ from elmokit.errors import MissingFileError, UsageError
 from elmokit.weights import hub as hub_names
 from elmokit.weights.hub import parse_hub_name
 from elmokit.weights.native import save_pretrained
-from helpers import fixture_model
+from helpers import fixture_model, readme_example
 
 huggingface_hub = pytest.importorskip("huggingface_hub", reason="pip install 'elmokit[hub]'")
 import huggingface_hub.constants as hf_constants  # noqa: E402
+
 from elmokit.integrations.hub import hub_card, push_plan, push_to_hub  # noqa: E402
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -253,7 +255,12 @@ def test_push_uploads_the_model_files_and_the_card_in_one_commit(native, tmp_pat
     url = push_to_hub(folder, "me/elmokit-en", private=True, revision="v1")
     assert url == f"https://huggingface.co/me/elmokit-en/commit/{COMMIT}"
     (kind0, repo0, repo_kwargs), (kind1, _, branch_kwargs), (kind2, repo2, operations, commit_kwargs) = recording_api
-    assert (kind0, repo0, repo_kwargs["private"], repo_kwargs["exist_ok"]) == ("create_repo", "me/elmokit-en", True, True)
+    assert (kind0, repo0, repo_kwargs["private"], repo_kwargs["exist_ok"]) == (
+        "create_repo",
+        "me/elmokit-en",
+        True,
+        True,
+    )
     assert (kind1, branch_kwargs["branch"]) == ("create_branch", "v1")
     assert (kind2, repo2, commit_kwargs["revision"]) == ("create_commit", "me/elmokit-en", "v1")
     sent = {op.path_in_repo: op for op in operations}
@@ -281,3 +288,15 @@ def test_push_refuses_what_is_not_a_native_folder(native, tmp_path):
         push_plan(tmp_path, "me/m")
     with pytest.raises(UsageError, match="org/name"):
         push_plan(native, "not-a-repo-id")
+
+
+def test_the_readme_example(native, offline_cache, recording_api, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(native, tmp_path / "my_model")
+    _lay_out_cache(offline_cache, "my-org/elmokit-tiny", native)  # what the push would have put there
+    namespace: dict = {}
+    exec(compile(readme_example("### Hugging Face Hub"), "README.md (Hub)", "exec"), namespace)
+    assert capsys.readouterr().out.strip() == f"https://huggingface.co/my-org/elmokit-tiny/commit/{COMMIT}"
+    assert [c[0] for c in recording_api] == ["create_repo", "create_commit"]
+    got = namespace["embedder"].embed_sentence(SENTENCE)
+    np.testing.assert_array_equal(got, Embedder(native).embed_sentence(SENTENCE))

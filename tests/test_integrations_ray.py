@@ -17,10 +17,10 @@ from elmokit import Embedder
 from elmokit.errors import InputError, UsageError
 from elmokit.tasks.readers import read_conllu
 from elmokit.weights.native import save_pretrained
-from helpers import assert_close_to_scale, fixture_model
+from helpers import assert_close_to_scale, fixture_model, readme_example
 
-ray = pytest.importorskip("ray", reason="pip install 'elmokit[ray]'")
-import ray.data  # noqa: E402
+pytest.importorskip("ray.data", reason="pip install 'elmokit[ray]'")
+import ray  # noqa: E402  (ray.data imported above)
 
 from conftest import shared_path  # noqa: E402
 from elmokit.integrations.ray import EmbedBatches  # noqa: E402
@@ -84,28 +84,16 @@ def test_token_vectors_on_local_ray_equal_the_embedders(local_ray, native, sente
     assert {int(r["threads"]) for r in rows} == {2}  # num_cpus=2 → two torch threads in the actor
 
 
-def test_pooled_sentence_vectors_from_raw_lines_equal_the_embedders(local_ray, native, sentences):
+def test_pooled_sentence_vectors_from_raw_lines_equal_the_embedders(native, sentences):
+    """The call a Ray actor makes, here in this process (the README example runs pooled vectors on Ray)."""
     lines = [" ".join(s) for s in sentences]
-    ds = ray.data.from_items([{"id": i, "line": line} for i, line in enumerate(lines)])
-    rows = ds.map_batches(
-        EmbedBatches,
-        fn_constructor_kwargs={
-            "model": native,
-            "text_column": "line",
-            "tokenizer": "whitespace",
-            "output_column": "vector",
-            "layers": "top",
-            "pool": "mean",
-        },
-        compute=ray.data.ActorPoolStrategy(size=1),
-        batch_size=10,
-        num_cpus=1,
-    ).take_all()
-    rows.sort(key=lambda r: r["id"])
+    embed = EmbedBatches(
+        native, text_column="line", tokenizer="whitespace", output_column="vector", layers="top", pool="mean", threads=1
+    )
+    out = embed({"line": np.array(lines, dtype=object)})
     want = np.stack(list(Embedder(native).embed_sentences([line.split() for line in lines], layers="top", pool="mean")))
-    got = np.stack([r["vector"] for r in rows])
-    assert got.shape == (len(lines), 32) and got.dtype == np.float32
-    assert_close_to_scale(got, want, BATCH_BOUND, dim=1)
+    assert out["vector"].shape == (len(lines), 32) and out["vector"].dtype == np.float32
+    assert_close_to_scale(out["vector"], want, BATCH_BOUND, dim=1)
 
 
 def test_a_call_without_ray_adds_the_column_and_keeps_the_others(native):
@@ -132,3 +120,21 @@ def test_bad_options_fail_in_the_constructor_and_bad_batches_name_the_row(native
         embed({"text": np.array(["a b"])})
     with pytest.raises(InputError, match="row 1"):
         embed({"tokens": np.array([["a"], "a b"], dtype=object)})
+
+
+def test_the_readme_example(local_ray, native, sentences, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"tokens": sentences[:12]}), tmp_path / "sentences.parquet")
+    code = readme_example("### Ray Data").replace('"elmokit-en"', repr(native)).replace('"/data/', f'"{tmp_path}/')
+    exec(compile(code, "README.md (Ray Data)", "exec"), {})
+    table = pq.read_table(tmp_path / "vectors")
+    by_sentence = {
+        tuple(t): np.asarray(v, dtype=np.float32)
+        for t, v in zip(table["tokens"].to_pylist(), table["elmo"].to_numpy(zero_copy_only=False))
+    }
+    want = list(Embedder(native).embed_sentences(sentences[:12], layers="average", pool="mean"))
+    assert len(by_sentence) == len({tuple(s) for s in sentences[:12]})
+    for tokens, expected in zip(sentences[:12], want):
+        assert_close_to_scale(by_sentence[tuple(tokens)], expected, BATCH_BOUND)

@@ -21,7 +21,7 @@ from conftest import REPO_ROOT, shared_path
 from elmokit import Embedder
 from elmokit.errors import MissingExtraError, MissingFileError, UsageError
 from elmokit.weights.native import save_pretrained
-from helpers import assert_close_to_scale, fixture_model
+from helpers import assert_close_to_scale, fixture_model, readme_example
 
 spacy = pytest.importorskip("spacy", reason="pip install 'elmokit[spacy]'")
 import elmokit.integrations.spacy as component_module  # noqa: E402
@@ -121,7 +121,9 @@ def test_chinese_blank_pipeline_with_jieba_gives_word_tokens(native, embedder):
     doc = nlp("我喜欢吃苹果")
     assert [t.text for t in doc] == ["我", "喜欢", "吃", "苹果"]
     assert doc._.elmo.shape == (3, 4, 32)
-    np.testing.assert_array_equal(doc[3].vector, embedder.embed_sentence(["我", "喜欢", "吃", "苹果"], layers="average")[3])
+    np.testing.assert_array_equal(
+        doc[3].vector, embedder.embed_sentence(["我", "喜欢", "吃", "苹果"], layers="average")[3]
+    )
 
 
 def test_it_runs_after_a_trained_pipelines_components_and_leaves_doc_tensor(native):
@@ -205,3 +207,15 @@ def test_without_spacy_the_import_names_the_extra(monkeypatch):
     with pytest.raises(MissingExtraError) as info:
         import elmokit.integrations.spacy  # noqa: F401
     assert str(info.value).endswith("pip install 'elmokit[spacy]'") and "\n" not in str(info.value)
+
+
+def test_the_readme_example(native, tmp_path, capsys):
+    code = readme_example("### spaCy")
+    code = code.replace('"elmokit-en"', repr(str(native))).replace('"elmo_pipeline"', repr(str(tmp_path / "p")))
+    namespace: dict = {}
+    exec(compile(code, "README.md (spaCy)", "exec"), namespace)
+    assert namespace["doc"]._.elmo.shape == (3, 5, 32)
+    assert capsys.readouterr().out.splitlines()[:2] == ["(3, 5, 32)", "(3, 32) (32,)"]
+    assert len(namespace["docs"]) == 2
+    loaded = spacy.load(tmp_path / "p")
+    np.testing.assert_array_equal(loaded("The bank closed early.")._.elmo, namespace["doc"]._.elmo)

@@ -41,9 +41,13 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
         "REPO_ID (or REPO_ID@REVISION).",
     )
     p.add_argument("model", type=text_arg, help="a native model folder or a built zoo model (elmokit-en, elmokit-zh)")
-    p.add_argument("repo_id", type=text_arg, metavar="REPO_ID", help="the Hub repository, org/name (created if missing)")
     p.add_argument(
-        "--private", action="store_true", help="create the repository private (default: public; an existing one is kept)"
+        "repo_id", type=text_arg, metavar="REPO_ID", help="the Hub repository, org/name (created if missing)"
+    )
+    p.add_argument(
+        "--private",
+        action="store_true",
+        help="create the repository private (default: public; an existing one is kept)",
     )
     p.add_argument(
         "--revision", default=None, help="the branch to commit to, created if missing (default: the main branch)"

@@ -23,11 +23,11 @@ Hugging Face Hub name, a model folder or zip; ``layers`` — ``"average"`` (the 
 What is set on each doc: ``doc._.elmo`` (the (L+1, T, D) float32 array of all layers, D = 2P: layer 0 = ``[t; t]``,
 then each biLSTM layer ``[forward; backward]``); the getters ``token._.elmo`` (L+1, D) and ``span._.elmo``
 (L+1, n, D) read it; ``doc.user_hooks``, ``user_span_hooks`` and ``user_token_hooks`` for ``vector``,
-``has_vector``, ``vector_norm`` (not for spans: spaCy computes it from their vector) and ``similarity``. ``doc.tensor`` is left to spaCy's own components. Each doc is
-one sentence for the biLM (a stateless pass over its tokens; spaCy's whitespace tokens are embedded as the original
-embeds them). The vectors of a doc do not depend on the other docs of ``nlp.pipe``'s batch beyond the bound
-:meth:`elmokit.Embedder.embed_sentences` states (1e-5 of the largest value of each layer), and not at all with
-``batch_size=1``.
+``has_vector``, ``vector_norm`` (not for spans: spaCy computes it from their vector) and ``similarity``.
+``doc.tensor`` is left to spaCy's own components. Each doc is one sentence for the biLM (a stateless pass over its
+tokens; spaCy's whitespace tokens are embedded as the original embeds them). The vectors of a doc do not depend on
+the other docs of ``nlp.pipe``'s batch beyond the bound :meth:`elmokit.Embedder.embed_sentences` states (1e-5 of the
+largest value of each layer), and not at all with ``batch_size=1``.
 
 **Loading and saving.** The model is loaded when the component is added (``add_pipe``): a zoo or Hub name is resolved
 then, and an unknown name fails there. ``nlp.to_disk(path)`` writes the model in elmokit's native format into
@@ -260,7 +260,5 @@ def make_elmokit(nlp, name: str, model: str, layers: Any, batch_size: int, threa
 
 
 _language.Language.factory(
-    FACTORY,
-    default_config={"layers": "average", "batch_size": 64, "threads": None},
-    func=make_elmokit,
+    FACTORY, default_config={"layers": "average", "batch_size": 64, "threads": None}, func=make_elmokit
 )

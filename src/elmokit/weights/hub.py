@@ -76,8 +76,7 @@ def hub_model_dir(name: str) -> Path:
         constants = import_optional("huggingface_hub.constants", "hub", "loading a model from the Hub")  # optional
     except MissingExtraError as exc:
         raise MissingFileError(
-            f"model {name!r}: no such folder here, and as a Hugging Face Hub name it needs huggingface_hub: "
-            f"{exc.hint}"
+            f"model {name!r}: no such folder here, and as a Hugging Face Hub name it needs huggingface_hub: {exc.hint}"
         ) from None
     where = f"{repo_id}" + (f" at revision {revision}" if revision else "")
     try:
@@ -96,4 +95,3 @@ def hub_model_dir(name: str) -> Path:
     logger.info("Hub model %s → %s", where, folder)
     _RESOLVED[parsed] = folder
     return folder
-
