@@ -43,7 +43,7 @@ from elmokit.data.tokenizers import word_tokenizer
 from elmokit.embedding import Embedder
 from elmokit.errors import InputError, UsageError, import_optional
 
-_ray = import_optional("ray", "ray", "Ray Data embedding (elmokit.integrations.ray)")
+_ray = import_optional("ray", "ray", "embedding with Ray Data (elmokit.integrations.ray)")
 
 __all__ = ["EmbedBatches"]
 

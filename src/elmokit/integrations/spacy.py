@@ -58,10 +58,9 @@ from elmokit.modules.bilm import BiLM
 from elmokit.threads import using_threads
 from elmokit.weights.native import load_native, resolve_model_name, save_pretrained
 
-_PURPOSE = "the spaCy component (elmokit.integrations.spacy)"
-_language = import_optional("spacy.language", "spacy", _PURPOSE)
-_tokens = import_optional("spacy.tokens", "spacy", _PURPOSE)
-_util = import_optional("spacy.util", "spacy", _PURPOSE)
+_language = import_optional("spacy.language", "spacy", "the spaCy component (elmokit.integrations.spacy)")
+_tokens = import_optional("spacy.tokens", "spacy", "the spaCy component (elmokit.integrations.spacy)")
+_util = import_optional("spacy.util", "spacy", "the spaCy component (elmokit.integrations.spacy)")
 
 __all__ = ["ElmoComponent", "make_elmokit", "FACTORY"]
 
