@@ -219,3 +219,27 @@ def test_the_readme_example(native, tmp_path, capsys):
     assert len(namespace["docs"]) == 2
     loaded = spacy.load(tmp_path / "p")
     np.testing.assert_array_equal(loaded("The bank closed early.")._.elmo, namespace["doc"]._.elmo)
+
+
+def test_threads_applies_while_embedding_and_is_restored(native, embedder):
+    import torch
+
+    before = torch.get_num_threads()
+    doc = _nlp(native, threads=1)(TEXT)
+    assert torch.get_num_threads() == before
+    # another thread count sums in another order: equal to rounding (bitwise for a given count)
+    assert_close_to_scale(doc._.elmo, embedder.embed_sentence([t.text for t in doc]), BATCH_BOUND, dim=1)
+
+
+def test_after_an_installed_pretrained_pipeline(native):
+    """With en_core_web_sm installed (not in the test extra: spaCy's pipelines are not on PyPI), the component runs
+    after its components and leaves what they set."""
+    if not spacy.util.is_package("en_core_web_sm"):
+        pytest.skip("en_core_web_sm is not installed (python -m spacy download en_core_web_sm)")
+    nlp = spacy.load("en_core_web_sm")
+    before = nlp(TEXT)
+    nlp.add_pipe("elmokit", config={"model": str(native)})
+    after = nlp(TEXT)
+    assert [(t.tag_, t.dep_, t.ent_type_) for t in after] == [(t.tag_, t.dep_, t.ent_type_) for t in before]
+    np.testing.assert_array_equal(after.tensor, before.tensor)
+    assert after._.elmo.shape == (3, len(after), 32)
