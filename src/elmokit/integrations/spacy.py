@@ -27,7 +27,8 @@ then each biLSTM layer ``[forward; backward]``); the getters ``token._.elmo`` (L
 ``doc.tensor`` is left to spaCy's own components. Each doc is one sentence for the biLM (a stateless pass over its
 tokens; spaCy's whitespace tokens are embedded as the original embeds them). The vectors of a doc do not depend on
 the other docs of ``nlp.pipe``'s batch beyond the bound :meth:`elmokit.Embedder.embed_sentences` states (1e-5 of the
-largest value of each layer), and not at all with ``batch_size=1``.
+largest value of each layer), and not at all with ``batch_size=1``. A pickled doc keeps all of this; a doc read back
+from a ``DocBin(store_user_data=True)`` keeps ``doc._.elmo`` but not the hooks (spaCy does not store hooks).
 
 **Loading and saving.** The model is loaded when the component is added (``add_pipe``): a zoo or Hub name is resolved
 then, and an unknown name fails there. ``nlp.to_disk(path)`` writes the model in elmokit's native format into
