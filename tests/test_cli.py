@@ -686,6 +686,7 @@ def test_every_help_shows_defaults_and_describes_positionals():
         "classify",
         "similar",
         "serve",
+        "push",
     }
     for name, sub in commands.items():
         for action in sub._actions:

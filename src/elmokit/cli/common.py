@@ -49,7 +49,8 @@ DEVICE_HELP = "auto (CUDA when available, else CPU), cpu, cuda, cuda:N"
 RELEASED_HELP = (
     "a released model name (small, medium, original, original-5.5b: downloaded once into "
     "$ELMOKIT_CACHE), or a model folder (native config.json + model.safetensors, or an original "
-    "*options*.json + weight *.hdf5), or a zip of one (an NLPL model archive)"
+    "*options*.json + weight *.hdf5), or a zip of one (an NLPL model archive), or a Hugging Face Hub "
+    "name org/name[@revision] (elmokit[hub]; a local folder of that name wins)"
 )
 
 
