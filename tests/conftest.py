@@ -43,3 +43,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print the test order's seed (pytest-random-order; ``-q`` hides its header line), so that an order-dependent
+    failure can be repeated: ``python -m pytest --random-order-seed=N``."""
+    bucket = getattr(config.option, "random_order_bucket", None)
+    seed = getattr(config.option, "random_order_seed", None)
+    if bucket is None or seed is None or bucket.removeprefix("default:") == "none":
+        return
+    terminalreporter.write_line(
+        f"test order: --random-order-bucket={bucket.removeprefix('default:')} "
+        f"--random-order-seed={seed.removeprefix('default:')} (repeat it with these options)"
+    )
