@@ -380,6 +380,8 @@ def check_output_path(
     check_writable_folder(existing, output, what)
     if not output.exists():
         return
+    if not output.is_file():  # a FIFO, a device: never opened to recognise it (a FIFO would block), never replaced
+        raise UsageError(f"{what} {output} exists and is not a regular file: choose another path")
     if not overwrite:
         raise UsageError(f"{what} {output} already exists: pass {overwrite_flag} to replace it, or choose another path")
     if not ours(output):

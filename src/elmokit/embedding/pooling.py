@@ -161,7 +161,7 @@ def parse_layers(value: object) -> LayerSpec:
         raise UsageTypeError(f"layers {value!r}: expected {forms}")
     if isinstance(value, (int, np.integer)):
         if value < 0:
-            raise UsageError(f"layers={value}: a layer number is >= 0 (0 = token layer); expected {forms}")
+            raise UsageError(f"layers {value}: a layer number is >= 0 (0 = token layer); expected {forms}")
         return LayerSpec("layer", index=int(value))
     if (
         isinstance(value, Sequence)
