@@ -4,7 +4,6 @@ refusal is one line naming the flag or path the user typed."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import h5py
@@ -202,3 +201,23 @@ def test_export_to_an_existing_unwritable_folder_says_so(native1, tmp_path, caps
     assert cli_main(["export", str(native1), str(user), "--format", "onnx", "--overwrite"]) == 2
     assert "is not a program elmokit exported" in _one_error_line(capsys)
     assert user.read_text() == "not an export\n" and not is_elmokit_export(user)
+
+
+def test_train_never_writes_over_its_vocab(tmp_path, capsys):
+    """``--vocab`` inside --out-dir where the run writes its vocab.txt (the same path, or a hard link there)."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the bank .\n")
+    vocab_text = "<S>\n</S>\n<UNK>\nthe\nbank\n.\n"
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    inside = tmp_path / "run" / "model" / "vocab.txt"
+    inside.write_text(vocab_text)
+    mine = tmp_path / "mine.txt"
+    mine.write_text(vocab_text)
+    (tmp_path / "run2" / "model").mkdir(parents=True)
+    (tmp_path / "run2" / "model" / "vocab.txt").hardlink_to(mine)
+    base = ["train", str(corpus), "--preset", "tiny", "--max-steps", "1", "--no-progress", "--overwrite"]
+    for run, vocab in (("run", inside), ("run2", mine)):
+        assert cli_main([*base, "--out-dir", str(tmp_path / run), "--vocab", str(vocab)]) == 2
+        err = _one_error_line(capsys)
+        assert "model/vocab.txt is the --vocab file" in err and "another --out-dir" in err
+        assert vocab.read_text() == vocab_text

@@ -296,13 +296,19 @@ def _files_of(path: Path) -> list[Path]:
     return [path]
 
 
-def check_not_an_input(output: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None], what: str) -> None:
+def check_not_an_input(
+    output: str | os.PathLike,
+    inputs: Mapping[str, str | os.PathLike | None],
+    what: str,
+    fix: str = "choose another output path",
+) -> None:
     """Refuse an ``output`` that is one of the command's ``inputs`` (role → path; ``None`` skipped): the same file
     after symlinks and hard links (:func:`same_file`). An input that is a folder (a model folder) protects the files
     in it, and an output inside it.
 
     Raises:
-        UsageError: naming ``what`` (how the command line names the output), the output path and the input's role.
+        UsageError: naming ``what`` (how the command line names the output), the output path, the input's role and
+            ``fix`` (what to do instead).
     """
     output = Path(output)
     for role, path in inputs.items():
@@ -317,7 +323,7 @@ def check_not_an_input(output: str | os.PathLike, inputs: Mapping[str, str | os.
                 shown = role if file == path else f"{role}'s file {file.name}"
                 linked = os.path.islink(output) or os.path.realpath(output) != os.path.realpath(file)
                 link = " (a link to it)" if linked else ""
-                raise UsageError(f"{what} {output} is the {shown}{link}: choose another output path")
+                raise UsageError(f"{what} {output} is the {shown}{link}: {fix}")
 
 
 def check_writable_folder(folder: str | os.PathLike, output: str | os.PathLike, what: str) -> None:
