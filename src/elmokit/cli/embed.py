@@ -73,7 +73,8 @@ def _check_output(args: argparse.Namespace) -> None:
             raise UsageError(f"the output {args.output} cannot be written: {parent} is a file, not a folder")
         if not parent.is_dir():
             raise MissingFileError(f"the output {args.output}: its folder {parent} does not exist (create it first)")
-        check_writable_folder(args.output if args.output.is_dir() else parent, args.output, "the output")
+        if not args.output.exists():  # (an existing one is probed by taking its lock: a probe there could race)
+            check_writable_folder(parent, args.output, "the output")
         return
     check_output_path(
         args.output,

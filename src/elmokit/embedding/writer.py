@@ -282,9 +282,10 @@ class EmbedJob:
         if self.format == "parts":
             if out.exists() and not out.is_dir():
                 raise UsageError(f"the output {out} is a file; format 'parts' writes a folder (give a folder path)")
-            nearest = next(p for p in (out, *Path(os.path.realpath(out)).parents) if p.exists())
-            if nearest.is_dir():
-                check_writable_folder(nearest, out, "the output")
+            if not out.exists():  # (an existing folder is probed by taking its lock: a probe file there could race)
+                nearest = next(p for p in Path(os.path.realpath(out)).parents if p.exists())
+                if nearest.is_dir():
+                    check_writable_folder(nearest, out, "the output")
         else:
             if out.is_dir():
                 raise UsageError(f"the output {out} is a folder; give the HDF5 file to write")
