@@ -51,6 +51,7 @@ __all__ = [
     "same_file",
     "check_not_an_input",
     "check_writable_folder",
+    "check_writable_place",
     "check_output_path",
 ]
 
@@ -341,6 +342,15 @@ def check_writable_folder(folder: str | os.PathLike, output: str | os.PathLike, 
         # ENOENT in a folder that exists: a file system that takes no new files (/proc, /sys)
         reason = "it takes no new files" if exc.errno == errno.ENOENT else (exc.strerror or type(exc).__name__)
         raise UsageError(f"{what} {output} cannot be written: its folder {folder} is not writable ({reason})") from None
+
+
+def check_writable_place(path: str | os.PathLike, what: str) -> None:
+    """A ``path`` to be created (a folder, with its missing parents): the nearest folder above it that exists can be
+    written in (:func:`check_writable_folder`). Nothing is checked when that nearest existing path is a file (the
+    caller's own check names it)."""
+    nearest = next(p for p in Path(os.path.realpath(path)).parents if p.exists())
+    if nearest.is_dir():
+        check_writable_folder(nearest, path, what)
 
 
 def check_output_path(

@@ -22,9 +22,9 @@ from elmokit.data.corpus import read_lines
 from elmokit.embedding import Embedder
 from elmokit.embedding import writer as embed_output
 from elmokit.embedding.pooling import parse_layers
-from elmokit.embedding.reader import INDEX_NAME, is_elmokit_embeddings, work_folder
+from elmokit.embedding.reader import INDEX_NAME, check_embeddings_output, work_folder
 from elmokit.errors import DataError, MissingFileError, UsageError
-from elmokit.io import check_not_an_input, check_output_path, check_writable_folder
+from elmokit.io import check_not_an_input, check_writable_folder
 
 __all__ = ["register", "cmd_embed"]
 
@@ -76,13 +76,7 @@ def _check_output(args: argparse.Namespace) -> None:
         if not args.output.exists():  # (an existing one is probed by taking its lock: a probe there could race)
             check_writable_folder(parent, args.output, "the output")
         return
-    check_output_path(
-        args.output,
-        inputs,
-        overwrite=args.overwrite,
-        ours=is_elmokit_embeddings,
-        kind="an HDF5 file of embeddings elmokit wrote",
-    )
+    check_embeddings_output(args.output, inputs, args.overwrite, "--overwrite")
 
 
 def cmd_embed(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from elmokit.errors import MissingFileError, UsageError
+from elmokit.io import check_output_path
 
 __all__ = [
     "EmbeddingReader",
@@ -23,6 +24,7 @@ __all__ = [
     "work_folder",
     "part_name",
     "is_elmokit_embeddings",
+    "check_embeddings_output",
     "FORMATS",
     "INDEX_NAME",
     "LAYOUT_NAME",
@@ -65,6 +67,22 @@ def is_elmokit_embeddings(path: str | os.PathLike) -> bool:
         text(attrs.get(WRITER_ATTR, "")) == "elmokit"
         or text(attrs.get("elmokit_format", "")).startswith(LAYOUT_NAME)
         or text(attrs.get("keys", "")) in ("line", "sentence")
+    )
+
+
+def check_embeddings_output(
+    output: Path, inputs: Mapping[str, Any], overwrite: bool, overwrite_flag: str, create_folder: bool = False
+) -> None:
+    """:func:`elmokit.io.check_output_path` for an HDF5 output of embeddings: ``overwrite`` replaces only a file
+    :func:`is_elmokit_embeddings` recognises. Raises as that function."""
+    check_output_path(
+        output,
+        inputs,
+        overwrite=overwrite,
+        ours=is_elmokit_embeddings,
+        kind="an HDF5 file of embeddings elmokit wrote",
+        overwrite_flag=overwrite_flag,
+        create_folder=create_folder,
     )
 
 

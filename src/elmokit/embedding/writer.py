@@ -64,22 +64,14 @@ from elmokit.embedding.reader import (
     LAYOUT_NAME,
     LAYOUT_VERSION,
     WRITER_ATTR,
-    is_elmokit_embeddings,
+    check_embeddings_output,
     part_name,
     sentence_key,
     work_folder,
 )
 from elmokit.embedding.workers import UNGUARDED_EXIT, run_workers, spawn_bootstrapping
 from elmokit.errors import EmbedWorkerError, MissingFileError, UsageError, option_wording
-from elmokit.io import (
-    LOCK_NAME,
-    atomic_path,
-    atomic_write_text,
-    check_not_an_input,
-    check_output_path,
-    check_writable_folder,
-    lock_folder,
-)
+from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text, check_not_an_input, check_writable_place, lock_folder
 from elmokit.pretraining import distributed
 from elmokit.pretraining.distributed import init_from_env
 from elmokit.weights.fingerprint import bilm_fingerprint
@@ -283,21 +275,12 @@ class EmbedJob:
             if out.exists() and not out.is_dir():
                 raise UsageError(f"the output {out} is a file; format 'parts' writes a folder (give a folder path)")
             if not out.exists():  # (an existing folder is probed by taking its lock: a probe file there could race)
-                nearest = next(p for p in Path(os.path.realpath(out)).parents if p.exists())
-                if nearest.is_dir():
-                    check_writable_folder(nearest, out, "the output")
+                check_writable_place(out, "the output")
         else:
             if out.is_dir():
                 raise UsageError(f"the output {out} is a folder; give the HDF5 file to write")
-            check_output_path(
-                out,
-                {"input file": inp},
-                overwrite=self.overwrite,
-                ours=is_elmokit_embeddings,
-                kind="an HDF5 file of embeddings elmokit wrote",
-                overwrite_flag=option_wording("--overwrite", "overwrite=True"),
-                create_folder=True,
-            )
+            flag = option_wording("--overwrite", "overwrite=True")
+            check_embeddings_output(out, {"input file": inp}, self.overwrite, flag, create_folder=True)
             if self.folder.exists() and not self.folder.is_dir():
                 raise UsageError(f"{self.folder} is a file: it is where the parts of {out} go; move it away")
         if self.folder.resolve() == inp.resolve().parent:
