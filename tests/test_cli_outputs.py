@@ -4,6 +4,7 @@ refusal is one line naming the flag or path the user typed."""
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import h5py
@@ -221,3 +222,16 @@ def test_train_never_writes_over_its_vocab(tmp_path, capsys):
         err = _one_error_line(capsys)
         assert "model/vocab.txt is the --vocab file" in err and "another --out-dir" in err
         assert vocab.read_text() == vocab_text
+
+
+def test_exports_are_recognised_by_their_metadata(tmp_path):
+    """A ``.pt2`` zip holding ``<root>/extra/elmokit.json`` is an export elmokit wrote; another zip is not."""
+    ours, other = tmp_path / "m.pt2", tmp_path / "other.pt2"
+    with zipfile.ZipFile(ours, "w") as zf:
+        zf.writestr("m/extra/elmokit.json", '{"format": "elmokit-export"}')
+    with zipfile.ZipFile(other, "w") as zf:
+        zf.writestr("m/data.pkl", "x")
+    assert is_elmokit_export(ours) and not is_elmokit_export(other)
+    onnx_like = tmp_path / "m.onnx"
+    onnx_like.write_bytes(b"\x08\x07graph..." + b'{"format": "elmokit-export", "version": 1}')
+    assert is_elmokit_export(onnx_like)

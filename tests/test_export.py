@@ -22,6 +22,7 @@ from elmokit.characters import CharVocabulary
 from elmokit.cli import main as cli_main
 from elmokit.errors import InputError, InputTypeError, UsageError, WeightsError
 from elmokit.export import ExportedBiLM, InferenceProgram, export_model, load_exported, metadata
+from elmokit.export.files import is_elmokit_export
 from elmokit.modules.bilm import StatefulBiLM
 from elmokit.weights.native import save_pretrained
 
@@ -252,6 +253,7 @@ def test_cli_exports_a_character_vocabulary_model(tmp_path, capsys):
     assert f"wrote {out} (onnx" in capsys.readouterr().out
     assert cli_main(["export", str(folder), str(out), "--format", "onnx"]) == 2
     assert "--overwrite" in capsys.readouterr().err
+    assert is_elmokit_export(out)  # what --overwrite may replace
     ex = load_exported(out, threads=1)
     assert ex.char_vocab.characters == vocab.characters
     ids = batch_to_ids([["abc", "北京", "zzzzzzzzzzzzzzzzz"], [], ["q"]], char_vocab=ex.char_vocab)
