@@ -35,6 +35,7 @@ __all__ = [
     "check_input_file",
     "check_model",
     "check_output_file",
+    "model_inputs",
     "resolve_cli_device",
     "read_options_json",
     "print_json_line",
@@ -249,6 +250,13 @@ def model_folder(model: str) -> Path | None:
     if str(model).lower() in RELEASED:
         return cache_dir() / str(model).lower()
     return None
+
+
+def model_inputs(model: str) -> dict[str, Path]:
+    """A model argument as the inputs an output must not be (:func:`elmokit.io.check_not_an_input`): its folder
+    (:func:`model_folder`: the files in it, and anything inside it), or the model file itself (a zip archive)."""
+    folder = model_folder(model)
+    return {"model folder": folder} if folder is not None else {"model": Path(model)}
 
 
 def check_output_file(output: Path, inputs: dict[str, Path], *, overwrite: bool, what: str = "the output") -> None:

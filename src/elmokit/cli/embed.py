@@ -12,7 +12,7 @@ from elmokit.cli.common import (
     add_threads_option,
     check_input_file,
     check_model,
-    model_folder,
+    model_inputs,
     path_arg,
     positive_int,
     resolve_cli_device,
@@ -60,8 +60,7 @@ def _check_output(args: argparse.Namespace) -> None:
     """OUTPUT is none of the inputs (the sentences, --cache-vocab, the model's files: after symlinks and hard links),
     can be written, and replaces an existing file only with --overwrite and only when elmokit wrote it
     (:func:`elmokit.io.check_output_path`)."""
-    model_dir = model_folder(args.model)
-    inputs = {"input file": args.input, "--cache-vocab file": args.cache_vocab, "model folder": model_dir}
+    inputs = {"input file": args.input, "--cache-vocab file": args.cache_vocab, **model_inputs(args.model)}
     if args.format == "parts":
         if args.output.exists() and not args.output.is_dir():
             raise UsageError(f"the output {args.output} is a file; --format parts writes a folder")

@@ -13,6 +13,7 @@ from elmokit.cli.common import (
     check_input_file,
     check_model,
     model_folder,
+    model_inputs,
     path_arg,
     read_options_json,
     text_arg,
@@ -180,7 +181,7 @@ def _export_program(args: argparse.Namespace) -> int:
         raise UsageError(f"the output {out} is a folder: --format {args.format} writes one file (e.g. model{suffix})")
     check_output_path(  # none of the model's files; an existing file only with --overwrite, and only an export
         out,
-        {"model folder": model_folder(args.model)},
+        model_inputs(args.model),
         overwrite=args.overwrite,
         ours=is_elmokit_export,
         kind="a program elmokit exported",

@@ -23,7 +23,7 @@ from elmokit.cli.common import (
     add_threads_option,
     check_input_file,
     check_model,
-    model_folder,
+    model_inputs,
     non_negative_int,
     path_arg,
     positive_int,
@@ -125,7 +125,7 @@ def _check_png(png: Path, model: str, inputs: dict[str, Path], overwrite: bool) 
     not write); MissingFileError (its folder is missing)."""
     from elmokit.analysis.polysemy import is_elmokit_plot, plot_format  # lazy: CLI start-up
 
-    inputs = {**inputs, "model folder": model_folder(model)}
+    inputs = {**inputs, **model_inputs(model)}
     check_not_an_input(png, inputs, "--png")  # first: the worst mistake (a model's weights) is named as such
     if png.is_dir():
         raise UsageError(f"--png {png} is a folder: give a file path, e.g. {png / 'similar.png'}")
