@@ -29,9 +29,11 @@ kept in :attr:`Embedder.skipped_lines`. Other control characters are kept. The f
 the model (:func:`elmokit.data.text_checks.check_tokenisation`): lines that look untokenised (raw Chinese without
 ``tokenizer="jieba"``) log a warning naming the fix.
 
-An existing output (a file, or a ``"parts"`` folder holding finished embeddings) is replaced only with
-``overwrite=True``; an interrupted run's parts are continued with ``resume=True`` or discarded with
-``overwrite=True``. One writer at a time: the parts folder is locked while the call runs.
+An existing output (an HDF5 file this method wrote, :func:`elmokit.embedding.reader.is_elmokit_embeddings`, or a
+``"parts"`` folder holding finished embeddings) is replaced only with ``overwrite=True``; any other file (a text
+file, another program's HDF5) is refused also then, and the output is never the input file (after symlinks and hard
+links: :func:`elmokit.io.check_output_path`). An interrupted run's parts are continued with ``resume=True`` or
+discarded with ``overwrite=True``. One writer at a time: the parts folder is locked while the call runs.
 """
 
 from __future__ import annotations
@@ -471,8 +473,9 @@ class Embedder:
         Returns the number of lines in the file.
 
         Raises:
-            UsageError: a bad option, ``output_path`` is the input file or the wrong kind of path, it exists and
-                ``overwrite`` is off, an interrupted run's parts are there and neither ``resume`` nor ``overwrite`` is
+            UsageError: a bad option, ``output_path`` is the input file (also through a link) or the wrong kind of
+                path, its folder cannot be written, it exists and ``overwrite`` is off or it is not a file elmokit
+                wrote, an interrupted run's parts are there and neither ``resume`` nor ``overwrite`` is
                 on, or ``resume`` with changed settings or input; ``workers`` > 1 called from the unguarded top level
                 of a script.
             FolderInUseError: another process is writing the same output (names its pid and start time).

@@ -56,7 +56,7 @@ from elmokit.embedding.pooling import parse_layers, select_layers
 from elmokit.errors import UsageError, import_optional
 from elmokit.io import atomic_write_text
 from elmokit.modules.bilm import BiLM
-from elmokit.threads import using_threads
+from elmokit.modules.threads import using_threads
 from elmokit.weights.native import load_native, resolve_model_name, save_pretrained
 
 _language = import_optional("spacy.language", "spacy", "the spaCy component (elmokit.integrations.spacy)")
