@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from elmokit.modules import native
+from elmokit.modules import invariant, native
 from elmokit.modules.derived import DerivedWeights
 
 __all__ = ["Highway"]
@@ -71,9 +71,27 @@ class Highway(nn.Module):
         :meth:`_fused_weights` (``None`` for untracked weights)."""
         return self._derived.cached(f"packed{k}", self._params(k), lambda: native.pack_highway(*self._fuse(k)))
 
+    def _forward_invariant(self, module, x: torch.Tensor) -> torch.Tensor | None:
+        """Every layer by the batch-invariant kernel (:func:`elmokit.modules.invariant.highway`), or ``None`` when x
+        holds inf or NaN (the caller's paths then run)."""
+        for k in range(len(self.transforms)):
+            packed = self._packed_weights(k)
+            if packed is None:  # untracked weights: packed for this call only
+                packed = native.pack_highway(*self._fuse(k))
+            x = invariant.highway(module, x, packed)
+            if x is None:
+                return None
+        return x
+
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return self._forward_fused(x.reshape(-1, x.shape[-1])).view(x.shape)
+        if self.dim % 16 == 0 and x.shape[0] > 0:
+            exact = invariant.kernels_for(x)
+            if exact is not None:  # every row in one fixed order, whatever shares the call (modules/invariant.py)
+                y = self._forward_invariant(exact, x)
+                if y is not None:
+                    return y
         module = None
         if x.shape[0] <= native.MAX_HIGHWAY_ROWS and x.shape[0] > 0 and self.dim % 16 == 0 and native.usable(x):
             module = native.kernels()
