@@ -53,7 +53,7 @@ from elmokit.embedding.pooling import OutputSpec
 from elmokit.embedding.recent_words import RecentWordVectors
 from elmokit.embedding.writer import EmbedJob
 from elmokit.errors import ConfigError, UsageError, UsageTypeError
-from elmokit.modules import native
+from elmokit.modules import invariant, native
 from elmokit.modules.bilm import BiLM, StatefulBiLM
 from elmokit.modules.precision import autocast, check_precision
 from elmokit.weights.archive import is_model_archive
@@ -150,6 +150,13 @@ class Embedder:
             long-running embedders (``elmokit serve`` keeps 50,000 by default). Values equal the uncached ones to
             float rounding, within the batch-independence bound below (a kept vector was computed in another batch);
             with it, ``batch_size=1`` results are no longer bitwise independent of the order.
+        batch_invariant: ``True``: float32 CPU passes run the batch-invariant kernels
+            (:mod:`elmokit.modules.invariant`), so a sentence's vectors are the same bits alone, in any batch, in any
+            order, at any ``batch_size``, thread count or number of workers (and the recent-word cache's and the token
+            cache's vectors equal freshly computed ones bit for bit); it needs the native kernels (elsewhere, and under
+            bf16, the default paths run). About a quarter slower at batch 64 (README, "Batches"). ``False``: the
+            default paths, batch-independent within the bound stated in :meth:`embed_sentences`. ``None``
+            (default): the process default, off unless ``ELMOKIT_BATCH_INVARIANT=1``.
 
     The token layer is computed per distinct word of a batch, at most 256 words at a time through the character
     CNN, so one very long sentence does not run the CNN on all its tokens at once; the biLSTMs then run on the token
@@ -182,8 +189,14 @@ class Embedder:
         vocab_to_cache: Sequence[str] | TokenVectorCache | None = None,
         precision: str = "fp32",
         recent_word_cache: int = 0,
+        batch_invariant: bool | None = None,
     ) -> None:
         self.batch_size = positive_int("batch_size", batch_size)
+        if batch_invariant is not None and not isinstance(batch_invariant, bool):
+            raise UsageTypeError(f"batch_invariant must be True, False or None, got {batch_invariant!r}")
+        #: the batch-invariant kernels on (True), off (False) or as the process default (None; see
+        #: :mod:`elmokit.modules.invariant`)
+        self.batch_invariant = batch_invariant
         try:
             self.precision = check_precision(precision, "Embedder precision")
         except ConfigError as exc:
@@ -322,7 +335,8 @@ class Embedder:
         """Validated sentences → their arrays under ``spec`` (one biLM pass)."""
         if not batch:
             return []
-        with torch.inference_mode(), autocast(self.precision, self.device):
+        exact = getattr(self, "batch_invariant", None)
+        with invariant.batch_invariant(exact), torch.inference_mode(), autocast(self.precision, self.device):
             vectors, mask = self.token_vectors(batch)
             # without the boundary positions in the output, each direction's last step is skipped (exact)
             out = self.bilm.forward_token_vectors(

@@ -233,54 +233,60 @@ at::Tensor pack_panels(const at::Tensor& x) {
   return xp.view({np, kPanel, k}).transpose(1, 2).contiguous();  // (np, K, kPanel)
 }
 
-// One panel × one column block (32 columns): totals (kPanel, 32) = bias + Σ_chunks Σ_k x·w, in the fixed order.
-inline void panel_block(const float* xp, const float* wb, const float* bb, float* total, int64_t k) {
-  for (int r = 0; r < kPanel; ++r) std::memcpy(total + r * 32, bb, sizeof(float) * 32);
-  for (int64_t k0 = 0; k0 < k; k0 += kChunk) {
-    const int64_t k1 = k0 + kChunk < k ? k0 + kChunk : k;
-    v16 a[kPanel], g[kPanel];
+// One panel × one column block (32 columns), inputs k0 … k1 − 1 (one chunk): their products summed in k order into
+// fresh accumulators, then added to the panel's running totals (kPanel, 32).
+inline void panel_chunk(const float* xp, const float* wb, float* total, int64_t k0, int64_t k1) {
+  v16 a[kPanel], g[kPanel];
+#pragma GCC unroll 12
+  for (int r = 0; r < kPanel; ++r) {
+    a[r] = v16{};
+    g[r] = v16{};
+  }
+  for (int64_t kk = k0; kk < k1; ++kk) {
+    const v16 wa = load16(wb + kk * 32);
+    const v16 wg = load16(wb + kk * 32 + 16);
+    const float* xk = xp + kk * kPanel;
 #pragma GCC unroll 12
     for (int r = 0; r < kPanel; ++r) {
-      a[r] = v16{};
-      g[r] = v16{};
+      a[r] = fma16(xk[r], wa, a[r]);
+      g[r] = fma16(xk[r], wg, g[r]);
     }
-    for (int64_t kk = k0; kk < k1; ++kk) {
-      const v16 wa = load16(wb + kk * 32);
-      const v16 wg = load16(wb + kk * 32 + 16);
-      const float* xk = xp + kk * kPanel;
+  }
 #pragma GCC unroll 12
-      for (int r = 0; r < kPanel; ++r) {
-        a[r] = fma16(xk[r], wa, a[r]);
-        g[r] = fma16(xk[r], wg, g[r]);
-      }
-    }
-#pragma GCC unroll 12
-    for (int r = 0; r < kPanel; ++r) {
-      store16(total + r * 32, load16(total + r * 32) + a[r]);
-      store16(total + r * 32 + 16, load16(total + r * 32 + 16) + g[r]);
-    }
+  for (int r = 0; r < kPanel; ++r) {
+    store16(total + r * 32, load16(total + r * 32) + a[r]);
+    store16(total + r * 32 + 16, load16(total + r * 32 + 16) + g[r]);
   }
 }
 
-// Shared driver: tasks = (column block, group of panels), any order, any thread. epilogue(panel, block, totals).
+// Shared driver: tasks = (column block, group of kGroup panels), any order, any thread. Per task the totals start at
+// the bias, then each chunk of kChunk inputs (its 32 KB of weights kept in L1) is added for every panel of the group
+// in turn; epilogue(panel, block, totals) last. Every value: b + chunk sums in chunk order, whatever the task split.
+constexpr int64_t kGroup = 8;  // panels per task (96 rows)
+constexpr int64_t kInvChunk = 128;  // inputs per chunk: 16 KB of weights and 6 KB of a panel in L1
+
 template <class Epilogue>
 void panels_by_blocks(const at::Tensor& xp, const at::Tensor& packed, const at::Tensor& packed_bias,
                       Epilogue&& epilogue) {
   const int64_t np = xp.size(0), k = xp.size(1), nb = packed.size(0);
-  constexpr int64_t kGroup = 8;  // panels per task (96 rows): their totals stay in L1 beside a weight chunk
   const int64_t ng = (np + kGroup - 1) / kGroup;
   const float* xpp = xp.data_ptr<float>();
   const float* wp = packed.data_ptr<float>();
   const float* bp = packed_bias.data_ptr<float>();
   at::parallel_for(0, nb * ng, 1, [&](int64_t t0, int64_t t1) {
-    float total[kPanel * 32];
+    std::vector<float> totals(static_cast<size_t>(kGroup * kPanel * 32));
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t blk = task % nb, grp = task / nb;
-      const int64_t p1 = (grp + 1) * kGroup < np ? (grp + 1) * kGroup : np;
-      for (int64_t pn = grp * kGroup; pn < p1; ++pn) {
-        panel_block(xpp + pn * k * kPanel, wp + blk * k * 32, bp + blk * 32, total, k);
-        epilogue(pn, blk, total);
+      const int64_t p0 = grp * kGroup, p1 = (grp + 1) * kGroup < np ? (grp + 1) * kGroup : np;
+      const float* wb = wp + blk * k * 32;
+      for (int64_t r = 0; r < (p1 - p0) * kPanel; ++r)
+        std::memcpy(totals.data() + r * 32, bp + blk * 32, sizeof(float) * 32);
+      for (int64_t k0 = 0; k0 < k; k0 += kInvChunk) {
+        const int64_t k1 = k0 + kInvChunk < k ? k0 + kInvChunk : k;
+        for (int64_t pn = p0; pn < p1; ++pn)
+          panel_chunk(xpp + pn * k * kPanel, wb, totals.data() + (pn - p0) * kPanel * 32, k0, k1);
       }
+      for (int64_t pn = p0; pn < p1; ++pn) epilogue(pn, blk, totals.data() + (pn - p0) * kPanel * 32);
     }
   });
 }
@@ -296,7 +302,7 @@ void panels_by_blocks(const at::Tensor& xp, const at::Tensor& packed, const at::
 static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_t>& sizes, const at::Tensor& c,
                            const at::Tensor& h, const at::Tensor& w_packed, const at::Tensor& w_proj,
                            double cell_clip, double proj_clip, at::Tensor out, at::Tensor final_c,
-                           at::Tensor final_h) {
+                           at::Tensor final_h, bool fixed_groups) {
   const int64_t b = c.size(0), hd = c.size(1), p = h.size(1);
   const int64_t nb = hd / 16;
   const int64_t n0 = sizes.empty() ? 0 : sizes[0];
@@ -305,10 +311,11 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
     final_h.narrow(0, n0, b - n0).copy_(h.narrow(0, n0, b - n0));
   }
   if (n0 == 0) return;
-  // Rows run in groups of kRowGroup by one instantiation of unit_block_rows only, a short last group padded with
-  // rows whose results are dropped: GCC compiles the 1-, 2- and 4-row forms to different FMA sequences (under
-  // -ffast-math), so a row's bits depended on its position among the step's rows.
-  const int64_t n0p = (n0 + kRowGroup - 1) / kRowGroup * kRowGroup;
+  // fixed_groups (the batch-invariant path): rows run in groups of kRowGroup by one instantiation of unit_block_rows
+  // only, a short last group padded with rows whose results are dropped. Otherwise the rest of a step's rows run in
+  // groups of 2 and 1 (no padding, less work for one row); GCC compiles the 1-, 2- and 4-row forms under -ffast-math
+  // to sequences that round differently, so a row's bits then depend on its position among the step's rows.
+  const int64_t n0p = fixed_groups ? (n0 + kRowGroup - 1) / kRowGroup * kRowGroup : n0;
   at::Tensor c_run = at::zeros({n0p, hd}, c.options());  // (n0p, H), each unit updated in place by its owner
   c_run.narrow(0, 0, n0).copy_(c.narrow(0, 0, n0));
   at::Tensor h0 = h.narrow(0, 0, n0).contiguous();
@@ -349,7 +356,8 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
         }
         n_prev = n;
       }
-      const int64_t np = (n + kRowGroup - 1) / kRowGroup * kRowGroup, tail = n - (np - kRowGroup);
+      const int64_t np = fixed_groups ? (n + kRowGroup - 1) / kRowGroup * kRowGroup : n;
+      const int64_t tail = n - (np - kRowGroup);
       if (np > n) {  // the last group's real rows' inputs for this thread's units, zeros after them
         std::fill(xpad.begin(), xpad.end(), 0.0f);
         for (int64_t r = 0; r < tail; ++r)
@@ -367,11 +375,20 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
         std::memset(part, 0, sizeof(float) * np * p);
         for (int64_t blk = nb * sl / ns; blk < nb * (sl + 1) / ns; ++blk) {
           const float* wb = wpk + blk * p * 64;
-          for (int64_t r = 0; r < np; r += kRowGroup) {
+          int64_t r = 0;
+          for (; r + kRowGroup <= np; r += kRowGroup) {
             const float* xr = r + kRowGroup <= n ? xwp + (offset + r) * g4 : xpad.data();
             unit_block_rows<kRowGroup>(xr, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p, blk, hd, p,
                                        cclip);
           }
+          if constexpr (kRowGroup >= 4) {  // not fixed_groups: the rest in pairs, then one
+            for (; r + 2 <= n; r += 2)
+              unit_block_rows<2>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p,
+                                 blk, hd, p, cclip);
+          }
+          for (; r < n; ++r)
+            unit_block_rows<1>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p, blk,
+                               hd, p, cclip);
         }
       }
 #pragma omp barrier
@@ -422,7 +439,7 @@ std::vector<at::Tensor> lstm_layer(const at::Tensor& x, const std::vector<int64_
   for (int64_t d = 0; d < 2; ++d) {
     at::Tensor xw = at::addmm(bias[d], x[d], w_ih[d]);  // (N, 4H): every step's input contribution in one GEMM
     direction_steps_fused(xw, sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d], cell_clip,
-                          proj_clip, out[d], final_c[d], final_h[d]);
+                          proj_clip, out[d], final_c[d], final_h[d], false);
   }
   return {out, final_c, final_h};
 }
@@ -537,7 +554,7 @@ std::vector<at::Tensor> lstm_layer_xw(const at::Tensor& xw, const std::vector<in
   at::Tensor final_h = at::empty_like(h);
   for (int64_t d = 0; d < 2; ++d)
     direction_steps_fused(xw[d].contiguous(), sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d],
-                          cell_clip, proj_clip, out[d], final_c[d], final_h[d]);
+                          cell_clip, proj_clip, out[d], final_c[d], final_h[d], true);
   return {out, final_c, final_h};
 }
 
