@@ -37,7 +37,7 @@ import torch
 
 from elmokit.modules import native, precision
 
-__all__ = ["enabled", "batch_invariant", "pack_linear", "linear", "highway", "kernels_for"]
+__all__ = ["enabled", "batch_invariant", "pack_linear", "linear", "highway", "lstm_layer", "kernels_for"]
 
 _override: contextvars.ContextVar[bool | None] = contextvars.ContextVar("elmokit_batch_invariant", default=None)
 
@@ -101,3 +101,38 @@ def highway(module, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) 
     """One highway layer by the kernel for any rows: x (M, F), ``packed`` from
     :func:`~elmokit.modules.native.pack_highway`; ``None`` when x holds inf or NaN."""
     return module.highway_rows_invariant(x.contiguous(), *packed)
+
+
+def lstm_layer(
+    module,
+    lstm,
+    k: int,
+    x: torch.Tensor,
+    batch_sizes: list[int],
+    c: torch.Tensor,
+    h: torch.Tensor,
+    w_in: torch.Tensor,
+    w_hh_ifoj: torch.Tensor,
+    clips: tuple[float, float],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Layer ``k`` of the :class:`~elmokit.modules.lstm.BiLSTM` ``lstm`` by the batch-invariant kernels: the input
+    products x·W_ih + b by ``linear_rows``, the step loop by ``lstm_layer_xw`` for any row count (as
+    :meth:`BiLSTM._run_layer_inference`: x (2, N, P) packed time-major, c (2, B, H), h (2, B, P); ``w_in``
+    (2, P + 1, 4H) and ``w_hh_ifoj`` (2, P, 4H) from :meth:`BiLSTM._inference_weights`) → (out (2, N, P), final c,
+    final h); ``None`` for inf or NaN inputs. The packed weights are cached in ``lstm._derived``."""
+    p, g = lstm.projection_dim, 4 * lstm.hidden_dim
+    sources = (lstm.weight_ih[k], lstm.bias[k], lstm.weight_hh[k])
+    packed_in = lstm._derived.get(
+        f"invariant{k}", sources, lambda: [pack_linear(w_in[d, :p], w_in[d, p]) for d in (0, 1)]
+    )
+    packed_hh = lstm._derived.get(f"native{k}", sources, lambda: native.pack_lstm(w_hh_ifoj))
+    xw = []
+    for d in range(2):
+        y = linear(module, x[d], packed_in[d], g)
+        if y is None:
+            return None
+        xw.append(y)
+    sizes = [n for n in batch_sizes if n > 0]
+    w_proj = lstm.weight_proj[k].contiguous()
+    result = module.lstm_layer_xw(torch.stack(xw), sizes, c.contiguous(), h.contiguous(), packed_hh, w_proj, *clips)
+    return tuple(result) if result else None

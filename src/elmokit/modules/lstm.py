@@ -449,10 +449,9 @@ class BiLSTM(nn.Module):
         rows = c.shape[1]
         exact = invariant.kernels_for(x, c, h, w_proj) if hd % 16 == 0 and p % 16 == 0 else None
         if exact is not None:  # every row in one fixed order, whatever shares the call (modules/invariant.py)
-            result = self._layer_invariant(exact, k, x, batch_sizes, c, h, w_in, w_hh_ifoj, clips)
-            if result is not None:
-                out, final_c, final_h = result
-                return out, (final_c, final_h)
+            exact_result = invariant.lstm_layer(exact, self, k, x, batch_sizes, c, h, w_in, w_hh_ifoj, clips)
+            if exact_result is not None:
+                return exact_result[0], exact_result[1:]
         module = None
         if rows <= native.MAX_LSTM_ROWS and hd % 16 == 0 and p % 16 == 0 and native.usable(x, c, h, w_proj):
             module = native.kernels()
@@ -478,39 +477,6 @@ class BiLSTM(nn.Module):
             result = inference_steps(by_direction=True)(x, batch_sizes, c, h, w_ih, bias, w_hh_ifoj, w_proj, hd, *clips)
         out, final_c, final_h = result
         return out, (final_c, final_h)
-
-    def _layer_invariant(
-        self,
-        module,
-        k: int,
-        x: torch.Tensor,
-        batch_sizes: list[int],
-        c: torch.Tensor,
-        h: torch.Tensor,
-        w_in: torch.Tensor,
-        w_hh_ifoj: torch.Tensor,
-        clips: tuple[float, float],
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Layer k by the batch-invariant kernels (:mod:`elmokit.modules.invariant`): the input products x·W_ih + b
-        by ``linear_rows``, the step loop by ``lstm_layer_xw`` for any row count; ``None`` for inf or NaN inputs.
-        ``w_in`` (2, P + 1, 4H) and ``w_hh_ifoj`` as :meth:`_inference_weights`."""
-        p, g = self.projection_dim, 4 * self.hidden_dim
-        sources = (self.weight_ih[k], self.bias[k], self.weight_hh[k])
-        packed_in = self._derived.get(
-            f"invariant{k}", sources, lambda: [invariant.pack_linear(w_in[d, :p], w_in[d, p]) for d in range(2)]
-        )
-        packed_hh = self._derived.get(f"native{k}", sources, lambda: native.pack_lstm(w_hh_ifoj))
-        xw = []
-        for d in range(2):
-            y = invariant.linear(module, x[d], packed_in[d], g)
-            if y is None:
-                return None
-            xw.append(y)
-        sizes = [n for n in batch_sizes if n > 0]
-        result = module.lstm_layer_xw(
-            torch.stack(xw), sizes, c.contiguous(), h.contiguous(), packed_hh, self.weight_proj[k].contiguous(), *clips
-        )
-        return tuple(result) if result else None
 
     def _run_layer_autograd(
         self, k: int, x: torch.Tensor, batch_sizes: list[int], c: torch.Tensor, h: torch.Tensor
