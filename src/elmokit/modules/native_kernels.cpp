@@ -13,6 +13,10 @@
 //   their 16 transform and 16 gate columns side by side (packed by native.py), with the rows' accumulators in
 //   registers; MKL's GEMM at 10 rows runs at about half the rate of its matrix-vector product on this shape.
 //   The carry/transform combination is the epilogue of each block.
+// * batch-invariant forms (elmokit/modules/invariant.py, Embedder(batch_invariant=True)): linear_rows (x·W + b, each
+//   row in one fixed summation order, rows in 12-row panels by one code path), highway_rows_invariant (any rows) and
+//   lstm_layer_xw (the step loop from x·W_ih + b for any rows, fixed row groups): a row's bits do not depend on how
+//   many rows share the call, their order or the thread count (tests/test_invariant_kernels.py).
 //
 // Values equal the ATen paths up to float rounding (sums in another order; exp and tanh from glibc's vector math
 // library, within 4 ulp): tests/test_native.py.
