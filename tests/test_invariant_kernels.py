@@ -142,3 +142,18 @@ def test_the_option_is_off_by_default_and_scoped():
             assert not invariant.enabled()
         assert invariant.enabled()
     assert invariant.enabled() == invariant.default()
+
+
+def test_highway_width_not_a_multiple_of_16_is_row_invariant(kernels):
+    """F = 124 (the AllenNLP fixture's filters) runs zero-padded to 128: rows alone equal rows in a batch, and the
+    values equal the GEMM path's."""
+    torch.manual_seed(4)
+    hw = Highway(124, 2)
+    x = torch.randn(30, 124)
+    with torch.no_grad():
+        want = hw(x)
+        with invariant.batch_invariant(True):
+            full = hw(x)
+            assert full.shape == (30, 124)
+            assert_close_to_scale(full, want, 2e-6)
+            assert all(torch.equal(hw(x[i : i + 1])[0], full[i]) for i in range(30))
