@@ -8,14 +8,19 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 import torch
 
+from conftest import shared_path
+from elmokit.cli import main as cli_main
 from elmokit.config import LSTMConfig
+from elmokit.embedding.reader import open_embeddings
 from elmokit.modules import invariant, native
 from elmokit.modules.highway import Highway
 from elmokit.modules.lstm import BiLSTM
 from helpers import assert_close_to_scale
+from test_batch_invariance import _long_sentences, _sentences
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +162,28 @@ def test_highway_width_not_a_multiple_of_16_is_row_invariant(kernels):
             assert full.shape == (30, 124)
             assert_close_to_scale(full, want, 2e-6)
             assert all(torch.equal(hw(x[i : i + 1])[0], full[i]) for i in range(30))
+
+
+def test_embed_batch_invariant_is_the_same_bits_at_any_batch_size_and_workers(kernels, tmp_path):
+    """``elmokit embed --batch-invariant`` of one file (real sentences of 1 to 200 tokens, the AllenNLP fixture's
+    model) at --batch-size 1, 7 and 64 and with --workers 2: every dataset the same bits (without the option the
+    batch sizes differ in the last bits)."""
+    model = shared_path("fixtures", "allennlp-elmo")
+    lines = [" ".join(s) for s in _sentences() + _long_sentences()]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def embed(name: str, *flags: str) -> dict:
+        out = tmp_path / f"{name}.h5"
+        assert cli_main(["embed", str(model), str(src), str(out), "--no-progress", *flags]) == 0
+        with open_embeddings(out) as reader:
+            return {k: reader[k] for k in reader}
+
+    want = embed("b1", "--batch-invariant", "--batch-size", "1")
+    assert len(want) >= len(lines)
+    for name, flags in (("b7", ["--batch-size", "7"]), ("b64", []), ("w2", ["--workers", "2", "--part-size", "5"])):
+        got = embed(name, "--batch-invariant", *flags)
+        assert sorted(got) == sorted(want)
+        assert all(np.array_equal(got[k], want[k]) for k in want), name
+    default = embed("d64", "--batch-size", "64")
+    assert any(not np.array_equal(default[k], want[k]) for k in want)  # the option is what makes them equal
