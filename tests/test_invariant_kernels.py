@@ -5,6 +5,9 @@ path within float rounding. Skipped where the native kernels cannot be built (fa
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
 import os
 from contextlib import contextmanager
 
@@ -187,3 +190,21 @@ def test_embed_batch_invariant_is_the_same_bits_at_any_batch_size_and_workers(ke
         assert all(np.array_equal(got[k], want[k]) for k in want), name
     default = embed("d64", "--batch-size", "64")
     assert any(not np.array_equal(default[k], want[k]) for k in want)  # the option is what makes them equal
+
+
+def test_serve_settings_and_cli_flag_reach_the_embedder():
+    """``elmokit serve --batch-invariant`` → ServeSettings(batch_invariant=True) → the server's Embedder (which every
+    dynamic batch goes through), also in worker processes (the settings travel as JSON)."""
+    from elmokit.cli import serve as serve_cli
+    from elmokit.serving.app import load_embedder
+    from elmokit.serving.settings import ServeSettings
+
+    model = shared_path("fixtures", "allennlp-elmo")
+    parser = argparse.ArgumentParser()
+    serve_cli.register(parser.add_subparsers(), [])
+    args = parser.parse_args(["serve", str(model), "--batch-invariant"])
+    settings = serve_cli._settings(args)
+    assert settings.batch_invariant is True
+    assert ServeSettings(**json.loads(json.dumps(dataclasses.asdict(settings)))).batch_invariant is True
+    assert load_embedder(ServeSettings(model=str(model), batch_invariant=True)).batch_invariant is True
+    assert load_embedder(ServeSettings(model=str(model))).batch_invariant is False
