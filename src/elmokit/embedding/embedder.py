@@ -266,7 +266,8 @@ class Embedder:
                     "vocab_to_cache with a char_vocab= different from the model's: build the "
                     "TokenVectorCache yourself and pass it"
                 )
-            cache = TokenVectorCache(self.bilm, vocab_to_cache)
+            with invariant.batch_invariant(getattr(self, "batch_invariant", None)):  # the passes' own kernels
+                cache = TokenVectorCache(self.bilm, vocab_to_cache)
         p = self.bilm.config.lstm.projection_dim
         if cache.vectors.dim() != 2 or cache.vectors.shape[1] != p or cache.vectors.shape[0] != len(cache.words):
             raise UsageError(

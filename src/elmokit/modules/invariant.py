@@ -7,20 +7,22 @@ product of float32 CPU inference computes each row in one fixed order, whatever 
 
 * the char CNN's convolutions, the highway layers, the token projection and the LSTMs' input products run through
   :func:`linear` (the C++ kernel ``linear_rows`` of :mod:`elmokit.modules.native`: each output summed as
-  b + Σ over chunks of 256 inputs of Σ x·w in input order, rows in panels of 12 computed by one code path; the
+  b + Σ over chunks of 128 inputs of Σ x·w in input order, rows in panels of 12 computed by one code path; the
   weights packed once and cached by :class:`~elmokit.modules.derived.DerivedWeights`);
 * the highway layers' gate and carry are the kernel's epilogue (``highway_rows_invariant``);
 * the LSTMs' recurrent product, gates and projection run in the fused step loop (``lstm_layer_xw``) for every row
   count, whose projection partial sums are kept per fixed slice of units (never per thread), so one thread, two
   threads and ``--workers 2`` give the same bits.
 
-Everything else on that path is elementwise (exact IEEE operations, or the kernels' own σ/tanh per element), a
-copy, a gather or a max. Where the kernels cannot run (``ELMOKIT_NATIVE=0``, no compiler, autograd, another dtype or
-device, bf16 autocast) the ATen paths run, batch-independent only within the bound the README states.
+A char CNN with the ``tanh`` activation (not the released models' relu) keeps ATen's tanh, whose vectorised and
+scalar forms may differ in the last bit by an element's position. Everything else on that path is elementwise (exact
+IEEE operations, or the kernels' own σ/tanh per element), a copy, a gather or a max. Where the kernels cannot run
+(``ELMOKIT_NATIVE=0``, no compiler, autograd, another dtype or device, bf16 autocast, LSTM sizes H or P not multiples
+of 16) the ATen paths run, batch-independent only up to float rounding (README, "Batch independence, stated").
 
 An option, off by default: at batch 64 the path costs about a quarter of the throughput (the LSTM's step loop at 64
 rows runs in the fused kernel instead of MKL's batched GEMMs; the highway products at about 75 % of MKL's rate; README
-"Batches" has the figures and the default's measured bound). :func:`batch_invariant` turns it on (or off) for a block
+"Batch independence, stated" has the figures). :func:`batch_invariant` turns it on (or off) for a block
 of code in this thread or task (a context variable): ``Embedder(..., batch_invariant=True)``,
 ``Elmo(..., batch_invariant=True)``, ``elmokit embed --batch-invariant`` and ``elmokit serve --batch-invariant`` use
 it; ``ELMOKIT_BATCH_INVARIANT=1`` makes it the process default.
