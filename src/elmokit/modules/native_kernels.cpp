@@ -15,7 +15,7 @@
 //   The carry/transform combination is the epilogue of each block.
 // * batch-invariant forms (elmokit/modules/invariant.py, Embedder(batch_invariant=True)): linear_rows (x·W + b, each
 //   row in one fixed summation order, rows in 12-row panels by one code path), highway_rows_invariant (any rows) and
-//   lstm_layer_xw (the step loop from x·W_ih + b for any rows, fixed row groups): a row's bits do not depend on how
+//   lstm_layer_xw (the step loop from x·W_ih + b for any rows; its 4-, 2- and 1-row forms do each row's FMAs alike): a row's bits do not depend on how
 //   many rows share the call, their order or the thread count (tests/test_invariant_kernels.py).
 //
 // Values equal the ATen paths up to float rounding (sums in another order; exp and tanh from glibc's vector math
@@ -27,7 +27,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -306,7 +305,7 @@ void panels_by_blocks(const at::Tensor& xp, const at::Tensor& packed, const at::
 static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_t>& sizes, const at::Tensor& c,
                            const at::Tensor& h, const at::Tensor& w_packed, const at::Tensor& w_proj,
                            double cell_clip, double proj_clip, at::Tensor out, at::Tensor final_c,
-                           at::Tensor final_h, bool fixed_groups) {
+                           at::Tensor final_h) {
   const int64_t b = c.size(0), hd = c.size(1), p = h.size(1);
   const int64_t nb = hd / 16;
   const int64_t n0 = sizes.empty() ? 0 : sizes[0];
@@ -315,13 +314,9 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
     final_h.narrow(0, n0, b - n0).copy_(h.narrow(0, n0, b - n0));
   }
   if (n0 == 0) return;
-  // fixed_groups (the batch-invariant path): rows run in groups of kRowGroup by one instantiation of unit_block_rows
-  // only, a short last group padded with rows whose results are dropped. Otherwise the rest of a step's rows run in
-  // groups of 2 and 1 (no padding, less work for one row); GCC compiles the 1-, 2- and 4-row forms under -ffast-math
-  // to sequences that round differently, so a row's bits then depend on its position among the step's rows.
-  const int64_t n0p = fixed_groups ? (n0 + kRowGroup - 1) / kRowGroup * kRowGroup : n0;
-  at::Tensor c_run = at::zeros({n0p, hd}, c.options());  // (n0p, H), each unit updated in place by its owner
-  c_run.narrow(0, 0, n0).copy_(c.narrow(0, 0, n0));
+  // Rows run in groups of 4, 2 and 1 (unit_block_rows<R>); every form does each row's operations in the same order
+  // with explicit FMAs (fma16), so a row's bits do not depend on its position among the step's rows.
+  at::Tensor c_run = c.narrow(0, 0, n0).contiguous().clone();  // (n0, H), each unit updated in place by its owner
   at::Tensor h0 = h.narrow(0, 0, n0).contiguous();
   const int max_threads = static_cast<int>(at::get_num_threads());  // torch.set_num_threads, in any thread (a new
   // thread's omp_get_max_threads() is the process default, not what torch was told)
@@ -330,7 +325,7 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
   // so one thread and several give the same bits (a partition by threads made --workers 2 × 1 thread differ from one
   // process with 2 threads).
   const int64_t ns = nb < kSlices ? nb : kSlices;
-  std::vector<float> partial(static_cast<size_t>(2 * ns * n0p * p));
+  std::vector<float> partial(static_cast<size_t>(2 * ns * n0 * p));
   const float* xwp = xw.data_ptr<float>();
   const float* wpk = w_packed.data_ptr<float>();
   const float* wpr = w_proj.data_ptr<float>();
@@ -347,9 +342,7 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t s0 = ns * t / nt, s1 = ns * (t + 1) / nt;  // this thread's slices
     const int64_t u0 = 16 * (nb * s0 / ns), u1 = 16 * (nb * s1 / ns);
-    std::vector<float> hloc(static_cast<size_t>(n0p * p));  // this thread's copy of h (the same on every thread)
-    std::memcpy(hloc.data(), h0p, sizeof(float) * n0 * p);
-    std::vector<float> xpad(static_cast<size_t>(kRowGroup * g4));  // a short last group's input rows, zero padded
+    std::vector<float> hloc(h0p, h0p + n0 * p);  // this thread's copy of h (the same on every thread)
     int64_t offset = 0, n_prev = n0;
     for (size_t s = 0; s < sizes.size(); ++s) {
       const int64_t n = sizes[s];
@@ -360,32 +353,21 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
         }
         n_prev = n;
       }
-      const int64_t np = fixed_groups ? (n + kRowGroup - 1) / kRowGroup * kRowGroup : n;
-      const int64_t tail = n - (np - kRowGroup);
-      if (np > n) {  // the last group's real rows' inputs for this thread's units, zeros after them
-        std::fill(xpad.begin(), xpad.end(), 0.0f);
-        for (int64_t r = 0; r < tail; ++r)
-          for (int g = 0; g < 4; ++g)
-            std::memcpy(xpad.data() + r * g4 + g * hd + u0, xwp + (offset + np - kRowGroup + r) * g4 + g * hd + u0,
-                        sizeof(float) * (u1 - u0));
-      }
       for (int64_t i = s0; i < s1; ++i) {
         // snake order over the slices: up on even steps, down on odd ones. Visited in one direction at every step,
         // a share larger than L2 misses on every block (each evicted before its next use); turned back, a step
         // starts with the blocks last read (python bench/lstm_rows.py, small shape, one thread: kernel / GEMM loop
         // 1.23 -> 1.73 at 1 row, 1.07 -> 1.18 at 16). Within a slice the blocks always go up (fixed sums).
         const int64_t sl = (s & 1) ? s1 - 1 - (i - s0) : i;
-        float* part = partial.data() + ((s & 1) * ns + sl) * n0p * p;
-        std::memset(part, 0, sizeof(float) * np * p);
+        float* part = partial.data() + ((s & 1) * ns + sl) * n0 * p;
+        std::memset(part, 0, sizeof(float) * n * p);
         for (int64_t blk = nb * sl / ns; blk < nb * (sl + 1) / ns; ++blk) {
           const float* wb = wpk + blk * p * 64;
           int64_t r = 0;
-          for (; r + kRowGroup <= np; r += kRowGroup) {
-            const float* xr = r + kRowGroup <= n ? xwp + (offset + r) * g4 : xpad.data();
-            unit_block_rows<kRowGroup>(xr, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p, blk, hd, p,
-                                       cclip);
-          }
-          if constexpr (kRowGroup >= 4) {  // not fixed_groups: the rest in pairs, then one
+          if constexpr (kRowGroup >= 4) {
+            for (; r + 4 <= n; r += 4)
+              unit_block_rows<4>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p,
+                                 blk, hd, p, cclip);
             for (; r + 2 <= n; r += 2)
               unit_block_rows<2>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p,
                                  blk, hd, p, cclip);
@@ -396,12 +378,12 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
         }
       }
 #pragma omp barrier
-      const float* parts = partial.data() + (s & 1) * ns * n0p * p;
+      const float* parts = partial.data() + (s & 1) * ns * n0 * p;
       for (int64_t r = 0; r < n; ++r) {
         float* hr = hloc.data() + r * p;
         std::memcpy(hr, parts + r * p, sizeof(float) * p);
         for (int64_t sl = 1; sl < ns; ++sl) {
-          const float* pr = parts + sl * n0p * p + r * p;
+          const float* pr = parts + sl * n0 * p + r * p;
 #pragma omp simd
           for (int64_t j = 0; j < p; ++j) hr[j] += pr[j];
         }
@@ -443,7 +425,7 @@ std::vector<at::Tensor> lstm_layer(const at::Tensor& x, const std::vector<int64_
   for (int64_t d = 0; d < 2; ++d) {
     at::Tensor xw = at::addmm(bias[d], x[d], w_ih[d]);  // (N, 4H): every step's input contribution in one GEMM
     direction_steps_fused(xw, sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d], cell_clip,
-                          proj_clip, out[d], final_c[d], final_h[d], false);
+                          proj_clip, out[d], final_c[d], final_h[d]);
   }
   return {out, final_c, final_h};
 }
@@ -558,7 +540,7 @@ std::vector<at::Tensor> lstm_layer_xw(const at::Tensor& xw, const std::vector<in
   at::Tensor final_h = at::empty_like(h);
   for (int64_t d = 0; d < 2; ++d)
     direction_steps_fused(xw[d].contiguous(), sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d],
-                          cell_clip, proj_clip, out[d], final_c[d], final_h[d], true);
+                          cell_clip, proj_clip, out[d], final_c[d], final_h[d]);
   return {out, final_c, final_h};
 }
 
