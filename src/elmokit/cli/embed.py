@@ -279,8 +279,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch-invariant",
         action="store_true",
-        help="fp32 CPU: each sentence's vectors the same bits at any --batch-size, --workers or thread count (about "
-        'a quarter slower at batch 64; README "Batches") (default: within the stated bound)',
+        help="fp32 CPU: each sentence's vectors the same bits at any --batch-size, --workers or thread count (0.72× "
+        'the tokens/s at batch 64; README "Batch independence, stated") (default: off)',
     )
     p.add_argument(
         "--decode-errors",

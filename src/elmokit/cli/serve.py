@@ -197,8 +197,8 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch-invariant",
         action="store_true",
-        help="fp32 CPU: a sentence's vectors the same bits whatever dynamic batch it lands in (about a quarter "
-        'slower at batch 64; README "Batches") (default: within the stated bound)',
+        help="fp32 CPU: a sentence's vectors the same bits whatever dynamic batch it lands in (0.72× the "
+        'tokens/s at batch 64; README "Batch independence, stated") (default: off)',
     )
     p.add_argument(
         "--tokenizer",

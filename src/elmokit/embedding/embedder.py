@@ -154,8 +154,9 @@ class Embedder:
             (:mod:`elmokit.modules.invariant`), so a sentence's vectors are the same bits alone, in any batch, in any
             order, at any ``batch_size``, thread count or number of workers (and the recent-word cache's and the token
             cache's vectors equal freshly computed ones bit for bit); it needs the native kernels (elsewhere, and under
-            bf16, the default paths run). About a quarter slower at batch 64 (README, "Batches"). ``False``: the
-            default paths, batch-independent within the bound stated in :meth:`embed_sentences`. ``None``
+            bf16, the default paths run). 0.72× the default's tokens/s at batch 64 (README, "Batch independence,
+            stated"). ``False``: the default paths, batch-independent up to float rounding (see
+            :meth:`embed_sentences`). ``None``
             (default): the process default, off unless ``ELMOKIT_BATCH_INVARIANT=1``.
 
     The token layer is computed per distinct word of a batch, at most 256 words at a time through the character
