@@ -12,6 +12,8 @@ random batches of real sentences of 1 to 200 tokens on the three shapes."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -73,6 +75,7 @@ def test_a_sentence_in_any_batch_equals_it_alone_within_the_bound(case):
 EXACT_EXAMPLES = {"small": 6, "medium": 4, "original": 3}
 
 
+@functools.cache
 def _long_sentences() -> list[list[str]]:
     """Real text up to 200 tokens: UD English-EWT train's longest sentence (159 tokens) and its first 200 tokens of
     consecutive sentences joined (a run-on paragraph, as a user's unsplit line)."""
