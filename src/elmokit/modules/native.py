@@ -12,10 +12,12 @@ file) holds two kernels, used without autograd on float32 CPU tensors only:
 * :func:`highway_layer`: one highway layer for at most :data:`MAX_HIGHWAY_ROWS` distinct tokens, reading the weight
   once in blocks packed by :func:`pack_highway` (MKL's GEMM at 10 rows runs at about half its matrix-vector rate).
 
-Both give the other paths' values up to float rounding (sums in another order, exp/tanh from glibc's vector math
-library): ``tests/test_native.py`` checks them within 2e-6 on the small configuration's shapes. The file is built with
-``-ffast-math`` (so that exp and tanh vectorise), which assumes finite values: the arguments of σ and tanh are
-clamped where float32 results saturate, and inputs holding inf or NaN are refused (the callers run the ATen path).
+The same extension holds the batch-invariant kernels that :mod:`elmokit.modules.invariant` wraps (any row count, each
+row in one fixed summation order). Both give the other paths' values up to float rounding (sums in another order,
+exp/tanh from glibc's vector math library): ``tests/test_native.py`` checks them within 2e-6 on the small
+configuration's shapes. The file is built with ``-ffast-math`` (so that exp and tanh vectorise), which assumes finite
+values: the arguments of σ and tanh are clamped where float32 results saturate, and inputs holding inf or NaN are
+refused (the callers run the ATen path).
 
 The extension is built by ``torch.utils.cpp_extension.load`` (it needs a C++ compiler and ``ninja``, which the
 ``ninja`` package installed with elmokit provides; ≈ 20 s on 2 cores when the machine is quiet, once per environment,

@@ -114,6 +114,7 @@ def load_embedder(settings: ServeSettings) -> Embedder:
         batch_size=settings.max_batch_sentences,
         max_batch_tokens=settings.max_batch_tokens,
         recent_word_cache=settings.recent_word_cache,
+        batch_invariant=settings.batch_invariant,
     )
 
 
@@ -506,6 +507,7 @@ def _read_routes(app, state: ServerState) -> None:
                 "dim": embedder.output_dim,
                 "device": str(embedder.device),
                 "precision": embedder.precision,
+                "batch_invariant": bool(embedder.batch_invariant),
                 "openai": {
                     "layers": state.settings.openai_layers,
                     "pool": state.settings.openai_pool,

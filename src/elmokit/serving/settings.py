@@ -77,6 +77,8 @@ class ServeSettings:
         api_key: the Bearer token every route but ``/``, ``/examples`` and ``/health`` requires (``None``: none).
         cors_origins: origins allowed by CORS (empty: no CORS headers).
         device / precision: where and how the model runs (:class:`~elmokit.Embedder`'s options).
+        batch_invariant: the batch-invariant kernels (``Embedder(batch_invariant=True)``): a sentence's vectors the
+            same bits whatever dynamic batch it lands in (0.72× the tokens/s at batch 64).
         workers: processes, each with its own model and inference loop, sharing the port.
         tokenizer: how ``texts`` and the OpenAI route's strings become tokens when a request does not say.
         openai_layers / openai_pool: the layer rule and pooling of ``/v1/embeddings`` sentence vectors.
@@ -104,6 +106,7 @@ class ServeSettings:
     cors_origins: tuple[str, ...] = ()
     device: str | None = None
     precision: str = "fp32"
+    batch_invariant: bool = False
     workers: int = 1
     tokenizer: str = "whitespace"
     openai_layers: str = "average"
