@@ -20,6 +20,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,7 +33,12 @@ inline float sig(float x) {
   return 1.0f / (1.0f + expf(-x));
 }
 
-inline float tanh_sat(float x) { return tanhf(fminf(fmaxf(x, -10.0f), 10.0f)); }
+// tanh from exp (1 − 2/(e^{2x} + 1)): glibc's vector expf is native AVX-512/AVX2 code, while its vector tanhf called
+// the scalar tanhf lane by lane here (perf: __tanhf, __expm1f); within 1e-7 absolute of tanhf
+inline float tanh_sat(float x) {
+  x = fminf(fmaxf(x, -10.0f), 10.0f);
+  return 1.0f - 2.0f / (expf(2.0f * x) + 1.0f);
+}
 
 inline uint32_t bits(float f) {
   uint32_t u;
@@ -56,6 +62,94 @@ inline void st(c10::BFloat16* p, int64_t i, float v) {
 }
 
 inline float clip(float x, float c) { return c > 0 ? fminf(fmaxf(x, -c), c) : x; }
+
+// One (direction, row) of a forward step: the gates from z = xw + bias + rec, the cell update and its clip, m; the
+// activated gates and c_raw saved. Returns whether a pre-activation was inf or NaN. A function of its own (not
+// inlined into the step loop), so that the compiler vectorises it with the vector exp and tanh of glibc's libmvec
+// (inlined into at::parallel_for's one-thread path it called the scalar ones).
+template <typename T>
+__attribute__((noinline)) uint32_t forward_row(const T* __restrict x, const T* __restrict rc, const float* __restrict b,
+                                               const float* __restrict cp, bool cp_raw, float* __restrict g,
+                                               float* __restrict cr, T* __restrict mo, int64_t H, float cc) {
+  // the clips as bounds (FLT_MAX: none), loop-invariant: a select between clipped and unclipped loads per element
+  // kept GCC from vectorising the loop (scalar expf)
+  const float cpc = cp_raw && cc > 0 ? cc : FLT_MAX, ccl = cc > 0 ? cc : FLT_MAX;
+  uint32_t nonfinite = 0;
+#pragma omp simd reduction(| : nonfinite)
+  for (int64_t k = 0; k < H; ++k) {
+    const float zi = ld(x, k) + b[k] + ld(rc, k);
+    const float zj = ld(x, H + k) + b[H + k] + ld(rc, H + k);
+    const float zf = ld(x, 2 * H + k) + b[2 * H + k] + ld(rc, 2 * H + k);
+    const float zo = ld(x, 3 * H + k) + b[3 * H + k] + ld(rc, 3 * H + k);
+    nonfinite |= ((bits(zi) & 0x7f800000u) == 0x7f800000u) | ((bits(zj) & 0x7f800000u) == 0x7f800000u) |
+                 ((bits(zf) & 0x7f800000u) == 0x7f800000u) | ((bits(zo) & 0x7f800000u) == 0x7f800000u);
+    const float i = sig(zi), j = tanh_sat(zj), f = sig(zf), o = sig(zo);
+    const float cprev = fminf(fmaxf(cp[k], -cpc), cpc);
+    const float c_raw = f * cprev + i * j;
+    cr[k] = c_raw;
+    g[k] = i;
+    g[H + k] = j;
+    g[2 * H + k] = f;
+    g[3 * H + k] = o;
+    st(mo, k, o * tanh_sat(fminf(fmaxf(c_raw, -ccl), ccl)));
+  }
+  return nonfinite;
+}
+
+// One (direction, row) of a backward step: dm = dh_raw·W_projᵀ and the carried dc → the gate gradients dz (float32,
+// and in T where T is bfloat16) and dc_{t-1} (in place over the carry). Not inlined, as forward_row.
+template <typename T>
+__attribute__((noinline)) void backward_row(const float* __restrict g, const float* __restrict cr,
+                                            const float* __restrict cp, bool cp_raw, const T* __restrict dm,
+                                            float* __restrict dc, float* __restrict dz, T* __restrict dzg, bool low,
+                                            int64_t H, float cc) {
+  const float cpc = cp_raw && cc > 0 ? cc : FLT_MAX, ccl = cc > 0 ? cc : FLT_MAX;  // as forward_row
+#pragma omp simd
+  for (int64_t k = 0; k < H; ++k) {
+    const float i = g[k], j = g[H + k], f = g[2 * H + k], o = g[3 * H + k];
+    const float c_raw = cr[k];
+    const float tc = tanh_sat(fminf(fmaxf(c_raw, -ccl), ccl));
+    const float dmk = ld(dm, k);
+    const float dct = dc[k] + dmk * o * (1.0f - tc * tc);
+    const float dcraw = fabsf(c_raw) <= ccl ? dct : 0.0f;
+    const float cprev = fminf(fmaxf(cp[k], -cpc), cpc);
+    const float dzi = dcraw * j * i * (1.0f - i);
+    const float dzj = dcraw * i * (1.0f - j * j);
+    const float dzf = dcraw * cprev * f * (1.0f - f);
+    const float dzo = dmk * tc * o * (1.0f - o);
+    dc[k] = dcraw * f;
+    dz[k] = dzi;
+    dz[H + k] = dzj;
+    dz[2 * H + k] = dzf;
+    dz[3 * H + k] = dzo;
+    if (low) {
+      st(dzg, k, dzi);
+      st(dzg, H + k, dzj);
+      st(dzg, 2 * H + k, dzf);
+      st(dzg, 3 * H + k, dzo);
+    }
+  }
+}
+
+// One (direction, row) of dh_raw: the output's gradient + the carried one (the next step's recurrent gradient
+// `rec`, or the final state's `fh` where the row ends here), zero where the projection clip was active.
+template <typename T>
+__attribute__((noinline)) void dh_row(const float* __restrict dout, const T* __restrict rec, const float* __restrict fh,
+                                      const T* __restrict hraw, T* __restrict dhraw, int64_t P, float pc) {
+  if (rec != nullptr) {
+#pragma omp simd
+    for (int64_t k = 0; k < P; ++k) {
+      const float g = dout[k] + ld(rec, k);
+      st(dhraw, k, (!(pc > 0) || fabsf(ld(hraw, k)) <= pc) ? g : 0.0f);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < P; ++k) {
+      const float g = dout[k] + fh[k];
+      st(dhraw, k, (!(pc > 0) || fabsf(ld(hraw, k)) <= pc) ? g : 0.0f);
+    }
+  }
+}
 
 // rows of one step: 2·n (direction, row) pairs split over torch's threads
 template <typename F>
@@ -101,34 +195,11 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xw, const at::Tensor& bia
       at::mm_out(r, hp, w_hh[d]);
     }
     for_rows(n, G, [&](int64_t d, int64_t r) {
-      const T* x = xwp + (d * N + off + r) * G;
-      const T* rc = recp + (d * B + r) * G;
-      const float* b = bp + d * G;
       const float* cp = s == 0 ? c0p + (d * B + r) * H : crp + (d * N + off_prev + r) * H;
-      const bool cp_raw = s != 0;
-      float* g = gp + (d * N + off + r) * G;
-      float* cr = crp + (d * N + off + r) * H;
-      T* mo = mp + (d * N + off + r) * H;
-      uint32_t nonfinite = 0;
-#pragma omp simd reduction(| : nonfinite)
-      for (int64_t k = 0; k < H; ++k) {
-        const float zi = ld(x, k) + b[k] + ld(rc, k);
-        const float zj = ld(x, H + k) + b[H + k] + ld(rc, H + k);
-        const float zf = ld(x, 2 * H + k) + b[2 * H + k] + ld(rc, 2 * H + k);
-        const float zo = ld(x, 3 * H + k) + b[3 * H + k] + ld(rc, 3 * H + k);
-        nonfinite |= ((bits(zi) & 0x7f800000u) == 0x7f800000u) | ((bits(zj) & 0x7f800000u) == 0x7f800000u) |
-                     ((bits(zf) & 0x7f800000u) == 0x7f800000u) | ((bits(zo) & 0x7f800000u) == 0x7f800000u);
-        const float i = sig(zi), j = tanh_sat(zj), f = sig(zf), o = sig(zo);
-        const float cprev = cp_raw ? clip(cp[k], cc) : cp[k];
-        const float c_raw = f * cprev + i * j;
-        cr[k] = c_raw;
-        g[k] = i;
-        g[H + k] = j;
-        g[2 * H + k] = f;
-        g[3 * H + k] = o;
-        st(mo, k, o * tanh_sat(clip(c_raw, cc)));
-      }
-      if (nonfinite) bad[d * B + r] = 1;
+      const int64_t row = d * N + off + r;
+      if (forward_row<T>(xwp + row * G, recp + (d * B + r) * G, bp + d * G, cp, s != 0, gp + row * G, crp + row * H,
+                         mp + row * H, H, cc))
+        bad[d * B + r] = 1;
     });
     for (int64_t d = 0; d < 2; ++d) {
       at::Tensor hr = hraw[d].narrow(0, off, n);
@@ -203,15 +274,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dout, const at::Tensor& 
     at::parallel_for(0, 2 * n, 16, [&](int64_t a, int64_t b) {
       for (int64_t q = a; q < b; ++q) {
         const int64_t d = q / n, r = q % n, base = (d * N + off + r) * P;
-        const bool rec = r < n_next;
-        const T* hr = dhrecp + (d * B + r) * P;
-        const float* fh = dfhp + (d * B + r) * P;
-        for (int64_t k = 0; k < P; ++k) {
-          const float carry = rec ? ld(hr, k) : fh[k];
-          const float g = doutp[base + k] + carry;
-          const bool pass = !(pc > 0) || fabsf(ld(hrp + base, k)) <= pc;
-          st(dhrp + base, k, pass ? g : 0.0f);
-        }
+        dh_row<T>(doutp + base, r < n_next ? dhrecp + (d * B + r) * P : nullptr, dfhp + (d * B + r) * P, hrp + base,
+                  dhrp + base, P, pc);
       }
     });
     for (int64_t d = 0; d < 2; ++d) {
@@ -220,39 +284,9 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dout, const at::Tensor& 
     }
     for_rows(n, G, [&](int64_t d, int64_t r) {
       const int64_t row = d * N + off + r;
-      const float* g = gp + row * G;
-      const float* cr = crp + row * H;
       const float* cp = s == 0 ? c0p + (d * B + r) * H : crp + (d * N + off_prev + r) * H;
-      const bool cp_raw = s != 0;
-      const T* dmr = dmp + (d * B + r) * H;
-      float* dcr_carry = dcp + (d * B + r) * H;
-      float* dzr = dzp + row * G;
-      T* dzgr = dzgp + row * G;
-#pragma omp simd
-      for (int64_t k = 0; k < H; ++k) {
-        const float i = g[k], j = g[H + k], f = g[2 * H + k], o = g[3 * H + k];
-        const float c_raw = cr[k];
-        const float tc = tanh_sat(clip(c_raw, cc));
-        const float dmk = ld(dmr, k);
-        const float dct = dcr_carry[k] + dmk * o * (1.0f - tc * tc);
-        const float dcraw = (!(cc > 0) || fabsf(c_raw) <= cc) ? dct : 0.0f;
-        const float cprev = cp_raw ? clip(cp[k], cc) : cp[k];
-        const float dzi = dcraw * j * i * (1.0f - i);
-        const float dzj = dcraw * i * (1.0f - j * j);
-        const float dzf = dcraw * cprev * f * (1.0f - f);
-        const float dzo = dmk * tc * o * (1.0f - o);
-        dcr_carry[k] = dcraw * f;
-        dzr[k] = dzi;
-        dzr[H + k] = dzj;
-        dzr[2 * H + k] = dzf;
-        dzr[3 * H + k] = dzo;
-        if (low) {
-          st(dzgr, k, dzi);
-          st(dzgr, H + k, dzj);
-          st(dzgr, 2 * H + k, dzf);
-          st(dzgr, 3 * H + k, dzo);
-        }
-      }
+      backward_row<T>(gp + row * G, crp + row * H, cp, s != 0, dmp + (d * B + r) * H, dcp + (d * B + r) * H,
+                      dzp + row * G, dzgp + row * G, low, H, cc);
     });
     for (int64_t d = 0; d < 2; ++d) {
       at::Tensor dhd = dhrec[d].narrow(0, 0, n);
