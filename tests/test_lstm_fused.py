@@ -65,9 +65,9 @@ def _loss(outputs) -> torch.Tensor:
 def test_torch_path_passes_float64_gradcheck_with_ragged_rows_and_clips():
     sizes = (4, 4, 3, 1)  # 5 rows: row 4 has no step (its final state is its start state)
     a = _layer_args(h=3, p=2, sizes=sizes, b=5)
-    out = _apply(a, sizes)
-    craw_fires = (out[0].detach().abs() == 0.3).any()  # the projection clip fired somewhere
-    assert craw_fires
+    out, final_c, _ = _apply(a, sizes)
+    assert (out.detach().abs() == 0.3).any()  # the projection clip fired somewhere
+    assert (final_c.detach().abs() == 1.0).any()  # and the cell clip
     assert torch.autograd.gradcheck(lambda *t: _apply(dict(zip(a, t)), sizes), tuple(a.values()), eps=1e-6, atol=1e-7)
 
 

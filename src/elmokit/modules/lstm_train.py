@@ -82,7 +82,6 @@ def _forward_torch(xw, bias, c0, h0, w_hh, w_proj, sizes, cell_clip, proj_clip):
     return [out, final_c, final_h, gates, craw, m, hraw]
 
 
-# long: the reverse time loop written out as the C++ one, then the once-per-layer weight gradients
 def _backward_torch(dout, dfc, dfh, gates, craw, m, hraw, out, c0, h0, w_hh, w_proj, sizes, cell_clip, proj_clip):
     """The torch-op backward: arguments and result as ``native_train.cpp``'s ``lstm_train_backward``."""
     acc = gates.dtype
