@@ -490,13 +490,7 @@ class BiLSTM(nn.Module):
         return out, (final_c, final_h)
 
     def _run_layer_fused(
-        self,
-        k: int,
-        x: torch.Tensor,
-        batch_sizes: list[int],
-        c: torch.Tensor,
-        h: torch.Tensor,
-        low: torch.dtype | None,
+        self, k: int, x: torch.Tensor, batch_sizes: list[int], c: torch.Tensor, h: torch.Tensor, low: torch.dtype | None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """:meth:`_run_layer` with autograd through :class:`~elmokit.modules.lstm_train.FusedLSTMLayer`: the same cell
         equations as :meth:`_run_layer_autograd` (float32) and :meth:`_run_layer_low_precision` (``low`` = bfloat16
