@@ -8,9 +8,15 @@ sentences, in random order) with :meth:`elmokit.Embedder.embed_batch`. Printed p
 the largest absolute difference from the reference over all sentences, layers and trials; the largest value
 magnitude of the reference (the scale); their ratio; and which layer the largest difference was in.
 
-The batch-independence bound that ``Embedder.embed_sentences`` states comes from these figures.
+The first ``--sentences`` are joined by ``--long`` long ones (default 2: UD English-EWT train's longest sentence,
+159 tokens, and its first 200 tokens of consecutive sentences joined), so the figures cover sentences up to 200
+tokens, where the LSTMs have amplified rounding differences longest. ``--batch-invariant`` measures
+``Embedder(batch_invariant=True)`` (expected: 0.0 everywhere, ``"bitwise": true``).
 
-Run: ``python bench/batch_invariance.py [--sentences 48] [--trials 12] [--presets small,medium,original]``.
+The batch-independence bound that ``Embedder.embed_sentences`` and the README state comes from these figures.
+
+Run: ``python bench/batch_invariance.py [--sentences 48] [--trials 12] [--presets small,medium,original]
+[--batch-invariant]``.
 """
 
 from __future__ import annotations
@@ -27,8 +33,28 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from inference import EWT_DEV, read_conllu_forms  # bench/inference.py: the same sentences
 
+EWT_TRAIN = EWT_DEV.with_name("en_ewt-ud-train.conllu")
 
-def measure(preset: str, sentences: list[list[str]], trials: int, weight_scale: float = 1.0, seed: int = 0) -> dict:
+
+def long_sentences(n: int) -> list[list[str]]:
+    """Up to ``n`` long real sentences: EWT train's longest (159 tokens), then its first 200 tokens joined."""
+    train = read_conllu_forms(EWT_TRAIN, 20000)
+    joined: list[str] = []
+    for s in train:
+        joined += s
+        if len(joined) >= 200:
+            break
+    return [max(train, key=len), joined[:200]][:n]
+
+
+def measure(
+    preset: str,
+    sentences: list[list[str]],
+    trials: int,
+    weight_scale: float = 1.0,
+    seed: int = 0,
+    batch_invariant: bool = False,
+) -> dict:
     """The largest batch-vs-alone difference of ``preset``'s random model on ``sentences`` (see the module doc)."""
     from elmokit import Embedder
     from elmokit.config import PRESETS
@@ -39,7 +65,7 @@ def measure(preset: str, sentences: list[list[str]], trials: int, weight_scale: 
     with torch.no_grad():  # larger weights: values and clips closer to a trained model's
         for p in bilm.parameters():
             p.mul_(weight_scale)
-    embedder = Embedder(bilm, batch_size=64)
+    embedder = Embedder(bilm, batch_size=64, batch_invariant=batch_invariant)
     alone = [embedder.embed_sentence(s) for s in sentences]
     scale = max(float(np.abs(a).max()) for a in alone)
     rng = random.Random(seed)
@@ -54,6 +80,9 @@ def measure(preset: str, sentences: list[list[str]], trials: int, weight_scale: 
     return {
         "preset": preset,
         "weight_scale": weight_scale,
+        "batch_invariant": batch_invariant,
+        "longest": max(len(s) for s in sentences),
+        "bitwise": worst == 0.0,
         "max_abs": worst,
         "scale": scale,
         "max_abs_over_scale": worst / scale,
@@ -68,12 +97,15 @@ def main() -> None:
     ap.add_argument("--presets", default="small,medium,original")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--weight-scales", default="1,4", help="each preset is measured with its weights times each")
+    ap.add_argument("--long", type=int, default=2, help="long sentences added (159 and 200 tokens)")
+    ap.add_argument("--batch-invariant", action="store_true", help="measure Embedder(batch_invariant=True)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    sentences = read_conllu_forms(EWT_DEV, args.sentences)
+    sentences = read_conllu_forms(EWT_DEV, args.sentences) + long_sentences(args.long)
     for preset in args.presets.split(","):
         for scale in map(float, args.weight_scales.split(",")):
-            print(json.dumps(measure(preset, sentences, args.trials, scale)), flush=True)
+            result = measure(preset, sentences, args.trials, scale, batch_invariant=args.batch_invariant)
+            print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,35 @@ def skip_unless_required(msg: str, what: str) -> None:
     pytest.skip(msg)
 
 
+#: The seed every module and every test starts from (torch, numpy and random's global generators).
+TEST_SEED = 0
+
+
+def _seed_global_rngs() -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(TEST_SEED)
+    np.random.seed(TEST_SEED)
+    torch.manual_seed(TEST_SEED)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _seeded_module():
+    """A module's fixtures start from the same global random state whatever ran before (a random model built by a
+    module fixture is the same model in any order)."""
+    _seed_global_rngs()
+
+
+@pytest.fixture(autouse=True)
+def _seeded_test():
+    """Each test starts from the same global random state whatever ran before it: ``BiLM(...)``, ``torch.randn``
+    and ``np.random`` without an explicit generator give the same values alone and in any order (issue 39 item 9)."""
+    _seed_global_rngs()
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Run a module's tests with one torch thread: tiny models are several times faster on one thread than on two
@@ -43,3 +72,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print the test order's seed (pytest-random-order; ``-q`` hides its header line), so that an order-dependent
+    failure can be repeated: ``python -m pytest --random-order-seed=N``."""
+    bucket = getattr(config.option, "random_order_bucket", None)
+    seed = getattr(config.option, "random_order_seed", None)
+    if bucket is None or seed is None or bucket.removeprefix("default:") == "none":
+        return
+    terminalreporter.write_line(
+        f"test order: --random-order-bucket={bucket.removeprefix('default:')} "
+        f"--random-order-seed={seed.removeprefix('default:')} (repeat it with these options)"
+    )

@@ -183,3 +183,12 @@ def assert_close_to_scale(got, want, tol: float, *, equal_nan: bool = False, dim
             f"max(1, |value|); worst at flat index {i}: got {float(got.flatten()[i])!r}, want "
             f"{float(want.flatten()[i])!r} (difference {float(diff.flatten()[i]):.3g})"
         )
+
+
+def readme_example(heading: str) -> str:
+    """The first ```python block after the README heading ``heading`` (e.g. ``"### spaCy"``): the examples the
+    integration tests run."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    start = text.index("\n" + heading + "\n")
+    block = text.index("```python\n", start) + len("```python\n")
+    return text[block : text.index("```", block)]

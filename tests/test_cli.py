@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, shared_path
-from elmokit import Embedder, load_pretrained_bilm
+from elmokit import Embedder, interrupts, load_pretrained_bilm
 from elmokit.cli import main as cli_main
 from elmokit.config import elmo_tiny
 from elmokit.modules.bilm import BiLM
@@ -501,6 +501,10 @@ def test_swallowed_interrupt_still_exits_130(monkeypatch, capsys):
     assert cli_main(["info", "whatever"]) == 130
     assert swallowed == [KeyboardInterrupt]  # the interrupt really was swallowed on the way
     assert "elmokit info: interrupted (SIGINT)" in _err(capsys)
+    # the command's interrupt was its own: code that runs after it (the next test) is not interrupted by it
+    interrupts.check()
+    with interrupts.deferred():
+        pass
 
 
 def test_interrupted_train_hints_resume_only_with_a_checkpoint(tmp_path, monkeypatch, capsys):
@@ -686,6 +690,7 @@ def test_every_help_shows_defaults_and_describes_positionals():
         "classify",
         "similar",
         "serve",
+        "push",
     }
     for name, sub in commands.items():
         for action in sub._actions:

@@ -94,6 +94,9 @@ PUBLIC = {  # the packages whose __all__ an API page renders whole
     "elmokit.compat.efml": "compat",
     "elmokit.compat.simple_elmo": "compat",
     "elmokit.integrations.flair": "compat",
+    "elmokit.integrations.spacy": "compat",
+    "elmokit.integrations.hub": "compat",
+    "elmokit.integrations.ray": "compat",
 }
 
 

@@ -43,12 +43,28 @@ OPTIONAL = {
     "onnx": "onnx",
     "onnxscript": "onnxscript",
     "onnxruntime": "onnxruntime",
+    "spacy": "spacy",
+    "huggingface_hub": "huggingface_hub",
+    "ray[data]": "ray",
 }
 #: Extras that ``all`` leaves out (``test`` installs them, so the suite runs their tests): flair brings transformers,
 #: huggingface-hub, boto3 and its own pins (~240 MB), for one integration; serve's web stack (FastAPI, uvicorn,
 #: prometheus-client, orjson) is for running a server, not for using the library; export's ONNX libraries serve
-#: deployment only (``elmokit[export]``).
-NOT_IN_ALL = {"flair", "fastapi", "uvicorn", "prometheus-client", "orjson", "onnx", "onnxscript", "onnxruntime"}
+#: deployment only (``elmokit[export]``); spacy, hub and ray are integrations with other libraries' worlds (a spaCy
+#: pipeline, the Hugging Face Hub, a Ray cluster), each for its users.
+NOT_IN_ALL = {
+    "flair",
+    "fastapi",
+    "uvicorn",
+    "prometheus-client",
+    "orjson",
+    "onnx",
+    "onnxscript",
+    "onnxruntime",
+    "spacy",
+    "huggingface_hub",
+    "ray[data]",
+}
 
 
 def _project() -> dict:
@@ -95,6 +111,7 @@ def test_all_installs_every_optional_library_and_test_installs_all():
     extras = _project()["optional-dependencies"]
     assert _extra("all") == set(OPTIONAL) - NOT_IN_ALL
     assert _extra("flair") == {"flair"}
+    assert _extra("spacy") == {"spacy"} and _extra("hub") == {"huggingface_hub"} and _extra("ray") == {"ray[data]"}
     assert _extra("test") >= set(OPTIONAL) | {"pytest", "hypothesis", "nltk"}
     assert _extra("tasks") == {"pytorch-crf", "seqeval", "conllu", "scikit-learn"}
     assert _extra("plots") == {"matplotlib"} and _extra("baselines") == {"gensim"}

@@ -5,6 +5,8 @@ the tiny random model."""
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import socket
 import time
 
@@ -16,9 +18,12 @@ from elmokit.cli import build_parser
 from elmokit.cli.serve import _settings
 from elmokit.embedding import Embedder
 from elmokit.serving import app as app_module
+from elmokit.serving.schemas import json_bytes, negotiate
 from elmokit.serving.settings import ServeSettings
 from elmokit.weights.native import load_pretrained_bilm
 from serve_helpers import metric, running_server, save_tiny_model
+
+orjson = pytest.importorskip("orjson", reason="the serve extra (pip install 'elmokit[serve]') is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -176,18 +181,92 @@ def test_openai_route_refuses_token_ids_empty_input_and_wrong_types(server, body
     assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 16
 
 
-def test_a_lone_surrogate_is_echoed_escaped_not_a_500(server, embedder):
+_RAW = {"Content-Type": "application/json"}  # JSON's "\ud800" escape: a lone surrogate, which UTF-8 cannot carry
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param", "named"),
+    [
+        ("/embed", rb'{"sentences": [["bank\ud800"]], "layers": "top", "pool": "mean"}', "sentences", "[0][0]"),
+        ("/embed", rb'{"sentences": [["ok"], ["a", "\ud800"]]}', "sentences", "sentences[1][1] ('\\ud800')"),
+        ("/embed", rb'{"texts": ["the bank\udfff rose"]}', "texts", "texts[0]"),
+        ("/v1/embeddings", rb'{"input": ["fine", "\udc00bank"]}', "input", "input[1]"),
+        ("/similar", rb'{"word": "a\ud800", "sentences": [["a\ud800", "b"]]}', "word", "word ('a\\ud800')"),
+        ("/similar", rb'{"word": "a", "sentences": [["a"], ["a"]], "labels": ["x", "y\ud800"]}', "labels", "[1]"),
+        ("/embed", rb'{"sentences": [["a"]], "\ud800": 1}', None, "a field name ('\\ud800')"),
+    ],
+)
+def test_a_lone_surrogate_is_refused_by_name_in_strict_json(server, route, body, param, named):
+    # it was refused as "empty or whitespace-only" with a hint (empty_tokens='keep') the HTTP API rejects, or echoed
+    # in a 200 answer that strict JSON parsers refuse
     client, _ = server
-    raw = {"Content-Type": "application/json"}  # JSON's "\ud800" escape: a lone surrogate, which UTF-8 cannot carry
-    r = client.post("/embed", content=b'{"sentences": [["bank\\ud800"]], "layers": "top", "pool": "mean"}', headers=raw)
-    assert r.status_code == 200 and r.json()["data"][0]["tokens"] == ["bank\ud800"]
-    want = embedder.embed_batch([["bank\ud800"]], layers="top", pool="mean")[0]  # the library drops the surrogate
-    assert np.allclose(r.json()["data"][0]["vectors"], want, atol=1e-6)
-    r = client.post("/similar", content=b'{"word": "a\\ud800", "sentences": [["a\\ud800", "b"]]}', headers=raw)
-    assert r.status_code == 200 and r.json()["word"] == "a\ud800"
-    r = client.post("/embed", content=b'{"sentences": [["a"]], "\\ud800": 1}', headers=raw)
-    assert r.status_code == 422 and r.json()["error"]["param"] == "\ud800"
-    assert r.json()["error"]["message"].startswith("unknown field '\\ud800'")
+    r = client.post(route, content=body, headers=_RAW)
+    assert r.status_code == 422
+    error = orjson.loads(r.content)["error"]  # strict: a lone surrogate in the answer would raise here
+    message = error["message"]
+    assert error["param"] == param and named in message and len(message.splitlines()) == 1
+    assert "holds a lone surrogate (U+D" in message and "send valid Unicode text" in message
+    assert "empty" not in message and "empty_tokens" not in message
+    _still_serves(client)
+
+
+@pytest.mark.parametrize("token", ["", "  ", "\u3000"])
+def test_a_blank_token_is_refused_without_a_library_only_hint(server, token):
+    # the library's message ends "or pass empty_tokens='keep'": a field this API refuses as unknown
+    client, _ = server
+    r = client.post("/embed", json={"sentences": [["a"], ["b", token]]})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "sentences"
+    assert r.json()["error"]["message"] == (
+        f"sentence 1, token 1 is {token!r}: empty or whitespace-only tokens are refused (they are usually tokeniser "
+        "padding, and would change their neighbours' vectors): drop them"
+    )
+
+
+def test_a_surrogate_pair_is_one_character_not_refused(server):
+    client, _ = server
+    r = client.post("/embed", content=rb'{"sentences": [["ok\ud83d\ude00"]], "pool": "mean"}', headers=_RAW)
+    assert r.status_code == 200 and orjson.loads(r.content)["data"][0]["tokens"] == ["ok\U0001f600"]
+
+
+def _shortest_float32(text: str) -> float:
+    """``json.loads``' ``parse_float``: assert the number is written as the shortest text that reads back as its
+    float32 value (orjson's form of a float32), not a float64 repr such as ``0.10000000149011612``."""
+    value = np.float32(text)  # read back as float32
+    shortest = np.format_float_scientific(value, unique=True)  # Dragon4: the fewest digits that read back
+
+    def digits(number: str) -> str:
+        return number.lower().lstrip("-").split("e")[0].replace(".", "").strip("0")
+
+    assert len(digits(text)) <= len(digits(shortest)), (text, shortest)
+    return float(value)
+
+
+def test_every_number_in_an_answer_is_in_its_shortest_float32_form(server):
+    client, _ = server
+    answers = [
+        client.post("/embed", json={"sentences": [["The", "bank", "rose"]], "layers": "top"}),
+        client.post("/embed", json={"texts": ["a bank"], "layers": [0.2, 0.3, 0.5], "dtype": "float16"}),
+        client.post("/v1/embeddings", json={"input": ["the river bank", "a bank"]}),
+        client.post(
+            "/similar", json={"word": "bank", "texts": ["the bank rose", "a bank", "river bank"], "labels": list("aab")}
+        ),
+    ]
+    for r in answers:
+        assert r.status_code == 200, r.text
+        orjson.loads(r.content)  # strict JSON
+        json.loads(r.content, parse_float=_shortest_float32)
+    similar = orjson.loads(answers[-1].content)
+    assert similar["layers"]["2"]["summary"]["pairs"] == 3 and len(similar["projection"]["layers"]["2"]) == 3
+
+
+def test_json_bytes_never_writes_invalid_json_or_float64_reprs():
+    # the fallback for a string holding a lone surrogate went through json.dumps: escaped surrogates (which strict
+    # parsers refuse) and each float32 as its float64 repr (0.1 -> 0.10000000149011612)
+    data = {"tokens": ["bank\ud800"], "k\udc00": 1, "vectors": np.array([[0.1, 1 / 3]], dtype=np.float32)}
+    out = json_bytes(data)
+    assert orjson.loads(out) == {"tokens": ["bank\\ud800"], "k\\udc00": 1, "vectors": [[0.1, 0.33333334]]}
+    assert b"0.1," in out and b"0.33333334]" in out
+    assert json_bytes({"v": np.float32(0.1)}) == b'{"v":0.1}'
 
 
 @pytest.mark.parametrize("route", ["/embed", "/similar", "/v1/embeddings"])
@@ -254,3 +333,66 @@ def test_small_pre_tokenised_requests_stay_on_the_event_loop_and_large_ones_do_n
     monkeypatch.setattr(app_module, "INLINE_ANSWER_VALUES", 1)
     assert client.post("/embed", json=small).status_code == 200
     assert seen == [("parse_embed", "worker thread"), ("_embed_response", "worker thread")]
+
+
+_JSON, _NPZ = "application/json", "application/x-npz"
+
+
+@pytest.mark.parametrize(
+    ("accept", "want"),
+    [
+        # the issue's cases: q=0 refuses, a lower q loses, an unknown type beside a known one, the case of a type
+        ("application/x-npz;q=0, application/json", _JSON),
+        ("application/json, application/x-npz;q=0.5", _JSON),
+        ("application/x-npy, application/json", _JSON),
+        ("APPLICATION/X-NPZ", _NPZ),
+        ("Application/X-Npz;Q=0.7, application/json;q=0.6", _NPZ),
+        # wildcards, and the most specific range deciding a type's q
+        ("*/*", _JSON),
+        ("application/*", _JSON),
+        ("*/*;q=0.1, application/x-npz", _NPZ),
+        ("application/json;q=0, */*", _NPZ),
+        ("application/*;q=0, application/x-npz", _NPZ),
+        ("text/html, application/x-npz;q=0.2", _NPZ),
+        ("application/x-npz, application/json", _NPZ),  # equal q: the one listed first
+        (None, _JSON),  # no header: JSON
+        # 406 only when nothing offered is acceptable
+        ("application/x-npy", 406),
+        ("text/html", 406),
+        ("application/json;q=0, application/x-npz;q=0", 406),
+        ("*/*;q=0", 406),
+        ("application/json;q=0", 406),
+    ],
+)
+def test_content_negotiation_follows_rfc_9110(server, accept, want):
+    client, _ = server
+    headers = {} if accept is None else {"Accept": accept}
+    r = client.post("/embed", json={"sentences": [["the", "bank"]], "layers": "top", "pool": "mean"}, headers=headers)
+    if want == 406:
+        assert r.status_code == 406 and r.json()["error"]["param"] == "accept"
+        assert "/embed answers application/json or application/x-npz" in r.json()["error"]["message"]
+        return
+    assert r.status_code == 200 and r.headers["content-type"] == want
+    if want == _NPZ:
+        assert np.load(io.BytesIO(r.content), allow_pickle=False)["0"].shape == (16,)
+    else:
+        assert len(r.json()["data"][0]["vectors"]) == 16
+
+
+def test_several_accept_lines_count_as_one_list(server):
+    client, _ = server
+    body = b'{"sentences": [["a"]], "pool": "mean"}'
+    headers = [("Content-Type", "application/json"), ("Accept", "text/html"), ("Accept", "application/x-npz;q=0.5")]
+    r = client.post("/embed", content=body, headers=headers)
+    assert r.status_code == 200 and r.headers["content-type"] == _NPZ
+
+
+def test_negotiate_parses_the_grammar_and_skips_what_it_cannot_parse():
+    offered = (_JSON, _NPZ)
+    assert negotiate(["application/x-npz ; q=1.000 ; ext=1"], offered) == _NPZ  # spaces, 3 decimals, an extension
+    assert negotiate(["application/x-npz;q=2, application/json;q=0.1"], offered) == _JSON  # q=2 is not a qvalue
+    assert negotiate(["application/x-npz;q=abc"], offered) == _JSON  # the only range unparsable: as no header
+    assert negotiate(["*/json, application/x-npz;q=0.9"], offered) == _NPZ  # */json is no media range
+    assert negotiate(["application/json;q=0.001, application/x-npz;q=0.0001"], offered) == _JSON  # 4 decimals
+    assert negotiate(["", " , "], offered) == _JSON
+    assert negotiate(["application/xml"], offered) is None

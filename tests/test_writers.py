@@ -317,8 +317,15 @@ def test_embed_and_similar_never_replace_a_text_file_without_overwrite(tmp_path,
     err = _err(capsys)
     assert f"the output {copy} already exists: pass --overwrite" in err and len(err.splitlines()) == 1
     assert copy.read_text(encoding="utf-8") == "a text file of the user's\n"
-    assert cli_main(["embed", str(tiny_model), str(three), str(copy), "--no-progress", "--overwrite"]) == 0
-    assert h5py.is_hdf5(copy)
+    # --overwrite replaces only a file elmokit wrote: a user's text file is refused, one line, untouched
+    assert cli_main(["embed", str(tiny_model), str(three), str(copy), "--no-progress", "--overwrite"]) == 2
+    err = _err(capsys)
+    assert "is not an HDF5 file of embeddings elmokit wrote" in err and "by hand" in err and len(err.splitlines()) == 1
+    assert copy.read_text(encoding="utf-8") == "a text file of the user's\n"
+    vectors = tmp_path / "vectors.h5"
+    assert cli_main(["embed", str(tiny_model), str(three), str(vectors), "--no-progress"]) == 0
+    assert cli_main(["embed", str(tiny_model), str(three), str(vectors), "--no-progress", "--overwrite"]) == 0
+    assert h5py.is_hdf5(vectors)
     # the parts layout: a finished output folder is replaced only with --overwrite
     parts = tmp_path / "parts"
     assert cli_main(["embed", str(tiny_model), str(three), str(parts), "--format", "parts", "--no-progress"]) == 0
@@ -332,13 +339,16 @@ def test_embed_and_similar_never_replace_a_text_file_without_overwrite(tmp_path,
     )
     capsys.readouterr()
     # similar --png
-    png = tmp_path / "plot.txt"
+    png = tmp_path / "plot.png"
     png.write_text("keep me\n")
     argv = ["similar", str(tiny_model), str(three), "--word", "bank", "--png", str(png)]
     assert cli_main(argv) == 2
     assert f"--png {png} already exists: pass --overwrite" in _err(capsys)
+    assert cli_main(argv + ["--overwrite"]) == 2  # not a plot elmokit wrote
+    assert "is not a plot elmokit wrote" in _err(capsys)
     assert png.read_text() == "keep me\n"
-    assert cli_main(argv + ["--overwrite"]) == 0
+    png.unlink()
+    assert cli_main(argv) == 0 and cli_main(argv + ["--overwrite"]) == 0  # its own plot: replaced
     assert png.read_bytes().startswith(b"\x89PNG")
 
 

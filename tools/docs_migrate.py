@@ -49,6 +49,8 @@ REASONS = [
     (r"zhs\.model|sents2elmo", "needs an ELMoForManyLangs model (a download)"),
     (r"model\.zip|ElmoModel", "needs an NLPL model zip (a download)"),
     (r"CONLL_03|flair", "needs the flair extra and CoNLL-2003 (downloads, hours of training)"),
+    (r"push_to_hub|my-org/", "needs the Hugging Face Hub (network, an account)"),
+    (r"ray\.data|ray\.init", "needs Ray and a data set of your own"),
     (r"ElmoEmbedder\(options_file", "needs the released model's files (a download)"),
     (r"elmokit train|build_trainer|--init-from", "trains for minutes to hours on a corpus of your own"),
     (r"\"original\"|'original'| original |small\.pt2|small\.onnx|original-5\.5b", "downloads a released model"),

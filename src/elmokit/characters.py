@@ -407,9 +407,21 @@ def _check_sentence(sentence: object, i: int, expected: str) -> None:
             )
 
 
+def _lone_surrogates(token: str) -> list[str]:
+    """The lone surrogates (U+D800–U+DFFF, unencodable in UTF-8) of ``token``, in order; [] for most tokens."""
+    return [ch for ch in token if "\ud800" <= ch <= "\udfff"]
+
+
 def _check_not_blank(sentence: Sequence[str], i: int) -> None:
     """Raise :class:`InputError` (a value error) at the first blank token of sentence ``i``."""
     for j, token in enumerate(sentence):
+        if is_blank_token(token) and _lone_surrogates(token):
+            raise InputError(
+                f"sentence {i}, token {j} is {token[:10]!r}: it holds lone surrogates "
+                f"({', '.join(f'U+{ord(ch):04X}' for ch in _lone_surrogates(token)[:3])}), which no character scheme "
+                "can encode, and nothing else visible; fix the text's decoding (a lone surrogate is half of a UTF-16 "
+                "pair, often from decoding with errors='surrogateescape') or drop the token"
+            )
         if is_blank_token(token):
             raise InputError(
                 f"sentence {i}, token {j} is {token[:10]!r}: empty or whitespace-only tokens are refused (they are "

@@ -15,6 +15,7 @@ from elmokit.characters import batch_to_ids
 from elmokit.checks import positive_int
 from elmokit.config import ElmoConfig
 from elmokit.errors import InputError, InputTypeError, UsageError, UsageTypeError
+from elmokit.modules import invariant
 from elmokit.modules.bilm import BiLM, BiLMOutput, StatefulBiLM, remove_sentence_boundaries
 from elmokit.modules.scalar_mix import ScalarMix
 from elmokit.weights.native import load_pretrained_bilm
@@ -251,6 +252,9 @@ class Elmo(nn.Module):
             :class:`~elmokit.modules.bilm.StatefulBiLM` (a BiLM itself keeps no state; see :class:`BiLM`).
         layer_norm_mask: which positions the layer-norm statistics use: ``"with_boundaries"`` (AllenNLP, default) or
             ``"tokens"`` (bilm-tf, boundaries excluded).
+        batch_invariant: ``True``: float32 CPU inference by the batch-invariant kernels, a sentence's vectors the
+            same bits in any batch (:mod:`elmokit.modules.invariant`; ``do_layer_norm`` normalises over the whole
+            batch by definition, so it stays batch-dependent); ``None`` (default): the process default.
 
     ``forward(inputs, word_inputs=None)``:
 
@@ -290,8 +294,13 @@ class Elmo(nn.Module):
         stateful: bool = False,
         layer_norm_mask: str = "with_boundaries",
         bilm: BiLM | None = None,
+        batch_invariant: bool | None = None,
     ) -> None:
         super().__init__()
+        if batch_invariant is not None and not isinstance(batch_invariant, bool):
+            raise UsageTypeError(f"batch_invariant must be True, False or None, got {batch_invariant!r}")
+        #: the batch-invariant kernels on, off or as the process default (``None``), as ``Embedder``'s option
+        self.batch_invariant = batch_invariant
         given = _check_arguments(module, bilm, num_output_representations, dropout, layer_norm_mask)
         given = _load_bilm(options_file, weight_file, given, stateful=stateful, vocab_to_cache=vocab_to_cache)
         self._elmo_lstm = given
@@ -413,7 +422,8 @@ class Elmo(nn.Module):
             inputs = inputs.reshape(-1, *inputs.shape[-2:])
         if inputs is None and word_inputs is None:
             raise InputError("Elmo needs character ids (inputs), or word_inputs with vocab_to_cache")
-        with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()):
+        exact = getattr(self, "batch_invariant", None)
+        with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()), invariant.batch_invariant(exact):
             layers, mask_bounded = self._run_bilm(inputs, word_inputs)
         if self._layer_norm_mask == "tokens":
             norm_mask = mask_bounded.clone()

@@ -181,7 +181,7 @@ def deferred() -> Iterator[None]:
         yield
     finally:
         _depth -= 1
-    if _depth == 0 and _received:
+    if _depth == 0 and _received and _handled():
         raise KeyboardInterrupt
 
 
@@ -201,9 +201,18 @@ def shielded() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+def _handled() -> bool:
+    """Whether a recorded signal is still to be acted on: inside :func:`handling_signals`, or in a program under
+    :func:`install_for_process`. After an in-process block ends (a library caller, a test calling the CLI's
+    ``main``), what it recorded was its own: it never raises in later, unrelated code, whose Ctrl-C Python's own
+    handler turns into ``KeyboardInterrupt`` as usual."""
+    return _armed or _process_wide
+
+
 def check() -> None:
-    """Raise ``KeyboardInterrupt`` if a signal was received (call at safe points of long loops)."""
-    if _received and _depth == 0:
+    """Raise ``KeyboardInterrupt`` if a signal was received (call at safe points of long loops) and is still handled
+    (:func:`_handled`)."""
+    if _received and _depth == 0 and _handled():
         raise KeyboardInterrupt
 
 

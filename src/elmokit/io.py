@@ -8,12 +8,15 @@
   holder's pid, start time and command) — also with ``--overwrite`` or ``--resume``, which would otherwise delete or
   continue the live run's files. The operating system releases the lock when its process ends, however it ends, so a
   lock left by a killed process (``kill -9``, a crash, a reboot) never blocks.
+* Outputs that never clobber (:func:`check_output_path`): an output is never one of the command's inputs (the same
+  file after symlinks and hard links), and ``--overwrite`` replaces only a file elmokit wrote and recognises.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import hashlib
 import json
 import logging
@@ -23,12 +26,12 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from elmokit import interrupts
-from elmokit.errors import FolderInUseError, UsageError
+from elmokit.errors import FolderInUseError, MissingFileError, UsageError
 
 try:
     import fcntl
@@ -45,6 +48,11 @@ __all__ = [
     "FolderLock",
     "LOCK_NAME",
     "check_creatable_folder",
+    "same_file",
+    "check_not_an_input",
+    "check_writable_folder",
+    "check_writable_place",
+    "check_output_path",
 ]
 
 logger = logging.getLogger(__name__)
@@ -269,3 +277,131 @@ def folder_lock(folder: str | os.PathLike, what: str = "folder") -> Iterator[Fol
         yield lock
     finally:
         lock.release()
+
+
+# ---------------------------------------------------------------------------------------- outputs that never clobber
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same device and inode when both exist (so a symlink or a hard link
+    to a file is that file), else the same resolved path."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _files_of(path: Path) -> list[Path]:
+    """``path`` itself, and for a folder (a model folder) the files directly in it."""
+    if path.is_dir():
+        return [p for p in sorted(path.iterdir()) if p.is_file()]
+    return [path]
+
+
+def check_not_an_input(
+    output: str | os.PathLike,
+    inputs: Mapping[str, str | os.PathLike | None],
+    what: str,
+    fix: str = "choose another output path",
+) -> None:
+    """Refuse an ``output`` that is one of the command's ``inputs`` (role → path; ``None`` skipped): the same file
+    after symlinks and hard links (:func:`same_file`). An input that is a folder (a model folder) protects the files
+    in it, and an output inside it.
+
+    Raises:
+        UsageError: naming ``what`` (how the command line names the output), the output path, the input's role and
+            ``fix`` (what to do instead).
+    """
+    output = Path(output)
+    for role, path in inputs.items():
+        if path is None:
+            continue
+        path = Path(path)
+        real, folder = os.path.realpath(output), os.path.realpath(path)
+        if path.is_dir() and (real == folder or real.startswith(folder.rstrip(os.sep) + os.sep)):
+            raise UsageError(f"{what} {output} is inside the {role} {path}: write it elsewhere")
+        for file in _files_of(path):
+            if file.exists() and same_file(output, file):
+                shown = role if file == path else f"{role}'s file {file.name}"
+                linked = os.path.islink(output) or os.path.realpath(output) != os.path.realpath(file)
+                link = " (a link to it)" if linked else ""
+                raise UsageError(f"{what} {output} is the {shown}{link}: {fix}")
+
+
+def check_writable_folder(folder: str | os.PathLike, output: str | os.PathLike, what: str) -> None:
+    """Refuse, before any work, an ``output`` whose existing ``folder`` cannot be written in (a read-only file
+    system, ``/proc``, no permission): a temporary file is created there and removed.
+
+    Raises:
+        UsageError: ``"{what} {output} cannot be written: its folder {folder} is not writable (reason)"``.
+    """
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".elmokit-probe.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        # ENOENT in a folder that exists: a file system that takes no new files (/proc, /sys)
+        reason = "it takes no new files" if exc.errno == errno.ENOENT else (exc.strerror or type(exc).__name__)
+        raise UsageError(f"{what} {output} cannot be written: its folder {folder} is not writable ({reason})") from None
+
+
+def check_writable_place(path: str | os.PathLike, what: str) -> None:
+    """A ``path`` to be created (a folder, with its missing parents): the nearest folder above it that exists can be
+    written in (:func:`check_writable_folder`). Nothing is checked when that nearest existing path is a file (the
+    caller's own check names it)."""
+    nearest = next(p for p in Path(os.path.realpath(path)).parents if p.exists())
+    if nearest.is_dir():
+        check_writable_folder(nearest, path, what)
+
+
+def check_output_path(
+    output: str | os.PathLike,
+    inputs: Mapping[str, str | os.PathLike | None],
+    *,
+    overwrite: bool,
+    ours: Callable[[Path], bool],
+    kind: str,
+    what: str = "the output",
+    overwrite_flag: str = "--overwrite",
+    create_folder: bool = False,
+) -> None:
+    """The rules of every output file a command writes, checked before any work:
+
+    * it is none of the ``inputs`` (:func:`check_not_an_input`: after symlinks and hard links; also with
+      ``overwrite``);
+    * its folder exists (or, with ``create_folder``, can be created: the nearest existing folder above it is a
+      folder) and can be written in;
+    * an existing file is replaced only with ``overwrite``, and only when ``ours(output)`` recognises it as a file
+      elmokit wrote (``kind`` names it, e.g. ``"an elmokit HDF5 file"``): anything else is the user's to remove.
+
+    Args:
+        output: the file to write. inputs: role → path of every input (sentences, word lists, the model folder).
+        overwrite: ``--overwrite`` given. ours: recognises a file elmokit wrote (reads only what it needs).
+        kind: what ``ours`` recognises, for the message. what / overwrite_flag: how messages name the output / flag.
+        create_folder: a missing folder is created by the writer (the library's ``atomic_path``), not an error.
+
+    Raises:
+        UsageError: a folder, an input, below a file, an unwritable folder, an existing file without ``overwrite``,
+            or one ``ours`` does not recognise. MissingFileError: its folder does not exist.
+    """
+    output = Path(output)
+    if output.is_dir():
+        raise UsageError(f"{what} {output} is a folder: give a file path")
+    check_not_an_input(output, inputs, what)
+    parent = Path(os.path.realpath(output)).parent
+    existing = next(p for p in (parent, *parent.parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{what} {output} cannot be written: {existing} is a file, not a folder")
+    if existing != parent and not create_folder:
+        raise MissingFileError(f"{what} {output}: its folder {parent} does not exist (create it first)")
+    check_writable_folder(existing, output, what)
+    if not output.exists():
+        return
+    if not output.is_file():  # a FIFO, a device: never opened to recognise it (a FIFO would block), never replaced
+        raise UsageError(f"{what} {output} exists and is not a regular file: choose another path")
+    if not overwrite:
+        raise UsageError(f"{what} {output} already exists: pass {overwrite_flag} to replace it, or choose another path")
+    if not ours(output):
+        raise UsageError(
+            f"{what} {output} exists and is not {kind}: {overwrite_flag} replaces only a file elmokit wrote; "
+            "remove it by hand if it is to go, or choose another path"
+        )

@@ -47,6 +47,9 @@ __all__ = [
     "pca_2d",
     "plot_scale",
     "plot_occurrences",
+    "PLOT_FORMATS",
+    "plot_format",
+    "is_elmokit_plot",
     "cjk_font",
     "romanised",
     "missing_glyphs",
@@ -54,6 +57,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: The plot formats :func:`plot_occurrences` writes, by the path's suffix (any case).
+PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+#: What a plot elmokit wrote says it was made by (PNG ``Software``, SVG and PDF ``Creator``; :func:`is_elmokit_plot`).
+PLOT_CREATOR = "elmokit plot"
+_PLOT_METADATA_KEY = {"png": "Software", "svg": "Creator", "pdf": "Creator"}
+_PLOT_SIGNATURES = {"png": (b"\x89PNG\r\n\x1a\n",), "pdf": (b"%PDF-",), "svg": (b"<?xml", b"<svg")}
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -418,6 +428,39 @@ def _draw_panel(
     ax.tick_params(labelsize=7)
 
 
+def plot_format(path: str | Path) -> str:
+    """The format a plot at ``path`` is written in, by its suffix: ``png``, ``svg`` or ``pdf``.
+
+    Raises:
+        UsageError: any other suffix (a ``.jpg`` would otherwise hold PNG bytes), naming the path and the three."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in PLOT_FORMATS:
+        raise UsageError(
+            f"the plot {path} ends in {suffix or 'no suffix'!r}: a plot is written as .png, .svg or .pdf (by the "
+            "suffix asked)"
+        )
+    return PLOT_FORMATS[suffix]
+
+
+def is_elmokit_plot(path: str | Path) -> bool:
+    """Whether ``path`` is a plot :func:`plot_occurrences` wrote: the signature of a PNG, SVG or PDF file, and
+    :data:`PLOT_CREATOR` in its metadata (read from the first and last 64 KiB: a PNG's text chunk and an SVG's
+    metadata come first, a PDF's Info dictionary last). Anything unreadable is not one."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 16)
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - (1 << 16)))
+            tail = fh.read()
+    except OSError:
+        return False
+    start = head.lstrip()
+    if not any(start.startswith(sig) for sigs in _PLOT_SIGNATURES.values() for sig in sigs):
+        return False
+    mark = PLOT_CREATOR.encode("ascii")
+    return mark in head or mark in tail
+
+
 def plot_occurrences(
     vectors: np.ndarray,
     path: str | Path,
@@ -428,7 +471,8 @@ def plot_occurrences(
     annotate: bool | None = None,
 ) -> Path:
     """Draw each layer's 2-D PCA projection of the occurrence vectors, one panel per layer, coloured by label, into
-    the PNG ``path`` (matplotlib Agg; written atomically).
+    ``path`` (matplotlib Agg; written atomically), as PNG, SVG or PDF by its suffix (:func:`plot_format`), with
+    :data:`PLOT_CREATOR` in its metadata (how ``--overwrite`` recognises a plot elmokit wrote).
 
     Args:
         vectors: (N, L+1, D) from :func:`occurrence_vectors`.
@@ -445,8 +489,9 @@ def plot_occurrences(
     warning is logged.
 
     Returns the path. Raises :class:`InputError` for vectors of the wrong rank or labels of the wrong length,
-    :class:`UsageError` for a layer out of range.
+    :class:`UsageError` for a layer out of range or a suffix other than ``.png``, ``.svg``, ``.pdf``.
     """
+    fmt = plot_format(path)
     v = np.asarray(vectors, dtype=np.float64)
     panels = _plot_panels(v, labels, layers)
     n = v.shape[0]
@@ -471,7 +516,7 @@ def plot_occurrences(
     )
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     path = Path(path)
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+    with atomic_path(path, suffix=f".{fmt}") as tmp:
+        fig.savefig(tmp, format=fmt, dpi=110, metadata={_PLOT_METADATA_KEY[fmt]: PLOT_CREATOR})
     plt.close(fig)
     return path

@@ -62,7 +62,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``elmokit`` parser with every command registered (each command's ``func`` set as a default)."""
-    from elmokit.cli import embed, models, quickstart, serve, similar, tasks, train, zoo  # lazy: CLI start-up
+    from elmokit.cli import embed, hub, models, quickstart, serve, similar, tasks, train, zoo  # lazy: CLI start-up
 
     global_flags = _Parser(add_help=False)
     # SUPPRESS: when the flag is not repeated after the command, the value parsed before it stays
@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.register(sub, parents)
     similar.register(sub, parents)
     serve.register(sub, parents)
+    hub.register(sub, parents)
     return parser
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from elmokit.config import read_options_json as read_options
 from elmokit.errors import MissingFileError, UsageError
+from elmokit.io import check_not_an_input, check_writable_folder
 from elmokit.modules import threads
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "check_input_file",
     "check_model",
     "check_output_file",
+    "model_inputs",
     "resolve_cli_device",
     "read_options_json",
     "print_json_line",
@@ -49,7 +51,8 @@ DEVICE_HELP = "auto (CUDA when available, else CPU), cpu, cuda, cuda:N"
 RELEASED_HELP = (
     "a released model name (small, medium, original, original-5.5b: downloaded once into "
     "$ELMOKIT_CACHE), or a model folder (native config.json + model.safetensors, or an original "
-    "*options*.json + weight *.hdf5), or a zip of one (an NLPL model archive)"
+    "*options*.json + weight *.hdf5), or a zip of one (an NLPL model archive), or a Hugging Face Hub "
+    "name org/name[@revision] (elmokit[hub]; a local folder of that name wins)"
 )
 
 
@@ -250,10 +253,19 @@ def model_folder(model: str) -> Path | None:
     return None
 
 
+def model_inputs(model: str) -> dict[str, Path]:
+    """A model argument as the inputs an output must not be (:func:`elmokit.io.check_not_an_input`): its folder
+    (:func:`model_folder`: the files in it, and anything inside it), or the model file itself (a zip archive)."""
+    folder = model_folder(model)
+    return {"model folder": folder} if folder is not None else {"model": Path(model)}
+
+
 def check_output_file(output: Path, inputs: dict[str, Path], *, overwrite: bool, what: str = "the output") -> None:
-    """An output file path: not a folder, not one of the inputs, in a folder that exists, and not an existing file
-    unless ``overwrite`` (``--overwrite``) — no command replaces a file without being told to (the rule ``export``,
-    ``convert`` and ``train`` follow for their folders).
+    """A text output file path (``tag|classify predict --output``): not a folder, not one of the inputs (after
+    symlinks and hard links, :func:`elmokit.io.check_not_an_input`), in a folder that exists and can be written, and
+    not an existing file unless ``overwrite`` (``--overwrite``) — no command replaces a file without being told to.
+    The binary outputs (embeddings, plots, exports) follow the stricter :func:`elmokit.io.check_output_path`:
+    ``--overwrite`` replaces only a file elmokit recognises as its own.
 
     Raises:
         UsageError: ``output`` is a folder, one of ``inputs`` (named by their role; also with ``overwrite``), an
@@ -262,14 +274,13 @@ def check_output_file(output: Path, inputs: dict[str, Path], *, overwrite: bool,
     """
     if output.is_dir():
         raise UsageError(f"{what} {output} is a folder: give a file path, e.g. {output / 'vectors.hdf5'}")
-    for role, path in inputs.items():
-        if path.exists() and output.resolve() == path.resolve():
-            raise UsageError(f"{what} {output} is the {role}: choose another output path")
+    check_not_an_input(output, inputs, what)  # also a symlink or a hard link to one
     parent = output.resolve().parent
     if parent.exists() and not parent.is_dir():
         raise UsageError(f"{what} {output} cannot be written: {parent} is a file, not a folder")
     if not parent.is_dir():
         raise MissingFileError(f"{what} {output}: its folder {parent} does not exist (create it first)")
+    check_writable_folder(parent, output, what)
     if output.exists() and not overwrite:
         raise UsageError(f"{what} {output} already exists: pass --overwrite to replace it, or choose another path")
 

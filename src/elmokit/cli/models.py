@@ -13,12 +13,13 @@ from elmokit.cli.common import (
     check_input_file,
     check_model,
     model_folder,
+    model_inputs,
     path_arg,
     read_options_json,
     text_arg,
 )
 from elmokit.errors import DataError, InputError, UsageError
-from elmokit.io import atomic_write_text, check_creatable_folder
+from elmokit.io import atomic_write_text, check_creatable_folder, check_output_path
 from elmokit.vocabulary import Vocabulary
 
 __all__ = ["register", "cmd_convert", "cmd_export", "cmd_info"]
@@ -170,7 +171,7 @@ def _export_program(args: argparse.Namespace) -> int:
     import time  # lazy: CLI start-up
 
     from elmokit.export import FORMATS, check_exportable, export_model  # lazy: CLI start-up
-    from elmokit.export.files import check_output_file  # lazy: CLI start-up
+    from elmokit.export.files import check_output_file, is_elmokit_export  # lazy: CLI start-up
     from elmokit.weights.native import load_pretrained_bilm  # lazy: CLI start-up
 
     out, suffix = args.output, FORMATS[args.format]
@@ -178,8 +179,14 @@ def _export_program(args: argparse.Namespace) -> int:
         raise UsageError(f"--format {args.format} writes one file ending in {suffix}: got OUT {out}")
     if out.is_dir():
         raise UsageError(f"the output {out} is a folder: --format {args.format} writes one file (e.g. model{suffix})")
-    if out.exists() and not args.overwrite:
-        raise UsageError(f"{out} already exists: choose another name or pass --overwrite")
+    check_output_path(  # none of the model's files; an existing file only with --overwrite, and only an export
+        out,
+        model_inputs(args.model),
+        overwrite=args.overwrite,
+        ours=is_elmokit_export,
+        kind="a program elmokit exported",
+        create_folder=True,
+    )
     model = check_exportable(load_pretrained_bilm(args.model))  # refuses before the slow trace
     check_output_file(out)  # so does an output that cannot be written
     start = time.perf_counter()

@@ -23,8 +23,7 @@ from elmokit.cli.common import (
     add_threads_option,
     check_input_file,
     check_model,
-    check_output_file,
-    model_folder,
+    model_inputs,
     non_negative_int,
     path_arg,
     positive_int,
@@ -36,6 +35,7 @@ from elmokit.data.corpus import read_lines
 from elmokit.data.text_checks import is_cjk
 from elmokit.data.tokenizers import word_tokenizer
 from elmokit.errors import DataError, UsageError
+from elmokit.io import check_not_an_input, check_output_path
 
 __all__ = ["register", "cmd_similar"]
 
@@ -116,18 +116,26 @@ def _read_sentences(
 
 
 def _check_png(png: Path, model: str, inputs: dict[str, Path], overwrite: bool) -> None:
-    """--png: a file path (a PNG example when a folder is given), not an input, in an existing folder, nowhere
-    inside the model folder (its weights, config, vocabulary or any file of a zoo folder would be overwritten), and not
-    an existing file unless ``overwrite`` (--overwrite).
+    """--png: a file path ending in .png, .svg or .pdf (the format written), none of the inputs (the sentences,
+    --corpus, the model's files: after symlinks and hard links), nowhere inside the model folder, in an existing
+    folder that can be written, and an existing file only with ``overwrite`` (--overwrite) and only a plot elmokit
+    wrote (:func:`elmokit.io.check_output_path`).
 
-    Raises: UsageError (folder, an input, inside the model folder, an existing file); MissingFileError (its folder is
-    missing)."""
-    folder = model_folder(model)
-    if folder is not None and png.resolve().is_relative_to(folder.resolve()):
-        raise UsageError(f"--png {png} is inside the model folder {folder}: write the plot elsewhere")
-    if png.is_dir():  # before check_output_file, whose example is embed's vectors.hdf5
+    Raises: UsageError (folder, another suffix, an input, inside the model folder, an existing file, one elmokit did
+    not write); MissingFileError (its folder is missing)."""
+    from elmokit.analysis.polysemy import is_elmokit_plot, plot_format  # lazy: CLI start-up
+
+    inputs = {**inputs, **model_inputs(model)}
+    check_not_an_input(png, inputs, "--png")  # first: the worst mistake (a model's weights) is named as such
+    if png.is_dir():
         raise UsageError(f"--png {png} is a folder: give a file path, e.g. {png / 'similar.png'}")
-    check_output_file(png, inputs, overwrite=overwrite, what="--png")
+    try:
+        plot_format(png)
+    except UsageError:
+        raise UsageError(
+            f"--png {png}: a plot is written as .png, .svg or .pdf (by the suffix), not {png.suffix or 'no suffix'!r}"
+        ) from None
+    check_output_path(png, inputs, overwrite=overwrite, ours=is_elmokit_plot, kind="a plot elmokit wrote", what="--png")
 
 
 def _how_matched(match: str, tokenizer: str, lengths: list[int] | None = None) -> str:
@@ -511,9 +519,12 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         type=path_arg,
         default=None,
         metavar="OUT.png",
-        help="write the 2-D PCA projection of the occurrences, one panel per layer (default: none)",
+        help="write the 2-D PCA projection of the occurrences, one panel per layer, as PNG, SVG or PDF by the "
+        "suffix (.png, .svg, .pdf) (default: none)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --png file (default: refuse)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --png plot that elmokit wrote (default: refuse)"
+    )
     p.add_argument(
         "--max-matrix",
         type=positive_int,

@@ -160,7 +160,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.output is not None and args.output.is_dir():
         raise UsageError(f"--output {args.output} is a folder: give a file path")
     if args.output is not None:
-        check_output_file(args.output, {"input": args.input}, overwrite=args.overwrite, what="--output")
+        inputs = {"input": args.input, "model folder": args.model_dir}
+        check_output_file(args.output, inputs, overwrite=args.overwrite, what="--output")
     model = load_task_model(args.model_dir, device=resolve_cli_device(args.device))
     _check_kind(args, model.kind, f"the model {args.model_dir}")
     sentences = _read_input(args.input, _tokenizer(model) if args.tokenize else None)

@@ -40,7 +40,7 @@ from elmokit.data.corpus import read_lines
 from elmokit.data.text_checks import UNK_WARN_SHARE, check_tokenisation, unk_targets, unk_warning
 from elmokit.data.tokenizers import word_tokenizer
 from elmokit.errors import ConfigError, DataError, ElmoError, MissingFileError, UsageError
-from elmokit.io import check_creatable_folder, lock_folder
+from elmokit.io import check_creatable_folder, check_not_an_input, lock_folder
 
 __all__ = ["register", "cmd_train", "cmd_perplexity", "cmd_score", "OPTION_FIELDS"]
 
@@ -159,6 +159,16 @@ def _resumed_config(args: argparse.Namespace, out: Path):
     return config.resumed(changes, describe=_flag)
 
 
+def _check_inputs_outside_the_run(args: argparse.Namespace, out: Path) -> None:
+    """No file the run writes in --out-dir (its vocab.txt, model, metrics) is --vocab or --options, also through a
+    symlink or a hard link (:func:`elmokit.io.check_not_an_input`): ``--overwrite`` would delete them first."""
+    from elmokit.pretraining.run_folder import run_files  # lazy: CLI start-up
+
+    inputs = {"--vocab file": args.vocab, "--options file": args.options}
+    for path in run_files(out):
+        check_not_an_input(path, inputs, "the run folder's file", "give a copy of it, or another --out-dir")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Start a run in ``--out-dir`` (refused where a run already is, unless ``--overwrite``), or ``--resume`` it; with
     ``torchrun``, as one of several processes."""
@@ -184,6 +194,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         if args.vocab is not None:
             check_input_file(Path(args.vocab), "--vocab file")
+        _check_inputs_outside_the_run(args, out)
         given = _given(args)
         given.pop("train_files", None)
         if args.init_from is None and "model" not in given:

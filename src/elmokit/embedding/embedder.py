@@ -29,9 +29,11 @@ kept in :attr:`Embedder.skipped_lines`. Other control characters are kept. The f
 the model (:func:`elmokit.data.text_checks.check_tokenisation`): lines that look untokenised (raw Chinese without
 ``tokenizer="jieba"``) log a warning naming the fix.
 
-An existing output (a file, or a ``"parts"`` folder holding finished embeddings) is replaced only with
-``overwrite=True``; an interrupted run's parts are continued with ``resume=True`` or discarded with
-``overwrite=True``. One writer at a time: the parts folder is locked while the call runs.
+An existing output (an HDF5 file this method wrote, :func:`elmokit.embedding.reader.is_elmokit_embeddings`, or a
+``"parts"`` folder holding finished embeddings) is replaced only with ``overwrite=True``; any other file (a text
+file, another program's HDF5) is refused also then, and the output is never the input file (after symlinks and hard
+links: :func:`elmokit.io.check_output_path`). An interrupted run's parts are continued with ``resume=True`` or
+discarded with ``overwrite=True``. One writer at a time: the parts folder is locked while the call runs.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from elmokit.embedding.pooling import OutputSpec
 from elmokit.embedding.recent_words import RecentWordVectors
 from elmokit.embedding.writer import EmbedJob
 from elmokit.errors import ConfigError, UsageError, UsageTypeError
-from elmokit.modules import native
+from elmokit.modules import invariant, native
 from elmokit.modules.bilm import BiLM, StatefulBiLM
 from elmokit.modules.precision import autocast, check_precision
 from elmokit.weights.archive import is_model_archive
@@ -150,6 +152,14 @@ class Embedder:
             long-running embedders (``elmokit serve`` keeps 50,000 by default). Values equal the uncached ones to
             float rounding, within the batch-independence bound below (a kept vector was computed in another batch);
             with it, ``batch_size=1`` results are no longer bitwise independent of the order.
+        batch_invariant: ``True``: float32 CPU passes run the batch-invariant kernels
+            (:mod:`elmokit.modules.invariant`), so a sentence's vectors are the same bits alone, in any batch, in any
+            order, at any ``batch_size``, thread count or number of workers (and the recent-word cache's and the token
+            cache's vectors equal freshly computed ones bit for bit); it needs the native kernels (elsewhere, and under
+            bf16, the default paths run). 0.72× the default's tokens/s at batch 64 (README, "Batch independence,
+            stated"). ``False``: the default paths, batch-independent up to float rounding (see
+            :meth:`embed_sentences`). ``None``
+            (default): the process default, off unless ``ELMOKIT_BATCH_INVARIANT=1``.
 
     The token layer is computed per distinct word of a batch, at most 256 words at a time through the character
     CNN, so one very long sentence does not run the CNN on all its tokens at once; the biLSTMs then run on the token
@@ -182,8 +192,14 @@ class Embedder:
         vocab_to_cache: Sequence[str] | TokenVectorCache | None = None,
         precision: str = "fp32",
         recent_word_cache: int = 0,
+        batch_invariant: bool | None = None,
     ) -> None:
         self.batch_size = positive_int("batch_size", batch_size)
+        if batch_invariant is not None and not isinstance(batch_invariant, bool):
+            raise UsageTypeError(f"batch_invariant must be True, False or None, got {batch_invariant!r}")
+        #: the batch-invariant kernels on (True), off (False) or as the process default (None; see
+        #: :mod:`elmokit.modules.invariant`)
+        self.batch_invariant = batch_invariant
         try:
             self.precision = check_precision(precision, "Embedder precision")
         except ConfigError as exc:
@@ -253,7 +269,8 @@ class Embedder:
                     "vocab_to_cache with a char_vocab= different from the model's: build the "
                     "TokenVectorCache yourself and pass it"
                 )
-            cache = TokenVectorCache(self.bilm, vocab_to_cache)
+            with invariant.batch_invariant(getattr(self, "batch_invariant", None)):  # the passes' own kernels
+                cache = TokenVectorCache(self.bilm, vocab_to_cache)
         p = self.bilm.config.lstm.projection_dim
         if cache.vectors.dim() != 2 or cache.vectors.shape[1] != p or cache.vectors.shape[0] != len(cache.words):
             raise UsageError(
@@ -322,7 +339,8 @@ class Embedder:
         """Validated sentences → their arrays under ``spec`` (one biLM pass)."""
         if not batch:
             return []
-        with torch.inference_mode(), autocast(self.precision, self.device):
+        exact = getattr(self, "batch_invariant", None)
+        with invariant.batch_invariant(exact), torch.inference_mode(), autocast(self.precision, self.device):
             vectors, mask = self.token_vectors(batch)
             # without the boundary positions in the output, each direction's last step is skipped (exact)
             out = self.bilm.forward_token_vectors(
@@ -395,12 +413,13 @@ class Embedder:
         name the sentence by its position in the whole stream (0-based).
 
         A sentence's vectors do not depend on its neighbours, its batch or the order of the stream beyond float
-        rounding: within 1e-5 of the largest |value| of each of its layers (absolute below 1), tested by a property
-        test over batch compositions on random models of the small, medium and original shapes with values up to
-        ~130 (``tests/test_batch_invariance.py``; ``bench/batch_invariance.py`` measured at most 1.2e-6 of the scale,
-        1.5e-4 absolute at values near 127). An absolute bound cannot hold at every scale: float32 sums computed in
-        another order (another batch shape, another kernel) differ by a few units in the last place of the values
-        summed. With ``batch_size=1`` they are bitwise the same whatever the order (each sentence runs alone).
+        rounding, and with ``batch_invariant=True`` not at all (the same bits; ``tests/test_batch_invariance.py``).
+        By default the rounding of products blocked by batch shape moves them a little, by how much depends on the
+        model: ``bench/batch_invariance.py`` measured at most 1e-6 of each layer's largest |value| on random models of
+        the small, medium and original shapes with sentences up to 200 tokens (the property test checks 1e-5 there),
+        but a trained small-shape model moved a 160-token sentence by 3e-4 of its layer's scale (issue 39): the LSTMs
+        amplify the differences along a long sentence. With ``batch_size=1`` they are bitwise the same whatever the
+        order (each sentence runs alone).
 
         Raises :class:`~elmokit.errors.InputTypeError` (also a ``TypeError``) for ``sentences`` of the wrong type (a
         string, a flat list of tokens, not iterable, non-string tokens), :class:`~elmokit.errors.InputError` for a
@@ -471,8 +490,9 @@ class Embedder:
         Returns the number of lines in the file.
 
         Raises:
-            UsageError: a bad option, ``output_path`` is the input file or the wrong kind of path, it exists and
-                ``overwrite`` is off, an interrupted run's parts are there and neither ``resume`` nor ``overwrite`` is
+            UsageError: a bad option, ``output_path`` is the input file (also through a link) or the wrong kind of
+                path, its folder cannot be written, it exists and ``overwrite`` is off or it is not a file elmokit
+                wrote, an interrupted run's parts are there and neither ``resume`` nor ``overwrite`` is
                 on, or ``resume`` with changed settings or input; ``workers`` > 1 called from the unguarded top level
                 of a script.
             FolderInUseError: another process is writing the same output (names its pid and start time).

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from elmokit.errors import UsageError, UsageTypeError
+from elmokit.errors import UsageError, UsageTypeError, option_wording
 
 __all__ = [
     "POOL_MODES",
@@ -110,13 +110,14 @@ class LayerSpec:
         """Raise :class:`UsageError` unless this spec fits a model with ``num_layers`` = L+1 layers."""
         if self.kind == "layer" and not 0 <= int(self.index) < num_layers:
             raise UsageError(
-                f"layers={self.index} is not a layer of this model: it has layers 0 (token layer) to "
+                f"{option_wording(f'--layers {self.index}', f'layers={self.index}')} is not a layer of this model: it "
+                "has layers 0 (token layer) to "
                 f"{num_layers - 1} (top)"
             )
         if self.kind == "mix" and len(self.weights) != num_layers:
             raise UsageError(
-                f"a fixed mix needs one weight per layer: this model has {num_layers} layers (0 = token "
-                f"layer), got {len(self.weights)} weights {list(self.weights)}"
+                f"a fixed mix ({option_wording('--layers', 'layers')}) needs one weight per layer: this model has "
+                f"{num_layers} layers (0 = token layer), got {len(self.weights)} weights {list(self.weights)}"
             )
         return self
 
@@ -160,7 +161,7 @@ def parse_layers(value: object) -> LayerSpec:
         raise UsageTypeError(f"layers {value!r}: expected {forms}")
     if isinstance(value, (int, np.integer)):
         if value < 0:
-            raise UsageError(f"layers={value}: a layer number is >= 0 (0 = token layer); expected {forms}")
+            raise UsageError(f"layers {value}: a layer number is >= 0 (0 = token layer); expected {forms}")
         return LayerSpec("layer", index=int(value))
     if (
         isinstance(value, Sequence)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from elmokit.errors import MissingFileError, UsageError
+from elmokit.io import check_output_path
 
 __all__ = [
     "EmbeddingReader",
@@ -22,6 +23,8 @@ __all__ = [
     "sentence_key",
     "work_folder",
     "part_name",
+    "is_elmokit_embeddings",
+    "check_embeddings_output",
     "FORMATS",
     "INDEX_NAME",
     "LAYOUT_NAME",
@@ -32,11 +35,55 @@ FORMATS = ("allennlp", "hdf5", "parts")
 INDEX_NAME = "index.json"
 LAYOUT_NAME = "elmokit-embeddings"
 LAYOUT_VERSION = 1
+#: The root attribute every single-file output carries (``writer = "elmokit"``), beside ``keys`` (line|sentence).
+WRITER_ATTR = "writer"
 
 
 def part_name(k: int) -> str:
     """``part-000042.hdf5``."""
     return f"part-{k:06d}.hdf5"
+
+
+def is_elmokit_embeddings(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an HDF5 file that :meth:`elmokit.Embedder.embed_file` wrote (the only kind of existing
+    file ``overwrite`` replaces): an HDF5 signature, and a root attribute elmokit writes — ``writer = "elmokit"``, the
+    ``elmokit_format`` of format ``"hdf5"``, or ``keys`` = ``line`` / ``sentence`` (every format before ``writer``).
+    Reads the first bytes and the root attributes only; anything unreadable is not one."""
+    import h5py  # lazy: CLI start-up (the CLI imports this module to build its parser)
+
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(8) != b"\x89HDF\r\n\x1a\n":
+                return False
+        with h5py.File(path, "r") as h5:
+            attrs = dict(h5.attrs)
+    except (OSError, ValueError):
+        return False
+
+    def text(value: Any) -> str:
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    return (
+        text(attrs.get(WRITER_ATTR, "")) == "elmokit"
+        or text(attrs.get("elmokit_format", "")).startswith(LAYOUT_NAME)
+        or text(attrs.get("keys", "")) in ("line", "sentence")
+    )
+
+
+def check_embeddings_output(
+    output: Path, inputs: Mapping[str, Any], overwrite: bool, overwrite_flag: str, create_folder: bool = False
+) -> None:
+    """:func:`elmokit.io.check_output_path` for an HDF5 output of embeddings: ``overwrite`` replaces only a file
+    :func:`is_elmokit_embeddings` recognises. Raises as that function."""
+    check_output_path(
+        output,
+        inputs,
+        overwrite=overwrite,
+        ours=is_elmokit_embeddings,
+        kind="an HDF5 file of embeddings elmokit wrote",
+        overwrite_flag=overwrite_flag,
+        create_folder=create_folder,
+    )
 
 
 def work_folder(output_path: str | os.PathLike, format: str) -> Path:

@@ -63,13 +63,15 @@ from elmokit.embedding.reader import (
     INDEX_NAME,
     LAYOUT_NAME,
     LAYOUT_VERSION,
+    WRITER_ATTR,
+    check_embeddings_output,
     part_name,
     sentence_key,
     work_folder,
 )
 from elmokit.embedding.workers import UNGUARDED_EXIT, run_workers, spawn_bootstrapping
 from elmokit.errors import EmbedWorkerError, MissingFileError, UsageError, option_wording
-from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text, lock_folder
+from elmokit.io import LOCK_NAME, atomic_path, atomic_write_text, check_not_an_input, check_writable_place, lock_folder
 from elmokit.pretraining import distributed
 from elmokit.pretraining.distributed import init_from_env
 from elmokit.weights.fingerprint import bilm_fingerprint
@@ -268,20 +270,17 @@ class EmbedJob:
             raise MissingFileError(f"input {inp} is a folder; expected a text file, one sentence per line")
         if not inp.is_file():
             raise MissingFileError(f"input file {inp}: no such file")
-        if out.exists() and out.resolve() == inp.resolve():
-            raise UsageError(f"the output {out} is the input file: choose another output path")
+        check_not_an_input(out, {"input file": inp}, "the output")
         if self.format == "parts":
             if out.exists() and not out.is_dir():
                 raise UsageError(f"the output {out} is a file; format 'parts' writes a folder (give a folder path)")
+            if not out.exists():  # (an existing folder is probed by taking its lock: a probe file there could race)
+                check_writable_place(out, "the output")
         else:
             if out.is_dir():
                 raise UsageError(f"the output {out} is a folder; give the HDF5 file to write")
-            if out.exists() and not self.overwrite:
-                raise UsageError(
-                    f"the output {out} already exists: pass "
-                    f"{option_wording('--overwrite', 'overwrite=True')} to replace it, or choose another "
-                    "output path"
-                )
+            flag = option_wording("--overwrite", "overwrite=True")
+            check_embeddings_output(out, {"input file": inp}, self.overwrite, flag, create_folder=True)
             if self.folder.exists() and not self.folder.is_dir():
                 raise UsageError(f"{self.folder} is a file: it is where the parts of {out} go; move it away")
         if self.folder.resolve() == inp.resolve().parent:
@@ -564,6 +563,7 @@ class EmbedJob:
         numbered = not self.use_sentence_keys
         sentence_to_index: dict[str, str] = {}
         with atomic_path(self.output_path, suffix=".hdf5") as tmp, h5py.File(tmp, "w") as out:
+            out.attrs[WRITER_ATTR] = "elmokit"  # recognised by is_elmokit_embeddings: what overwrite may replace
             out.attrs["keys"] = "line" if numbered else "sentence"
             if self.format == "hdf5":
                 out.attrs["elmokit_format"] = f"{LAYOUT_NAME}-hdf5-v{LAYOUT_VERSION}"

@@ -12,13 +12,13 @@ Program signature (both formats; the ONNX inputs and outputs carry these names):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import io
 import json
 import logging
 import os
-import tempfile
 import warnings
 import zipfile
 from pathlib import Path
@@ -27,7 +27,7 @@ import torch
 
 from elmokit.errors import InputTypeError, UsageError, import_optional
 from elmokit.export.program import InferenceProgram
-from elmokit.io import atomic_path, atomic_write_bytes
+from elmokit.io import atomic_path, atomic_write_bytes, check_writable_folder
 from elmokit.modules.bilm import BiLM
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "metadata",
     "check_exportable",
     "check_output_file",
+    "is_elmokit_export",
 ]
 
 log = logging.getLogger(__name__)
@@ -196,16 +197,36 @@ def check_output_file(path: Path) -> None:
     blocker = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise UsageError(f"cannot write the export {path}: {blocker} is a file, not a folder")
+    existed = parent.is_dir()
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
-        os.close(fd)
-        os.unlink(probe)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise UsageError(
-            f"cannot write the export {path}: its folder {parent} cannot be made or written in ({reason})"
-        ) from exc
+        raise UsageError(f"cannot write the export {path}: its folder {parent} cannot be made ({reason})") from None
+    try:
+        check_writable_folder(parent, path, "the export")
+    except UsageError:
+        if not existed:
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        raise
+
+
+def is_elmokit_export(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a program :func:`export_model` wrote (the only kind of existing file ``--overwrite``
+    replaces): a ``.pt2`` zip holding ``extra/elmokit.json``, or an ONNX file whose metadata names the format
+    ``elmokit-export`` (the metadata sits after the graph: the last 16 MiB are read). Anything unreadable is not one."""
+    path = Path(path)
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zf:
+                return any(n.endswith(f"/extra/{META_NAME}") for n in zf.namelist())
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - (16 << 20)))
+            return b'"format": "elmokit-export"' in fh.read()
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def _export_pt2(model: BiLM, path: Path, inductor_configs: dict | None) -> None:

@@ -13,6 +13,7 @@ from torch import nn
 from elmokit.characters import ByteCharacterMapper, CharVocabulary, boundary_char_ids
 from elmokit.config import ElmoConfig
 from elmokit.errors import InputError, InputTypeError, UsageError
+from elmokit.modules import invariant
 from elmokit.modules.derived import DerivedWeights
 from elmokit.modules.lstm import BiLSTM, LSTMState
 from elmokit.modules.padding import (
@@ -342,13 +343,12 @@ class BiLM(nn.Module):
         )
 
     def boundary_vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``<S>`` and ``</S>`` token vectors, each (P,) (the token encoder applied to the boundary rows).
-
-        Without autograd they are computed once and cached until a token-encoder weight changes
-        (:class:`~elmokit.modules.derived.DerivedWeights`)."""
+        """The ``<S>`` and ``</S>`` token vectors, each (P,); without autograd cached until a token-encoder weight
+        changes (:class:`~elmokit.modules.derived.DerivedWeights`), one copy per path (batch-invariant or not)."""
         if self._encoder_needs_grad():
             return self._encode_boundaries()
-        return self._derived.get("boundaries", tuple(self.token_encoder.parameters()), self._encode_boundaries)
+        name = "boundaries/invariant" if invariant.enabled() else "boundaries"
+        return self._derived.get(name, tuple(self.token_encoder.parameters()), self._encode_boundaries)
 
     def _encoder_needs_grad(self) -> bool:
         """Whether autograd is on and the token encoder has trainable parameters."""

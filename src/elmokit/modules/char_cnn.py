@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from elmokit.errors import ConfigError, InputError
+from elmokit.modules import invariant
 from elmokit.modules.derived import DerivedWeights
 
 __all__ = ["CharCNN"]
@@ -99,9 +100,11 @@ class CharCNN(nn.Module):
         # size of all of x, quadratic in the number of chunks)
         parts = xs.split(self.chunk_size)
         outs = []
+        exact = None if self.training else invariant.kernels_for(x, *self.parameters())
         for i, part in enumerate(parts):
             last = sorted_tails[min((i + 1) * self.chunk_size, n) - 1]  # the chunk's largest run start
-            outs.append(self._pooled(part, last))
+            pooled = None if exact is None else self._pooled_invariant(exact, part, last)
+            outs.append(self._pooled(part, last) if pooled is None else pooled)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         if not identity:
             inverse = torch.empty_like(order)
@@ -169,6 +172,31 @@ class CharCNN(nn.Module):
             y = torch.mm(cols, conv.weight.reshape(count, d * w).t()).view(n, positions, count)
             pooled.append((y.max(dim=1).values if grad else y.amax(dim=1)) + conv.bias)
         return torch.cat(pooled, dim=-1)
+
+    def _pooled_invariant(self, module, x: torch.Tensor, run_start: int) -> torch.Tensor | None:
+        """:meth:`_pooled` by the batch-invariant kernel (:mod:`elmokit.modules.invariant`): every window of w_max
+        characters (zero characters appended past C) times every filter zero-padded to w_max characters, one fixed
+        summation order per window whatever the chunk, so a token's maximum is the same bits in any batch (the windows
+        a chunk computes beyond a token's own run start repeat its window at that start). Width w's maximum is over
+        the starts 0 … min(run_start, C − w). ``None`` when x holds inf or NaN."""
+        n, c, d = x.shape
+        w_max = max(w for w, _ in self.filters)
+        positions = min(run_start + 1, c)
+        xs = x if positions + w_max - 1 <= c else F.pad(x, (0, 0, 0, positions + w_max - 1 - c))
+        cols = xs[:, : positions + w_max - 1].unfold(1, w_max, 1).reshape(n * positions, d * w_max)
+        weight, bias = self._derived.get("all_widths", tuple(self.parameters()), self._all_widths_weight)
+        packed = self._derived.get("invariant", tuple(self.parameters()), lambda: invariant.pack_linear(weight.t()))
+        y = invariant.linear(module, cols, packed, self.output_dim)
+        if y is None:
+            return None
+        y = y.view(n, positions, -1)
+        if positions <= c - w_max + 1:  # every width has all these starts
+            return y.amax(dim=1) + bias
+        pooled, offset = [], 0
+        for w, count in self.filters:
+            pooled.append(y[:, : min(positions, c - w + 1), offset : offset + count].amax(dim=1))
+            offset += count
+        return torch.cat(pooled, dim=-1) + bias
 
     def forward_conv1d(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Reference path with ``nn.Conv1d`` (what :meth:`forward` must equal); (N, C) long → (N, F)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from elmokit.modules import native
+from elmokit.modules import invariant, native
 from elmokit.modules.derived import DerivedWeights
 
 __all__ = ["Highway"]
@@ -71,9 +71,46 @@ class Highway(nn.Module):
         :meth:`_fused_weights` (``None`` for untracked weights)."""
         return self._derived.cached(f"packed{k}", self._params(k), lambda: native.pack_highway(*self._fuse(k)))
 
+    def _forward_invariant(self, module, x: torch.Tensor) -> torch.Tensor | None:
+        """Every layer by the batch-invariant kernel (:func:`elmokit.modules.invariant.highway`), or ``None`` when x
+        holds inf or NaN (the caller's paths then run). A width F that is not a multiple of 16 runs zero-padded to
+        one (padded units stay 0: relu(0) = 0 and 0.5·0 + 0.5·0 = 0; padded inputs add 0·0 to every sum)."""
+        f = self.dim
+        fp = -(-f // 16) * 16
+        if fp != f:
+            x = torch.nn.functional.pad(x, (0, fp - f))
+        for k in range(len(self.transforms)):
+            packed = self._derived.get(
+                f"invariant{k}", self._params(k), lambda k=k: native.pack_highway(*self._padded(k))
+            )
+            x = invariant.highway(module, x, packed)
+            if x is None:
+                return None
+        return x if fp == f else x[:, :f].contiguous()
+
+    def _padded(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_fuse` with F zero-padded to a multiple of 16: (F', 2F') and (2F',), transform columns then gate
+        columns."""
+        weight, bias = self._fuse(k)
+        f = self.dim
+        fp = -(-f // 16) * 16
+        if fp == f:
+            return weight, bias
+        w = weight.new_zeros(fp, 2 * fp)
+        w[:f, :f], w[:f, fp : fp + f] = weight[:, :f], weight[:, f:]
+        b = bias.new_zeros(2 * fp)
+        b[:f], b[fp : fp + f] = bias[:f], bias[f:]
+        return w, b
+
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return self._forward_fused(x.reshape(-1, x.shape[-1])).view(x.shape)
+        if x.shape[0] > 0:
+            exact = invariant.kernels_for(x)
+            if exact is not None:  # every row in one fixed order, whatever shares the call (modules/invariant.py)
+                y = self._forward_invariant(exact, x)
+                if y is not None:
+                    return y
         module = None
         if x.shape[0] <= native.MAX_HIGHWAY_ROWS and x.shape[0] > 0 and self.dim % 16 == 0 and native.usable(x):
             module = native.kernels()

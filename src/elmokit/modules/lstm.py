@@ -24,6 +24,12 @@ written out one gate at a time):
   direction, each thread owning a range of units): at batch 1
   the LSTMs of the small configuration went from ≈ 3.3 ms (both directions per step) to ≈ 2.3 (direction after
   direction) and ≈ 1.6 ms (the kernel) for a 10-token sentence (``bench/latency_breakdown.py``).
+* with autograd (training), each layer is one :class:`~elmokit.modules.lstm_train.FusedLSTMLayer` (fp32 or bf16
+  products): the step loop with the gate math fused into one pass per step and its backward, the weight gradients
+  once per layer as large products (C++ kernels where built; its torch-op path elsewhere, on CUDA and with
+  ``ELMOKIT_NATIVE=0``). ``ELMOKIT_FUSED_LSTM=0`` runs the step-by-step autograd loops instead
+  (:meth:`BiLSTM._run_layer_autograd`, :meth:`BiLSTM._run_layer_low_precision`), the reference it is tested against
+  (``tests/test_lstm_fused.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ from torch import nn
 
 from elmokit.config import LSTMConfig
 from elmokit.errors import InputError
-from elmokit.modules import native, precision
+from elmokit.modules import invariant, native, precision
 from elmokit.modules.derived import DerivedWeights
+from elmokit.modules.lstm_train import fused_lstm_layer
 
 __all__ = ["BiLSTM", "LSTMState", "inference_steps"]
 
@@ -257,6 +264,13 @@ def _steps_in_place(
     return out, final_c, final_h
 
 
+def fused_training() -> bool:
+    """Whether training (autograd) runs the fused layer of :mod:`elmokit.modules.lstm_train` (the default) rather
+    than the step-by-step autograd loops; ``ELMOKIT_FUSED_LSTM=0`` selects those (the reference the fused layer is
+    tested against)."""
+    return os.environ.get("ELMOKIT_FUSED_LSTM", "1") != "0"
+
+
 _compiled_steps = None  # None = not tried yet; False = TorchScript unavailable here (eager loops used); True = compiled
 _compiled: dict = {}  # function name → its ScriptFunction
 
@@ -415,8 +429,6 @@ class BiLSTM(nn.Module):
         """One layer, both directions, on packed time-major input ``x`` (2, N, P) (step s = the next
         ``batch_sizes[s]`` positions); returns the packed output (2, N, P) and the final (c, h) per row."""
         low = precision.low_precision_dtype(x.device.type)
-        if low is not None:  # under bf16 autocast (training or inference): its own loop, state and gates in float32
-            return self._run_layer_low_precision(k, x, batch_sizes, c, h, low)
         # without autograd the gate math runs in place on the step's buffers (fewer passes, no allocation per step)
         in_place = not (
             torch.is_grad_enabled()
@@ -425,6 +437,10 @@ class BiLSTM(nn.Module):
                 for v in (x, c, h, self.weight_hh[k], self.weight_proj[k], self.weight_ih[k], self.bias[k])
             )
         )
+        if not in_place and fused_training():  # training: the fused layer (lstm_train.py), fp32 or bf16 products
+            return self._run_layer_fused(k, x, batch_sizes, c, h, low)
+        if low is not None:  # under bf16 autocast (training or inference): its own loop, state and gates in float32
+            return self._run_layer_low_precision(k, x, batch_sizes, c, h, low)
         if in_place:
             return self._run_layer_inference(k, x, batch_sizes, c, h)
         return self._run_layer_autograd(k, x, batch_sizes, c, h)
@@ -447,6 +463,11 @@ class BiLSTM(nn.Module):
         w_ih, bias = w_in[:, :p], w_in[:, p]  # views: (2, P, 4H) and (2, 4H)
         clips = float(cell_clip or 0.0), float(proj_clip or 0.0)
         rows = c.shape[1]
+        exact = invariant.kernels_for(x, c, h, w_proj) if hd % 16 == 0 and p % 16 == 0 else None
+        if exact is not None:  # every row in one fixed order, whatever shares the call (modules/invariant.py)
+            exact_result = invariant.lstm_layer(exact, self, k, x, batch_sizes, c, h, w_in, w_hh_ifoj, clips)
+            if exact_result is not None:
+                return exact_result[0], exact_result[1:]
         module = None
         if rows <= native.MAX_LSTM_ROWS and hd % 16 == 0 and p % 16 == 0 and native.usable(x, c, h, w_proj):
             module = native.kernels()
@@ -471,6 +492,28 @@ class BiLSTM(nn.Module):
         if result is None:  # a few rows: direction after direction
             result = inference_steps(by_direction=True)(x, batch_sizes, c, h, w_ih, bias, w_hh_ifoj, w_proj, hd, *clips)
         out, final_c, final_h = result
+        return out, (final_c, final_h)
+
+    def _run_layer_fused(
+        self, k: int, x: torch.Tensor, batch_sizes: list[int], c: torch.Tensor, h: torch.Tensor, low: torch.dtype | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`_run_layer` with autograd through :class:`~elmokit.modules.lstm_train.FusedLSTMLayer`: the same cell
+        equations as :meth:`_run_layer_autograd` (float32) and :meth:`_run_layer_low_precision` (``low`` = bfloat16
+        products), the step loop and its backward fused (C++ kernels where built, its torch-op path elsewhere)."""
+        bias = self.bias[k] + self._forget_bias(self.hidden_dim, self.bias[k])
+        out, final_c, final_h = fused_lstm_layer(
+            x,
+            batch_sizes,
+            c,
+            h,
+            self.weight_ih[k],
+            bias,
+            self.weight_hh[k],
+            self.weight_proj[k],
+            self.config.cell_clip,
+            self.config.proj_clip,
+            low,
+        )
         return out, (final_c, final_h)
 
     def _run_layer_autograd(

@@ -12,10 +12,15 @@ file) holds two kernels, used without autograd on float32 CPU tensors only:
 * :func:`highway_layer`: one highway layer for at most :data:`MAX_HIGHWAY_ROWS` distinct tokens, reading the weight
   once in blocks packed by :func:`pack_highway` (MKL's GEMM at 10 rows runs at about half its matrix-vector rate).
 
-Both give the other paths' values up to float rounding (sums in another order, exp/tanh from glibc's vector math
-library): ``tests/test_native.py`` checks them within 2e-6 on the small configuration's shapes. The file is built with
-``-ffast-math`` (so that exp and tanh vectorise), which assumes finite values: the arguments of σ and tanh are
-clamped where float32 results saturate, and inputs holding inf or NaN are refused (the callers run the ATen path).
+Compiled into the same extension, ``native_train.cpp`` holds the fused training layer's forward and backward
+(registered as ``torch.ops.elmokit_train``, see :func:`train_ops` and :mod:`elmokit.modules.lstm_train`).
+
+The same extension holds the batch-invariant kernels that :mod:`elmokit.modules.invariant` wraps (any row count, each
+row in one fixed summation order). Both give the other paths' values up to float rounding (sums in another order,
+exp/tanh from glibc's vector math library): ``tests/test_native.py`` checks them within 2e-6 on the small
+configuration's shapes. The file is built with ``-ffast-math`` (so that exp and tanh vectorise), which assumes finite
+values: the arguments of σ and tanh are clamped where float32 results saturate, and inputs holding inf or NaN are
+refused (the callers run the ATen path).
 
 The extension is built by ``torch.utils.cpp_extension.load`` (it needs a C++ compiler and ``ninja``, which the
 ``ninja`` package installed with elmokit provides; ≈ 20 s on 2 cores when the machine is quiet, once per environment,
@@ -64,6 +69,7 @@ __all__ = [
     "MAX_LSTM_ROWS",
     "MAX_DIRECTION_ROWS",
     "lstm_rows_limit",
+    "train_ops",
 ]
 
 log = logging.getLogger(__name__)
@@ -89,6 +95,8 @@ def lstm_rows_limit(module) -> int:
 
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
+#: the fused training layer's kernels (:mod:`elmokit.modules.lstm_train`), compiled into the same extension
+TRAIN_SOURCE = Path(__file__).with_name("native_train.cpp")
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"] + (
     ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else []
 )
@@ -135,7 +143,7 @@ def build_name() -> str:
     """The extension's name: ``elmokit_native_`` + a digest of source, flags, CPU and environment (see the module
     docstring: one build per environment)."""
     digest = hashlib.sha256()
-    parts = [SOURCE.read_bytes(), " ".join(FLAGS).encode(), _cpu_identity().encode()]
+    parts = [SOURCE.read_bytes(), TRAIN_SOURCE.read_bytes(), " ".join(FLAGS).encode(), _cpu_identity().encode()]
     parts += [p.encode() for p in _environment_identity()]
     for part in parts:
         digest.update(part)
@@ -249,7 +257,11 @@ def _load():
                 stale.unlink()
             start = time.perf_counter()
             module = cpp_extension.load(
-                name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False
+                name=name,
+                sources=[str(SOURCE), str(TRAIN_SOURCE)],
+                extra_cflags=FLAGS,
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
             )
             library = Path(module.__file__)
             _mark_finished(folder, name, library)
@@ -264,6 +276,15 @@ def _load():
             reason,
         )
         return None
+
+
+def train_ops():
+    """The fused training layer's operators (``torch.ops.elmokit_train``: ``lstm_train_forward``,
+    ``lstm_train_backward``, from ``native_train.cpp``), or ``None`` where the kernels are off or unavailable."""
+    if kernels() is None:
+        return None
+    ops = torch.ops.elmokit_train
+    return ops if hasattr(ops, "lstm_train_forward") else None
 
 
 def usable(*tensors: torch.Tensor) -> bool:

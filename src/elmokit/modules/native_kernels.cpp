@@ -13,12 +13,17 @@
 //   their 16 transform and 16 gate columns side by side (packed by native.py), with the rows' accumulators in
 //   registers; MKL's GEMM at 10 rows runs at about half the rate of its matrix-vector product on this shape.
 //   The carry/transform combination is the epilogue of each block.
+// * batch-invariant forms (elmokit/modules/invariant.py, Embedder(batch_invariant=True)): linear_rows (x·W + b, each
+//   row in one fixed summation order, rows in 12-row panels by one code path), highway_rows_invariant (any rows) and
+//   lstm_layer_xw (the step loop from x·W_ih + b for any rows; its 4-, 2- and 1-row forms do each row's FMAs alike): a row's bits do not depend on how
+//   many rows share the call, their order or the thread count (tests/test_invariant_kernels.py).
 //
 // Values equal the ATen paths up to float rounding (sums in another order; exp and tanh from glibc's vector math
 // library, within 4 ulp): tests/test_native.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
+#include <immintrin.h>
 
 #include <cmath>
 #include <cstdint>
@@ -58,6 +63,19 @@ inline v16 load16(const float* p) {
 }
 
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// acc + s·w with one rounding, spelled out: under -ffast-math GCC may otherwise contract or keep a product separate
+// differently in each unrolled copy of a loop body, so that rows in different positions of a row group rounded
+// differently (the batch-invariant paths need every row's operations identical).
+inline v16 fma16(float s, v16 w, v16 acc) {
+#if defined(__AVX512F__)
+  return (v16)_mm512_fmadd_ps(_mm512_set1_ps(s), (__m512)w, (__m512)acc);
+#else
+  v16 r;
+  for (int i = 0; i < 16; ++i) r[i] = __builtin_fmaf(s, w[i], acc[i]);
+  return r;
+#endif
+}
 
 constexpr int64_t kChunk = 256;  // inputs summed into fresh accumulators before joining the running total
 
@@ -121,6 +139,7 @@ constexpr int kRowGroup = 4;  // four rows' 16 accumulators (and 4 weights) in A
 #else
 constexpr int kRowGroup = 1;  // a 16-float vector is 2 (AVX2) or 4 (NEON) registers: one row at a time, as before
 #endif
+constexpr int64_t kSlices = 16;  // the projection's partial sums: unit blocks in this many slices (direction_steps_fused)
 
 template <int R>
 inline void unit_block_rows(const float* xr, const float* hr, const float* wb, const float* wpr, float* cr, float* pr,
@@ -137,10 +156,10 @@ inline void unit_block_rows(const float* xr, const float* hr, const float* wb, c
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const float hk = hr[r * p + k];
-      a[r][0] += hk * w0;
-      a[r][1] += hk * w1;
-      a[r][2] += hk * w2;
-      a[r][3] += hk * w3;
+      a[r][0] = fma16(hk, w0, a[r][0]);
+      a[r][1] = fma16(hk, w1, a[r][1]);
+      a[r][2] = fma16(hk, w2, a[r][2]);
+      a[r][3] = fma16(hk, w3, a[r][3]);
     }
   }
   float m[R][16];
@@ -154,7 +173,8 @@ inline void unit_block_rows(const float* xr, const float* hr, const float* wb, c
     float* c = cr + r * hd + 16 * blk;
 #pragma omp simd
     for (int u = 0; u < 16; ++u) {
-      float cv = sigmoid(gf[u]) * c[u] + sigmoid(gi[u]) * tanh_sat(gj[u]);
+      const float ij = sigmoid(gi[u]) * tanh_sat(gj[u]);  // σ(i)·tanh(j), then σ(f)·c added with one rounding
+      float cv = __builtin_fmaf(sigmoid(gf[u]), c[u], ij);
       if (cclip > 0) cv = fminf(fmaxf(cv, -cclip), cclip);
       c[u] = cv;
       m[r][u] = sigmoid(go[u]) * tanh_sat(cv);
@@ -174,8 +194,8 @@ inline void unit_block_rows(const float* xr, const float* hr, const float* wb, c
       const v16 w0 = load16(wblk + u * p + j0), w1 = load16(wblk + u * p + j0 + 16);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        acc[r][0] += m[r][u] * w0;
-        acc[r][1] += m[r][u] * w1;
+        acc[r][0] = fma16(m[r][u], w0, acc[r][0]);
+        acc[r][1] = fma16(m[r][u], w1, acc[r][1]);
       }
     }
 #pragma GCC unroll 4
@@ -192,11 +212,86 @@ inline void unit_block_rows(const float* xr, const float* hr, const float* wb, c
     for (int u = 0; u < 16; ++u) {
       const v16 w0 = load16(wblk + u * p + j0);
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r] += m[r][u] * w0;
+      for (int r = 0; r < R; ++r) acc[r] = fma16(m[r][u], w0, acc[r]);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) store16(pr + r * p + j0, acc[r]);
   }
+}
+
+// ---- batch-invariant products (used where batch independence must be bitwise; see elmokit/modules/invariant.py)
+//
+// Every output element x[r]·W[:, j] + b[j] is summed in one fixed order whatever the number of rows, their order,
+// the thread count or the task a thread takes: b first, then the inputs in chunks of kChunk (each chunk's products
+// summed in k order into a fresh accumulator with one FMA each, then added to the running total). Rows are computed
+// in panels of kPanel rows by one template instantiation only (a short last panel is padded with zero rows), so no
+// row ever takes another code path: a sentence's vectors are the same bits alone or in any batch.
+constexpr int kPanel = 12;  // 12 rows × 2 vectors = 24 accumulators of AVX-512's 32 registers
+
+// x (M, K) row-major → panels (ceil(M / kPanel), K, kPanel): one input's 12 rows side by side, zero rows appended.
+at::Tensor pack_panels(const at::Tensor& x) {
+  const int64_t m = x.size(0), k = x.size(1), np = (m + kPanel - 1) / kPanel;
+  at::Tensor xp = at::zeros({np * kPanel, k}, x.options());
+  xp.narrow(0, 0, m).copy_(x);
+  return xp.view({np, kPanel, k}).transpose(1, 2).contiguous();  // (np, K, kPanel)
+}
+
+// One panel × one column block (32 columns), inputs k0 … k1 − 1 (one chunk): their products summed in k order into
+// fresh accumulators, then added to the panel's running totals (kPanel, 32).
+inline void panel_chunk(const float* xp, const float* wb, float* total, int64_t k0, int64_t k1) {
+  v16 a[kPanel], g[kPanel];
+#pragma GCC unroll 12
+  for (int r = 0; r < kPanel; ++r) {
+    a[r] = v16{};
+    g[r] = v16{};
+  }
+  for (int64_t kk = k0; kk < k1; ++kk) {
+    const v16 wa = load16(wb + kk * 32);
+    const v16 wg = load16(wb + kk * 32 + 16);
+    const float* xk = xp + kk * kPanel;
+#pragma GCC unroll 12
+    for (int r = 0; r < kPanel; ++r) {
+      a[r] = fma16(xk[r], wa, a[r]);
+      g[r] = fma16(xk[r], wg, g[r]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < kPanel; ++r) {
+    store16(total + r * 32, load16(total + r * 32) + a[r]);
+    store16(total + r * 32 + 16, load16(total + r * 32 + 16) + g[r]);
+  }
+}
+
+// Shared driver: tasks = (column block, group of kGroup panels), any order, any thread. Per task the totals start at
+// the bias, then each chunk of kChunk inputs (its 32 KB of weights kept in L1) is added for every panel of the group
+// in turn; epilogue(panel, block, totals) last. Every value: b + chunk sums in chunk order, whatever the task split.
+constexpr int64_t kGroup = 8;  // panels per task (96 rows)
+constexpr int64_t kInvChunk = 128;  // inputs per chunk: 16 KB of weights and 6 KB of a panel in L1
+
+template <class Epilogue>
+void panels_by_blocks(const at::Tensor& xp, const at::Tensor& packed, const at::Tensor& packed_bias,
+                      Epilogue&& epilogue) {
+  const int64_t np = xp.size(0), k = xp.size(1), nb = packed.size(0);
+  const int64_t ng = (np + kGroup - 1) / kGroup;
+  const float* xpp = xp.data_ptr<float>();
+  const float* wp = packed.data_ptr<float>();
+  const float* bp = packed_bias.data_ptr<float>();
+  at::parallel_for(0, nb * ng, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> totals(static_cast<size_t>(kGroup * kPanel * 32));
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t blk = task % nb, grp = task / nb;
+      const int64_t p0 = grp * kGroup, p1 = (grp + 1) * kGroup < np ? (grp + 1) * kGroup : np;
+      const float* wb = wp + blk * k * 32;
+      for (int64_t r = 0; r < (p1 - p0) * kPanel; ++r)
+        std::memcpy(totals.data() + r * 32, bp + blk * 32, sizeof(float) * 32);
+      for (int64_t k0 = 0; k0 < k; k0 += kInvChunk) {
+        const int64_t k1 = k0 + kInvChunk < k ? k0 + kInvChunk : k;
+        for (int64_t pn = p0; pn < p1; ++pn)
+          panel_chunk(xpp + pn * k * kPanel, wb, totals.data() + (pn - p0) * kPanel * 32, k0, k1);
+      }
+      for (int64_t pn = p0; pn < p1; ++pn) epilogue(pn, blk, totals.data() + (pn - p0) * kPanel * 32);
+    }
+  });
 }
 
 }  // namespace
@@ -219,11 +314,18 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
     final_h.narrow(0, n0, b - n0).copy_(h.narrow(0, n0, b - n0));
   }
   if (n0 == 0) return;
+  // Rows run in groups of 4, 2 and 1 (unit_block_rows<R>); every form does each row's operations in the same order
+  // with explicit FMAs (fma16), so a row's bits do not depend on its position among the step's rows.
   at::Tensor c_run = c.narrow(0, 0, n0).contiguous().clone();  // (n0, H), each unit updated in place by its owner
   at::Tensor h0 = h.narrow(0, 0, n0).contiguous();
   const int max_threads = static_cast<int>(at::get_num_threads());  // torch.set_num_threads, in any thread (a new
   // thread's omp_get_max_threads() is the process default, not what torch was told)
-  std::vector<float> partial(static_cast<size_t>(2 * max_threads * n0 * p));
+  // The projection's partial sums are kept per slice of unit blocks, a partition fixed by H alone (kSlices
+  // slices), never by the thread count: a thread owns whole slices, and h sums the slices' partials in slice order,
+  // so one thread and several give the same bits (a partition by threads made --workers 2 × 1 thread differ from one
+  // process with 2 threads).
+  const int64_t ns = nb < kSlices ? nb : kSlices;
+  std::vector<float> partial(static_cast<size_t>(2 * ns * n0 * p));
   const float* xwp = xw.data_ptr<float>();
   const float* wpk = w_packed.data_ptr<float>();
   const float* wpr = w_proj.data_ptr<float>();
@@ -238,8 +340,8 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
 #pragma omp parallel num_threads(max_threads)
   {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
-    const int64_t u0 = 16 * b0, u1 = 16 * b1;
+    const int64_t s0 = ns * t / nt, s1 = ns * (t + 1) / nt;  // this thread's slices
+    const int64_t u0 = 16 * (nb * s0 / ns), u1 = 16 * (nb * s1 / ns);
     std::vector<float> hloc(h0p, h0p + n0 * p);  // this thread's copy of h (the same on every thread)
     int64_t offset = 0, n_prev = n0;
     for (size_t s = 0; s < sizes.size(); ++s) {
@@ -251,38 +353,43 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
         }
         n_prev = n;
       }
-      float* part = partial.data() + ((s & 1) * nt + t) * n0 * p;
-      std::memset(part, 0, sizeof(float) * n * p);
-      for (int64_t i = b0; i < b1; ++i) {
-        // snake order: up on even steps, down on odd ones. Visited in one direction at every step, a share larger
-        // than L2 misses on every block (each evicted before its next use); turned back, a step starts with the
-        // blocks last read (python bench/lstm_rows.py, small shape, one thread: kernel / GEMM loop 1.23 -> 1.73 at
-        // 1 row, 1.07 -> 1.18 at 16). Only the order in which blocks add their projection shares changes (rounding).
-        const int64_t blk = (s & 1) ? b1 - 1 - (i - b0) : i;
-        const float* wb = wpk + blk * p * 64;
-        int64_t r = 0;
-        if constexpr (kRowGroup >= 4) {
-          for (; r + 4 <= n; r += 4)
-            unit_block_rows<4>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p,
-                               blk, hd, p, cclip);
+      for (int64_t i = s0; i < s1; ++i) {
+        // snake order over the slices: up on even steps, down on odd ones. Visited in one direction at every step,
+        // a share larger than L2 misses on every block (each evicted before its next use); turned back, a step
+        // starts with the blocks last read (python bench/lstm_rows.py, small shape, one thread: kernel / GEMM loop
+        // 1.23 -> 1.73 at 1 row, 1.07 -> 1.18 at 16). Within a slice the blocks always go up (fixed sums).
+        const int64_t sl = (s & 1) ? s1 - 1 - (i - s0) : i;
+        float* part = partial.data() + ((s & 1) * ns + sl) * n0 * p;
+        std::memset(part, 0, sizeof(float) * n * p);
+        for (int64_t blk = nb * sl / ns; blk < nb * (sl + 1) / ns; ++blk) {
+          const float* wb = wpk + blk * p * 64;
+          int64_t r = 0;
+          if constexpr (kRowGroup >= 4) {
+            for (; r + 4 <= n; r += 4)
+              unit_block_rows<4>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p,
+                                 blk, hd, p, cclip);
+            for (; r + 2 <= n; r += 2)
+              unit_block_rows<2>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p,
+                                 blk, hd, p, cclip);
+          }
+          for (; r < n; ++r)
+            unit_block_rows<1>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p, blk,
+                               hd, p, cclip);
         }
-        if constexpr (kRowGroup >= 2) {
-          for (; r + 2 <= n; r += 2)
-            unit_block_rows<2>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p,
-                               blk, hd, p, cclip);
-        }
-        for (; r < n; ++r)
-          unit_block_rows<1>(xwp + (offset + r) * g4, hloc.data() + r * p, wb, wpr, cp + r * hd, part + r * p, blk,
-                             hd, p, cclip);
       }
 #pragma omp barrier
+      const float* parts = partial.data() + (s & 1) * ns * n0 * p;
       for (int64_t r = 0; r < n; ++r) {
         float* hr = hloc.data() + r * p;
-        for (int64_t j = 0; j < p; ++j) {
-          float v = 0.0f;
-          for (int tt = 0; tt < nt; ++tt) v += partial[((s & 1) * nt + tt) * n0 * p + r * p + j];
-          if (pclip > 0) v = fminf(fmaxf(v, -pclip), pclip);
-          hr[j] = v;
+        std::memcpy(hr, parts + r * p, sizeof(float) * p);
+        for (int64_t sl = 1; sl < ns; ++sl) {
+          const float* pr = parts + sl * n0 * p + r * p;
+#pragma omp simd
+          for (int64_t j = 0; j < p; ++j) hr[j] += pr[j];
+        }
+        if (pclip > 0) {
+#pragma omp simd
+          for (int64_t j = 0; j < p; ++j) hr[j] = fminf(fmaxf(hr[j], -pclip), pclip);
         }
         if (t == 0) std::memcpy(outp + (offset + r) * p, hr, sizeof(float) * p);
       }
@@ -358,6 +465,85 @@ at::Tensor highway_layer(const at::Tensor& x, const at::Tensor& packed, const at
   return y;
 }
 
+// The batch-invariant product: x (M, K) float32, packed (NB, K, 32) and packed_bias (NB, 32) from
+// native.pack_linear → (M, 32·NB) = x·W + b in the packed column order (each value summed in the one fixed order
+// above, whatever M, the rows' order or the thread count); an undefined tensor when x holds inf or NaN.
+at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& packed_bias) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "linear_rows: x must be (M, K) float32");
+  const int64_t m = x.size(0), k = x.size(1), nb = packed.size(0);
+  TORCH_CHECK(packed.dim() == 3 && packed.size(1) == k && packed.size(2) == 32 && packed.is_contiguous() &&
+                  packed_bias.dim() == 2 && packed_bias.size(0) == nb && packed_bias.size(1) == 32 &&
+                  packed_bias.is_contiguous(),
+              "linear_rows: packed weight (NB, K, 32) and bias (NB, 32) as native.pack_linear, K = ", k);
+  at::get_num_threads();  // torch's thread count into this thread's OpenMP settings first, as in lstm_layer
+  at::Tensor y = at::empty({m, nb * 32}, x.options());
+  if (m == 0) return y;
+  const at::Tensor xc = x.contiguous();
+  if (!all_finite(xc)) return at::Tensor();
+  const at::Tensor xp = pack_panels(xc);
+  float* yp = y.data_ptr<float>();
+  const int64_t n = nb * 32;
+  panels_by_blocks(xp, packed, packed_bias, [&](int64_t pn, int64_t blk, const float* total) {
+    const int64_t r0 = pn * kPanel, r1 = r0 + kPanel < m ? r0 + kPanel : m;
+    for (int64_t r = r0; r < r1; ++r) std::memcpy(yp + r * n + blk * 32, total + (r - r0) * 32, sizeof(float) * 32);
+  });
+  return y;
+}
+
+// One highway layer for any number of rows, batch-invariant (each row as linear_rows computes it, then the
+// carry/transform combination per element): x (M, F), packed (F/16, F, 32), packed_bias (F/16, 32) from
+// native.pack_highway → (M, F); an undefined tensor when x holds inf or NaN.
+at::Tensor highway_rows_invariant(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& packed_bias) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "highway_rows_invariant: x must be (M, F) float32");
+  const int64_t m = x.size(0), f = x.size(1);
+  TORCH_CHECK(f % 16 == 0 && packed.size(0) == f / 16 && packed.size(1) == f && packed.size(2) == 32,
+              "highway_rows_invariant: packed weight does not match F = ", f);
+  at::get_num_threads();
+  at::Tensor y = at::empty_like(x);
+  if (m == 0) return y;
+  const at::Tensor xc = x.contiguous();
+  if (!all_finite(xc)) return at::Tensor();
+  const at::Tensor xp = pack_panels(xc);
+  const float* xr0 = xc.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  panels_by_blocks(xp, packed, packed_bias, [&](int64_t pn, int64_t blk, const float* total) {
+    const int64_t r0 = pn * kPanel, r1 = r0 + kPanel < m ? r0 + kPanel : m;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* tr = total + (r - r0) * 32;
+      const float* xr = xr0 + r * f + blk * 16;
+      float* yr = yp + r * f + blk * 16;
+#pragma omp simd
+      for (int u = 0; u < 16; ++u) {
+        const float t = sigmoid(tr[16 + u]);
+        const float hv = fmaxf(tr[u], 0.0f);
+        yr[u] = __builtin_fmaf(t, hv - xr[u], xr[u]);  // t·relu(transform) + (1 − t)·x
+      }
+    }
+  });
+  return y;
+}
+
+// One LSTM layer from its input contributions, batch-invariant: xw (2, N, 4H) = x·W_ih + b (gate columns i, f, o, j,
+// from linear_rows), the rest as lstm_layer. Each row's recurrent product, gates and projection are computed in the
+// one order direction_steps_fused fixes (any row count, any thread count).
+std::vector<at::Tensor> lstm_layer_xw(const at::Tensor& xw, const std::vector<int64_t>& sizes, const at::Tensor& c,
+                                      const at::Tensor& h, const at::Tensor& w_hh, const at::Tensor& w_proj,
+                                      double cell_clip, double proj_clip) {
+  TORCH_CHECK(xw.scalar_type() == at::kFloat && xw.dim() == 3 && xw.size(0) == 2 && xw.size(2) == 4 * c.size(2),
+              "lstm_layer_xw: xw must be (2, N, 4H) float32");
+  TORCH_CHECK(w_hh.dim() == 4 && w_hh.size(3) == 64 && w_hh.size(1) * 16 == c.size(2) && h.size(2) % 16 == 0,
+              "lstm_layer_xw: w_hh must be packed by native.pack_lstm (H and P multiples of 16)");
+  at::get_num_threads();
+  if (!all_finite(xw) || !all_finite(c) || !all_finite(h)) return {};
+  at::Tensor out = at::empty({2, xw.size(1), w_proj.size(2)}, xw.options());
+  at::Tensor final_c = at::empty_like(c);
+  at::Tensor final_h = at::empty_like(h);
+  for (int64_t d = 0; d < 2; ++d)
+    direction_steps_fused(xw[d].contiguous(), sizes, c[d].contiguous(), h[d].contiguous(), w_hh[d], w_proj[d],
+                          cell_clip, proj_clip, out[d], final_c[d], final_h[d]);
+  return {out, final_c, final_h};
+}
+
 // The kernels touch tensors only (their arguments are converted before the call), so they run without the GIL:
 // the server's HTTP threads and other Python threads go on while a pass computes, as they do during torch's own ops.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
@@ -366,5 +552,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("lstm_layer", &lstm_layer, "one LSTM layer, both directions, without autograd",
              pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("highway_layer", &highway_layer, "one highway layer for at most 12 rows",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("linear_rows", &linear_rows, "x·W + b, each row in one fixed order (batch-invariant)",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("highway_rows_invariant", &highway_rows_invariant, "one highway layer, any rows, batch-invariant",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("lstm_layer_xw", &lstm_layer_xw, "one LSTM layer from x·W_ih + b, batch-invariant",
              pybind11::call_guard<pybind11::gil_scoped_release>());
 }

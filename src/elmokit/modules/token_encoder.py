@@ -8,7 +8,9 @@ from torch import nn
 
 from elmokit.config import CharCNNConfig
 from elmokit.errors import InputError
+from elmokit.modules import invariant
 from elmokit.modules.char_cnn import CharCNN
+from elmokit.modules.derived import DerivedWeights
 from elmokit.modules.highway import Highway
 
 __all__ = ["TokenEncoder"]
@@ -52,14 +54,27 @@ class TokenEncoder(nn.Module):
         words = config.word_embedding_dim or 0
         self.projection = nn.Linear(words + self.char_cnn.output_dim, projection_dim)
         self.output_dim = projection_dim
+        self._derived = DerivedWeights()
 
     def encode_unique(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Encode N tokens given as (N, C) ids — (N, C + 1) with the word id last when the model has a word
         embedding — (no de-duplication, no masking) → (N, P)."""
         if self.word_embedding is None:
-            return self.projection(self.highway(self.char_cnn(char_ids)))
+            return self._project(self.highway(self.char_cnn(char_ids)))
         chars = self.highway(self.char_cnn(char_ids[:, :-1]))
-        return self.projection(torch.cat([self.word_embedding(char_ids[:, -1]), chars], dim=-1))
+        return self._project(torch.cat([self.word_embedding(char_ids[:, -1]), chars], dim=-1))
+
+    def _project(self, z: torch.Tensor) -> torch.Tensor:
+        """The projection (N, F) → (N, P): by the batch-invariant kernel where it runs
+        (:mod:`elmokit.modules.invariant`; weights packed once, cached), else ``nn.Linear``."""
+        weight, bias = self.projection.weight, self.projection.bias
+        module = invariant.kernels_for(z, weight, bias) if z.dim() == 2 else None
+        if module is not None:
+            packed = self._derived.get("invariant", (weight, bias), lambda: invariant.pack_linear(weight.t(), bias))
+            y = invariant.linear(module, z, packed, self.output_dim)
+            if y is not None:
+                return y
+        return self.projection(z)
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
         if char_ids.dim() != 3:

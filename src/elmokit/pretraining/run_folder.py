@@ -35,7 +35,7 @@ from elmokit.errors import MissingExtraError, UsageError, import_optional
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.pretraining import checkpoint as ckpt
 
-__all__ = ["RunFolder", "plot_learning_curve", "check_outside_patterns", "BEST_DIR", "BEST_RECORD"]
+__all__ = ["RunFolder", "plot_learning_curve", "check_outside_patterns", "run_files", "BEST_DIR", "BEST_RECORD"]
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +160,11 @@ _RUN_WRITES = (
     f"{BEST_DIR}/vocab.txt",
 )
 _MAGIC = re.compile(r"[*?[]")
+
+
+def run_files(out_dir: str | os.PathLike) -> list[Path]:
+    """The files a run writes in ``out_dir`` (its checkpoints by their first name): what no input may be."""
+    return [Path(out_dir) / name for name in _RUN_WRITES]
 
 
 def _glob_matches(pattern: list[str], path: list[str]) -> bool:

@@ -5,7 +5,8 @@ Routes (the README's "Serving" section has examples):
 * ``POST /embed``: ``{"sentences": [["The", "bank"], …]}`` (token lists) or ``{"texts": [...], "tokenizer": …}``,
   options ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as :meth:`Embedder.embed_batch`. JSON
   (tokens, shape and vectors per sentence), or an ``.npz`` archive with ``Accept: application/x-npz``
-  (:mod:`elmokit.serving.schemas` says why npz). Values are :meth:`Embedder.embed_batch`'s on the same sentences
+  (:mod:`elmokit.serving.schemas` says why npz; ``Accept`` is negotiated as RFC 9110 says, by its ``negotiate``:
+  406 only when neither type is acceptable). Values are :meth:`Embedder.embed_batch`'s on the same sentences
   within its documented batch-independence bound (the batch a sentence shares is the server's choice).
 * ``POST /v1/embeddings``: the OpenAI embeddings schema; sentence vectors are ``--openai-layers`` (default: the
   average of the L+1 layers) mean-pooled over real tokens (shown by ``/info``).
@@ -16,10 +17,11 @@ Routes (the README's "Serving" section has examples):
   ``GET /info``, ``GET /metrics`` (Prometheus), ``GET /`` (the polysemy page), ``GET /examples`` (its examples).
 
 Statuses: 401 (no or wrong ``Authorization: Bearer`` key when the server has one; every route but ``/``,
-``/examples``, ``/health``), 408 (the body not all sent within ``--body-timeout``), 413 (body over
-``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences or options: one line naming the field and
-index, in the library's wording), 429 with ``Retry-After`` (over ``--max-concurrent-requests``), 503 with
-``Retry-After`` (no inference loop). A client that disconnects while its sentences wait, or while it sends its body,
+``/examples``, ``/health``), 406 (an ``Accept`` that rules out both of ``/embed``'s types), 408 (the body not all
+sent within ``--body-timeout``), 413 (body over ``--payload-limit``), 422 (invalid JSON, unknown fields, bad sentences
+or options: one line naming the field and index, in the library's wording; a string holding a lone surrogate, named
+as such), 429 with ``Retry-After`` (over ``--max-concurrent-requests``), 503 with ``Retry-After`` (no inference
+loop). A client that disconnects while its sentences wait, or while it sends its body,
 is logged as status 499 (its queued sentences dropped). Errors are JSON in the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}``.
 
@@ -54,23 +56,28 @@ from elmokit.data.examples import APPLE_SENTENCES, BANK_SENTENCES
 from elmokit.data.text_checks import is_cjk
 from elmokit.embedding import Embedder
 from elmokit.embedding.pooling import OutputSpec
-from elmokit.errors import ElmoError, import_optional
+from elmokit.errors import ElmoError, UsageError, import_optional
 from elmokit.serving.batcher import Batcher, Job, WorkerStopped
 from elmokit.serving.metrics import Metrics
 from elmokit.serving.schemas import (
+    EMBED_TYPES,
     NPZ_TYPE,
     EmbedRequest,
     RequestError,
     SimilarRequest,
     base64_vector,
+    check_finite,
+    float32_values,
     json_bytes,
+    negotiate,
+    not_acceptable,
     npz_bytes,
     parse_embed,
     parse_json,
     parse_openai,
     parse_similar,
 )
-from elmokit.serving.settings import ServeSettings
+from elmokit.serving.settings import ServeSettings, as_option
 from elmokit.weights.fingerprint import bilm_fingerprint
 from elmokit.weights.native import load_pretrained_bilm
 
@@ -107,6 +114,7 @@ def load_embedder(settings: ServeSettings) -> Embedder:
         batch_size=settings.max_batch_sentences,
         max_batch_tokens=settings.max_batch_tokens,
         recent_word_cache=settings.recent_word_cache,
+        batch_invariant=settings.batch_invariant,
     )
 
 
@@ -117,7 +125,10 @@ class ServerState:
         self.settings = settings
         self.embedder = embedder
         # the /v1/embeddings rule against this model (a layer it lacks: UsageError at start-up, not a 500 per request)
-        self.openai_spec = embedder.output_spec(settings.openai_layers, settings.openai_pool)
+        try:
+            self.openai_spec = embedder.output_spec(settings.openai_layers, settings.openai_pool)
+        except ElmoError as exc:
+            raise UsageError(as_option(str(exc), "--openai-layers", settings.openai_layers, "layers")) from None
         self.metrics = Metrics(getattr(embedder, "recent_words", None))
         self.batcher = Batcher(
             embedder,
@@ -328,25 +339,11 @@ async def _answer(state: ServerState, request: Request, handler) -> Response:
         return Response(status_code=499)
 
 
-def _check_finite(arrays: list[np.ndarray], spec: OutputSpec) -> None:
-    """Raise 422 when an output holds inf or NaN (JSON cannot carry them): a fixed mix's weights, or float16's range,
-    too small for the values."""
-    if all(np.isfinite(a).all() for a in arrays):
-        return
-    options = spec.settings()
-    raise RequestError(
-        422,
-        f"the vectors overflow to inf or NaN with layers={options['layers']} and dtype={options['dtype']}: use smaller "
-        "mix weights (float32 holds values up to 3.4e38, float16 up to 65504)",
-        "layers" if spec.layers.kind == "mix" else "dtype",
-    )
-
-
 def _embed_response(state: ServerState, req: EmbedRequest, arrays: list[np.ndarray], npz: bool) -> Response:
     """``/embed``'s answer, built in a worker thread (millions of numbers as JSON take seconds, which would stall
     every other request and ``/health`` on the event loop); the JSON one sentence at a time, so that the loop's
     thread gets the interpreter between them. Raises 422 when the vectors overflow."""
-    _check_finite(arrays, req.spec)
+    check_finite(arrays, req.spec)
     if npz:
         return Response(npz_bytes(arrays), media_type=NPZ_TYPE)
     head = {"model": state.model_name, "options": req.spec.settings()}
@@ -360,9 +357,10 @@ def _embed_response(state: ServerState, req: EmbedRequest, arrays: list[np.ndarr
 
 def _embed_route(state: ServerState):
     async def embed(request: Request) -> Response:
-        accept = request.headers.get("accept", "")
-        if "application/x-npy" in accept:
-            return _error(RequestError(406, f"binary output is an .npz archive: send 'Accept: {NPZ_TYPE}'", "accept"))
+        media = negotiate(request.headers.getlist("accept"), EMBED_TYPES)
+        if media is None:
+            return _error(not_acceptable(request.headers.getlist("accept")))
+        npz = media == NPZ_TYPE
 
         async def handle(body: dict, size: int) -> Response:
             dims = (state.embedder.num_layers, state.embedder.output_dim)
@@ -372,8 +370,8 @@ def _embed_route(state: ServerState):
                 req = await asyncio.to_thread(parse_embed, body, state.settings, *dims)
             arrays = await state.run(request, req.sentences, req.spec)
             if sum(a.size for a in arrays) <= INLINE_ANSWER_VALUES:
-                return _embed_response(state, req, arrays, NPZ_TYPE in accept)
-            return await asyncio.to_thread(_embed_response, state, req, arrays, NPZ_TYPE in accept)
+                return _embed_response(state, req, arrays, npz)
+            return await asyncio.to_thread(_embed_response, state, req, arrays, npz)
 
         return await _answer(state, request, handle)
 
@@ -422,7 +420,8 @@ class _QueuedEmbedder:
 def similar_result(state: ServerState, req: SimilarRequest) -> dict:
     """``/similar``'s answer, as ``elmokit similar --json`` computes it (every layer and the average): the
     occurrences, per layer the cosine matrix (rounded to 6 decimals as the command prints it) and its summary, and
-    per layer the 2-D projection :func:`~elmokit.analysis.polysemy.plot_scale` draws (unit vectors, one scale).
+    per layer the 2-D projection :func:`~elmokit.analysis.polysemy.plot_scale` draws (unit vectors, one scale); every
+    float as float32 (the answer writes each in its shortest float32 form).
 
     Raises:
         RequestError: 422 when the word occurs in no sentence, or more than ``max_occurrences`` times."""
@@ -459,10 +458,13 @@ def similar_result(state: ServerState, req: SimilarRequest) -> dict:
         ],
         "layer_names": names,  # the layers' order (a JavaScript object puts "1", "2" before "0 (static)")
         "layers": {
-            name: {"summary": label_similarity(m, labels), "cosine": np.round(m, 6).tolist()}
+            name: {"summary": float32_values(label_similarity(m, labels)), "cosine": np.round(m, 6).astype(np.float32)}
             for name, m in zip(names, sims)
         },
-        "projection": {"limit": limit, "layers": {name: xy.tolist() for name, xy in zip(names, coords)}},
+        "projection": {
+            "limit": np.float32(limit),
+            "layers": {name: np.ascontiguousarray(xy, dtype=np.float32) for name, xy in zip(names, coords)},
+        },
     }
 
 
@@ -505,6 +507,7 @@ def _read_routes(app, state: ServerState) -> None:
                 "dim": embedder.output_dim,
                 "device": str(embedder.device),
                 "precision": embedder.precision,
+                "batch_invariant": bool(embedder.batch_invariant),
                 "openai": {
                     "layers": state.settings.openai_layers,
                     "pool": state.settings.openai_pool,

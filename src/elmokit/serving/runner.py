@@ -1,13 +1,17 @@
 """Running the application under uvicorn: one process, or ``--workers N`` processes sharing the port, each with its
-own model; SIGTERM or Ctrl-C stops accepting, answers what was accepted, stops the inference loop and exits 0."""
+own model; SIGTERM or Ctrl-C stops accepting, answers what was accepted, gives the clients ``--shutdown-timeout``
+seconds to read their answers (then closes the connections still open), stops the inference loop and exits 0."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from elmokit.errors import UsageError, import_optional
@@ -17,12 +21,54 @@ __all__ = ["serve", "bind"]
 
 uvicorn = import_optional("uvicorn", "serve", "elmokit serve (the HTTP server)")
 supervisors = import_optional("uvicorn.supervisors", "serve", "elmokit serve (the HTTP server)")
+multiprocess = import_optional("uvicorn.supervisors.multiprocess", "serve", "elmokit serve (the HTTP server)")
+
+logger = logging.getLogger(__name__)
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server whose stop signal is the expected end: it shuts down gracefully (stops accepting, finishes
-    the requests in flight, runs the application's shutdown) and does not raise the signal again afterwards (uvicorn
-    re-raises it, which would end the process by the signal or, under ``elmokit``'s handler, with 130)."""
+    """uvicorn's server whose stop signal is the expected end: it shuts down gracefully and within a bound, and does
+    not raise the signal again afterwards (uvicorn re-raises it, which would end the process by the signal or, under
+    ``elmokit``'s handler, with 130).
+
+    The shutdown: stop accepting, close the idle connections, wait until every accepted request has been answered
+    (each is bounded: its body by ``--body-timeout``, its work by the model), then give the clients
+    ``shutdown_timeout`` seconds to read their answers; the connections still open then are closed (a client that
+    never reads would otherwise hold the process for as long as it lives: uvicorn waits for every connection), and
+    the application's shutdown runs (the inference loop stops)."""
+
+    def __init__(self, config, shutdown_timeout: float = 5.0) -> None:
+        super().__init__(config)
+        self.shutdown_timeout = shutdown_timeout
+
+    async def _wait_tasks_to_complete(self) -> None:
+        """uvicorn's wait at shutdown (after it stopped accepting and closed the idle connections), bounded."""
+        state = self.server_state
+        waited = False
+        while any(_unanswered(c) for c in list(state.connections)) and not self.force_exit:
+            if not waited:
+                logger.info("answering the %d accepted request(s)", sum(_unanswered(c) for c in state.connections))
+                waited = True
+            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + self.shutdown_timeout
+        while (state.connections or state.tasks) and not self.force_exit and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        stalled = list(state.connections)
+        if stalled:
+            logger.warning(
+                "closing %d connection(s) whose client did not read its answer within %g s (--shutdown-timeout)",
+                len(stalled),
+                self.shutdown_timeout,
+            )
+            for connection in stalled:
+                connection.transport.abort()  # close() would wait to send the unread bytes: for ever
+        deadline = time.monotonic() + 1.0  # a send on a closed connection returns at once: the tasks end
+        while state.tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for task in list(state.tasks):
+            task.cancel(msg="the server is shutting down")
+        for server in self.servers:
+            await server.wait_closed()
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -35,6 +81,24 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _unanswered(connection) -> bool:
+    """Whether ``connection`` (a uvicorn HTTP protocol) holds a request whose whole answer the application has not
+    yet handed over (its body still arriving, its sentences queued, its answer being built)."""
+    cycle = getattr(connection, "cycle", None)
+    return cycle is not None and not cycle.response_complete
+
+
+class _WorkerProcess(multiprocess.Process):
+    """A ``--workers N`` process of uvicorn's supervisor that runs :class:`_Server` (the bounded shutdown) with the
+    settings' ``shutdown_timeout_s`` (read in the worker, from the environment the settings travel in)."""
+
+    @property
+    def server(self):
+        if self._server is None:
+            self._server = _Server(self.config, ServeSettings.from_env().shutdown_timeout_s)
+        return self._server
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -68,7 +132,7 @@ def serve(
     port = sock.getsockname()[1]
     if settings.workers == 1:
         app = (app_factory or (lambda: app_module.create_app(settings)))()
-        server = _Server(uvicorn.Config(app, **options))
+        server = _Server(uvicorn.Config(app, **options), settings.shutdown_timeout_s)
         if announce is not None:
             announce(port)
         server.run(sockets=[sock])
@@ -77,7 +141,12 @@ def serve(
     config = uvicorn.Config("elmokit.serving.app:app_from_env", factory=True, workers=settings.workers, **options)
     if announce is not None:
         announce(port)
-    # each worker runs uvicorn's own server: a SIGTERM from the supervisor shuts it down gracefully, then ends it
-    supervisors.Multiprocess(config, sockets=[sock]).run()
+    # each worker runs a _Server: a SIGTERM from the supervisor shuts it down gracefully and within the bound (the
+    # supervisor makes its processes by the name Process of its module, which has no other hook)
+    made_by, multiprocess.Process = multiprocess.Process, _WorkerProcess
+    try:
+        supervisors.Multiprocess(config, sockets=[sock]).run()
+    finally:
+        multiprocess.Process = made_by
     sys.stderr.flush()
     return 0

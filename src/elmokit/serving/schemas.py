@@ -14,12 +14,13 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from elmokit.characters import validate_sentences
+from elmokit.characters import is_blank_token, validate_sentences
 from elmokit.data.tokenizers import TOKENIZERS, word_tokenizer
 from elmokit.embedding.pooling import OutputSpec
 from elmokit.errors import ElmoError, import_optional
@@ -30,6 +31,13 @@ __all__ = [
     "EmbedRequest",
     "SimilarRequest",
     "NPZ_TYPE",
+    "JSON_TYPE",
+    "EMBED_TYPES",
+    "parse_accept",
+    "negotiate",
+    "not_acceptable",
+    "check_finite",
+    "float32_values",
     "parse_json",
     "parse_embed",
     "parse_openai",
@@ -45,6 +53,11 @@ __all__ = [
 orjson = import_optional("orjson", "serve", "elmokit serve (the HTTP server)")
 
 NPZ_TYPE = "application/x-npz"
+JSON_TYPE = "application/json"
+
+#: RFC 9110's token (§5.6.2) and qvalue (§12.4.2) grammars.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_QVALUE = re.compile(r"(?:0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?)")
 
 _EMBED_FIELDS = ("sentences", "texts", "tokenizer", "layers", "pool", "keep_sentence_boundaries", "dtype")
 _OPENAI_FIELDS = ("input", "model", "encoding_format", "user", "dimensions")
@@ -91,7 +104,39 @@ def parse_json(body: bytes) -> dict:
         raise _invalid("the request body holds an integer too long to read (thousands of digits)", None) from None
     if not isinstance(value, dict):
         raise _invalid(f"the request body must be a JSON object, got a {type(value).__name__}", None)
+    if _SURROGATE_ESCAPE.search(body):  # only JSON's \uXXXX escapes can bring one (UTF-8 cannot encode it)
+        try:
+            _refuse_lone_surrogates(value)
+        except RecursionError:  # nested almost as deep as the parser reads
+            raise _invalid(
+                "the request body is JSON nested too deeply (the fields need at most 2 levels of lists)", None
+            ) from None
     return value
+
+
+#: A JSON escape of a UTF-16 surrogate (``\ud800``–``\udfff``): a pair of them is one character, a lone one none.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_lone_surrogates(value: object, where: str = "") -> None:
+    """Raise :class:`RequestError` 422 at the first string (a field name or value, at any depth) holding a lone
+    surrogate: half of a UTF-16 pair, not a character, which no tokenizer, model or UTF-8 answer can carry."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        path = f"{where}[{key}]" if not isinstance(key, str) else f"{where}.{key}" if where else key
+        for text, what in ((key, "a field name"), (item, path)):
+            found = _LONE_SURROGATE.search(text) if isinstance(text, str) else None
+            if found is not None:
+                field = None if what == "a field name" else str(path).split(".")[0].split("[")[0]
+                shown = text if len(text) <= 40 else text[:37] + "..."
+                what = what if len(what) <= 60 else what[:57] + "..."
+                raise _invalid(
+                    f"{what} ({shown!r}) holds a lone surrogate (U+{ord(found.group()):04X} at character "
+                    f"{found.start()}), half of a UTF-16 pair and not a character: send valid Unicode text",
+                    field,
+                )
+        _refuse_lone_surrogates(item, str(path))
 
 
 def _check_fields(body: dict, allowed: Sequence[str]) -> None:
@@ -140,10 +185,17 @@ def _sentences(body: dict, settings: ServeSettings) -> tuple[list[list[str]], st
         if isinstance(sentences, list):
             _check_count(len(sentences), field, settings)
     try:
-        sentences = validate_sentences(sentences, name=field)
+        sentences = validate_sentences(sentences, name=field, empty_tokens="keep")  # blank tokens: below
     except ElmoError as exc:
         raise _invalid(str(exc), field) from None
     for i, sentence in enumerate(sentences):
+        for j, token in enumerate(sentence):
+            if is_blank_token(token):  # the library's hint, empty_tokens='keep', is no field of this API
+                raise _invalid(
+                    f"sentence {i}, token {j} is {token[:10]!r}: empty or whitespace-only tokens are refused (they "
+                    "are usually tokeniser padding, and would change their neighbours' vectors): drop them",
+                    field,
+                )
         if len(sentence) > settings.max_tokens_per_sentence:
             raise _invalid(
                 f"sentence {i} has {len(sentence)} tokens; this server takes at most "
@@ -276,6 +328,96 @@ def parse_similar(body: dict, settings: ServeSettings) -> SimilarRequest:
     return SimilarRequest(word, sentences, labels, match, context)
 
 
+def parse_accept(values: Sequence[str]) -> list[tuple[str, str, float]] | None:
+    """The ``Accept`` header's field values (several field lines count as one list, RFC 9110 §5.3) → its media
+    ranges as ``(type, subtype, q)``, lower-cased (media types are case-insensitive), in the order sent; ``None`` when
+    there is no header or it lists nothing (every type acceptable).
+
+    A range is ``type/subtype`` (``*/*`` and ``type/*`` included) with optional parameters; ``q`` (0 to 1, at most 3
+    decimals, default 1; its name in any case) is its weight, and the parameters other than ``q`` are not used to
+    match (this server's types have none). An element that does not follow the grammar (``text``, ``*/json``,
+    ``q=2``, ``q=abc``) is skipped, as RFC 9110 lets a server do with what it cannot parse."""
+    ranges = []
+    for element in ",".join(values).split(","):
+        media, *params = (part.strip() for part in element.split(";"))
+        if not media and not params:
+            continue  # an empty list element ("a, , b")
+        kind, slash, sub = media.partition("/")
+        if not (slash and _TOKEN.fullmatch(kind) and _TOKEN.fullmatch(sub)) or (kind == "*" and sub != "*"):
+            continue
+        q = 1.0
+        for param in params:
+            name, eq, value = param.partition("=")
+            if name.strip().lower() == "q":
+                q = float(value.strip()) if eq and _QVALUE.fullmatch(value.strip()) else -1.0
+                break  # what follows q are accept-extensions
+        if q >= 0:
+            ranges.append((kind.lower(), sub.lower(), q))
+    return ranges or None
+
+
+def negotiate(values: Sequence[str], offered: Sequence[str]) -> str | None:
+    """The media type of ``offered`` (in the server's order of preference) to answer with, given the request's
+    ``Accept`` field values (RFC 9110 §12.5.1); ``None`` when none is acceptable (406).
+
+    Each offered type takes the q of the most specific range that matches it (``type/subtype`` over ``type/*`` over
+    ``*/*``), so ``application/json;q=0, */*`` refuses JSON and accepts anything else; a type no range matches, or
+    whose range has ``q=0``, is not acceptable. The highest q wins; between equal q, the more specific range, then
+    the one listed first, then the server's order. No header (or an empty one): the first offered type."""
+    ranges = parse_accept(values)
+    if ranges is None:
+        return offered[0] if offered else None
+    best, best_key = None, None
+    for preference, media in enumerate(offered):
+        kind, _, sub = media.lower().partition("/")
+        match = None  # (specificity, -position, q) of the most specific range that matches
+        for position, (rkind, rsub, q) in enumerate(ranges):
+            specificity = 2 if (rkind, rsub) == (kind, sub) else 1 if (rkind, rsub) == (kind, "*") else 0
+            if specificity == 0 and (rkind, rsub) != ("*", "*"):
+                continue
+            if match is None or specificity > match[0]:
+                match = (specificity, -position, q)
+        if match is None or match[2] <= 0:
+            continue
+        key = (match[2], match[0], match[1], -preference)
+        if best_key is None or key > best_key:
+            best, best_key = media, key
+    return best
+
+
+#: What ``/embed`` answers in, by preference (RFC 9110 content negotiation on ``Accept``: :func:`negotiate`).
+EMBED_TYPES = (JSON_TYPE, NPZ_TYPE)
+
+
+def not_acceptable(accept: list[str]) -> RequestError:
+    """406 for an ``Accept`` that rules out both of ``/embed``'s types (``.npy`` named: it is not offered)."""
+    asked = ", ".join(f"{kind}/{sub}" + (f";q={q:g}" if q != 1 else "") for kind, sub, q in parse_accept(accept) or ())
+    why = "binary output is an .npz archive" if "application/x-npy" in asked else f"Accept lists {asked}"
+    return RequestError(
+        406, f"{why}: /embed answers {JSON_TYPE} or {NPZ_TYPE} (send 'Accept: {NPZ_TYPE}' for the archive)", "accept"
+    )
+
+
+def check_finite(arrays: list[np.ndarray], spec: OutputSpec) -> None:
+    """Raise 422 when an output holds inf or NaN (JSON cannot carry them): a fixed mix's weights, or float16's range,
+    too small for the values."""
+    if all(np.isfinite(a).all() for a in arrays):
+        return
+    options = spec.settings()
+    raise RequestError(
+        422,
+        f"the vectors overflow to inf or NaN with layers={options['layers']} and dtype={options['dtype']}: use smaller "
+        "mix weights (float32 holds values up to 3.4e38, float16 up to 65504)",
+        "layers" if spec.layers.kind == "mix" else "dtype",
+    )
+
+
+def float32_values(summary: dict) -> dict:
+    """A summary's floats as float32 scalars, so that the answer writes them in the shortest float32 form, as every
+    number the server sends (counts stay ints, absent values ``None``)."""
+    return {k: np.float32(v) if isinstance(v, float) else v for k, v in summary.items()}
+
+
 def npz_bytes(arrays: Sequence[np.ndarray]) -> bytes:
     """The arrays as an uncompressed ``.npz`` archive, members ``"0"``, ``"1"``, … in order."""
     buffer = io.BytesIO()
@@ -284,19 +426,25 @@ def npz_bytes(arrays: Sequence[np.ndarray]) -> bytes:
 
 
 def json_bytes(data: object) -> bytes:
-    """``data`` as compact UTF-8 JSON; NumPy arrays (C-contiguous float32 or float16) as nested lists of their
-    values in shortest round-trip form."""
+    """``data`` as compact UTF-8 JSON; NumPy arrays (C-contiguous float32 or float16) and scalars as their values in
+    shortest round-trip form. A string holding a lone surrogate (which UTF-8, hence valid JSON text, cannot carry;
+    requests holding one are refused before, so only a defect gets here) goes out with it written as the six
+    characters ``\\udXXX``: an answer is always valid JSON, and its numbers always orjson's."""
     try:
         return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
-    except TypeError:  # a lone surrogate the client sent (JSON "\ud800"): echo it escaped, as it came
-        return json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=_listed).encode("ascii")
+    except TypeError:  # orjson: "str is not valid UTF-8: surrogates not allowed"
+        return orjson.dumps(_without_surrogates(data), option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _listed(value: object) -> object:
-    """``json.dumps``'s fallback for what orjson wrote natively: an array's values as nested lists."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+def _without_surrogates(value: object) -> object:
+    """``value`` with every string's lone surrogates written out as ``\\udXXX`` text (dict keys included)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_surrogates(v) for v in value]
+    return value
 
 
 def base64_vector(vector: np.ndarray) -> str:

@@ -39,6 +39,7 @@ from elmokit.weights import load_state_checked
 from elmokit.weights.archive import is_model_archive, load_model_archive
 from elmokit.weights.efml import is_efml_folder, load_efml
 from elmokit.weights.efml_vocab import EfmlVocabulary
+from elmokit.weights.hub import hub_model_dir, parse_hub_name
 
 __all__ = [
     "save_pretrained",
@@ -126,20 +127,24 @@ def known_model_names() -> list[str]:
 
 
 def resolve_model_name(name_or_path: str | os.PathLike) -> str | os.PathLike | Path:
-    """A zoo model name (``elmokit-en``, ``elmokit-zh``; any case) → its folder in the cache; anything else (a folder,
-    a released name, a path that is not there) is returned unchanged. A folder of that name in the current directory
-    wins over the zoo name, as folders win over released names.
+    """A zoo model name (``elmokit-en``, ``elmokit-zh``; any case) → its folder in the cache; a Hugging Face Hub name
+    (``org/name`` or ``org/name@revision``, :mod:`elmokit.weights.hub`) → its snapshot folder in the Hub cache,
+    fetched if needed; anything else (a folder, a released name, a path that is not there) is returned unchanged. A
+    local path of that name wins over the zoo or Hub name, as folders win over released names.
 
     Raises:
         MissingFileError: the zoo model is not built (no folder, or no ``card.json``, which its build writes last):
-            the message names the folder and the command that builds it (``elmokit zoo build en``).
+            the message names the folder and the command that builds it (``elmokit zoo build en``); a Hub name that
+            cannot be fetched and is not cached, or without huggingface_hub installed (one line naming the reason).
     """
     if not isinstance(name_or_path, (str, os.PathLike)):
         return name_or_path
     text = os.fspath(name_or_path)
     key = text.lower() if isinstance(text, str) else ""
-    if key not in ZOO_MODELS or Path(text).exists():
+    if Path(text).exists():
         return name_or_path
+    if key not in ZOO_MODELS:
+        return hub_model_dir(text) if parse_hub_name(text) is not None else name_or_path
     folder = zoo_model_dir(key)
     command = f"elmokit zoo build {ZOO_MODELS[key]}"
     if not (folder / "card.json").is_file() or not (folder / CONFIG_NAME).is_file():
@@ -350,8 +355,9 @@ def _original_pair(directory: Path) -> tuple[Path, Path]:
 
 
 def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | None = None, **bilm_kwargs) -> BiLM:
-    """Resolve a released name, a zoo name (:data:`ZOO_MODELS`), a native directory, an original-format directory, or
-    a zip archive of one (the NLPL repository's, :mod:`elmokit.weights.archive`) to a :class:`BiLM`.
+    """Resolve a released name, a zoo name (:data:`ZOO_MODELS`), a Hugging Face Hub name (``org/name[@revision]``,
+    :mod:`elmokit.weights.hub`), a native directory, an original-format directory, or a zip archive of one (the NLPL
+    repository's, :mod:`elmokit.weights.archive`) to a :class:`BiLM`.
 
     Raises:
         WeightsError: a damaged, unsafe or model-less zip, or a TensorFlow-checkpoint zip (one line naming it).
@@ -372,8 +378,8 @@ def load_pretrained_bilm(name_or_path: str | os.PathLike, *, opener: Callable | 
             f"{known_model_names()}, got {type(name_or_path).__name__}"
         )
     resolved = resolve_model_name(name_or_path)
-    if resolved is not name_or_path:  # a zoo model: its native folder
-        return load_native(resolved, **bilm_kwargs)
+    if resolved is not name_or_path:  # a zoo model (its native folder) or a Hub model (its snapshot, any format)
+        return load_pretrained_bilm(resolved, opener=opener, **bilm_kwargs)
     path = Path(name_or_path)
     if is_efml_folder(path):  # before the native check: EFML folders hold a config.json too
         return load_efml(path, **bilm_kwargs)

@@ -1,0 +1,357 @@
+// elmokit's fused LSTM-with-projection layer for TRAINING (used by elmokit/modules/lstm_train.py; compiled into the
+// same extension as native_kernels.cpp by elmokit/modules/native.py, registered as torch.ops.elmokit_train.*).
+//
+// One layer, both directions, on the packed time-major layout of elmokit.modules.lstm (step s = the next sizes[s]
+// rows, rows sorted by length). The cell (TensorFlow LSTMCell with num_proj, gate order i, j, f, o, forget bias
+// folded into `bias`):
+//     z = xw + bias + h_{t-1}·W_hh;  i, f, o = σ(z_i, z_f, z_o), j = tanh(z_j)
+//     c_raw = f·c_{t-1} + i·j;  c = clip(c_raw, ±cell_clip);  m = o·tanh(c)
+//     h_raw = m·W_proj;  h = clip(h_raw, ±proj_clip)
+// The products are ATen GEMMs (at::mm_out into preallocated buffers; float32, or bfloat16 with float32 accumulation
+// through oneDNN where the weights come in bfloat16); everything between two products is ONE vectorised pass over
+// the step's rows (float32 gate math, whatever the product dtype T). The forward saves the activated gates, c_raw,
+// m and h_raw; the backward runs the reverse time loop the same way (per step: the mask of the projection clip, one
+// GEMM to dm, one fused pass to dz and dc_{t-1}, one GEMM to dh_{t-1}) and then the weight gradients ONCE per layer
+// as two large GEMMs over all steps (dW_hh = Σ h_{t-1}ᵀ·dz, dW_proj = Σ mᵀ·dh_raw). A clip passes the gradient
+// where |x| ≤ clip (as torch.clamp's backward) and zeroes it elsewhere.
+//
+// Built with -ffast-math (expf/tanhf vectorise), which assumes finite values: the forward reports a non-finite
+// pre-activation (read from the bits) by returning nothing, and the caller then runs the torch-op path.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float sig(float x) {
+  x = fminf(fmaxf(x, -88.0f), 88.0f);
+  return 1.0f / (1.0f + expf(-x));
+}
+
+// tanh from exp (1 − 2/(e^{2x} + 1)): glibc's vector expf is native AVX-512/AVX2 code, while its vector tanhf called
+// the scalar tanhf lane by lane here (perf: __tanhf, __expm1f); within 1e-7 absolute of tanhf
+inline float tanh_sat(float x) {
+  x = fminf(fmaxf(x, -10.0f), 10.0f);
+  return 1.0f - 2.0f / (expf(2.0f * x) + 1.0f);
+}
+
+inline uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// load/store of the product dtype: float32, or bfloat16 (round to nearest even, finite values)
+inline float ld(const float* p, int64_t i) { return p[i]; }
+inline float ld(const c10::BFloat16* p, int64_t i) {
+  uint32_t u = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void st(float* p, int64_t i, float v) { p[i] = v; }
+inline void st(c10::BFloat16* p, int64_t i, float v) {
+  uint32_t u = bits(v);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(u >> 16);
+}
+
+inline float clip(float x, float c) { return c > 0 ? fminf(fmaxf(x, -c), c) : x; }
+
+// One (direction, row) of a forward step: the gates from z = xw + bias + rec, the cell update and its clip, m; the
+// activated gates and c_raw saved. Returns whether a pre-activation was inf or NaN. A function of its own (not
+// inlined into the step loop), so that the compiler vectorises it with the vector exp and tanh of glibc's libmvec
+// (inlined into at::parallel_for's one-thread path it called the scalar ones).
+template <typename T>
+__attribute__((noinline)) uint32_t forward_row(const T* __restrict x, const T* __restrict rc, const float* __restrict b,
+                                               const float* __restrict cp, bool cp_raw, float* __restrict g,
+                                               float* __restrict cr, T* __restrict mo, int64_t H, float cc) {
+  // the clips as bounds (FLT_MAX: none), loop-invariant: a select between clipped and unclipped loads per element
+  // kept GCC from vectorising the loop (scalar expf)
+  const float cpc = cp_raw && cc > 0 ? cc : FLT_MAX, ccl = cc > 0 ? cc : FLT_MAX;
+  uint32_t nonfinite = 0;
+#pragma omp simd reduction(| : nonfinite)
+  for (int64_t k = 0; k < H; ++k) {
+    const float zi = ld(x, k) + b[k] + ld(rc, k);
+    const float zj = ld(x, H + k) + b[H + k] + ld(rc, H + k);
+    const float zf = ld(x, 2 * H + k) + b[2 * H + k] + ld(rc, 2 * H + k);
+    const float zo = ld(x, 3 * H + k) + b[3 * H + k] + ld(rc, 3 * H + k);
+    nonfinite |= ((bits(zi) & 0x7f800000u) == 0x7f800000u) | ((bits(zj) & 0x7f800000u) == 0x7f800000u) |
+                 ((bits(zf) & 0x7f800000u) == 0x7f800000u) | ((bits(zo) & 0x7f800000u) == 0x7f800000u);
+    const float i = sig(zi), j = tanh_sat(zj), f = sig(zf), o = sig(zo);
+    const float cprev = fminf(fmaxf(cp[k], -cpc), cpc);
+    const float c_raw = f * cprev + i * j;
+    cr[k] = c_raw;
+    g[k] = i;
+    g[H + k] = j;
+    g[2 * H + k] = f;
+    g[3 * H + k] = o;
+    st(mo, k, o * tanh_sat(fminf(fmaxf(c_raw, -ccl), ccl)));
+  }
+  return nonfinite;
+}
+
+// One (direction, row) of a backward step: dm = dh_raw·W_projᵀ and the carried dc → the gate gradients dz (float32,
+// and in T where T is bfloat16) and dc_{t-1} (in place over the carry). Not inlined, as forward_row.
+template <typename T>
+__attribute__((noinline)) void backward_row(const float* __restrict g, const float* __restrict cr,
+                                            const float* __restrict cp, bool cp_raw, const T* __restrict dm,
+                                            float* __restrict dc, float* __restrict dz, T* __restrict dzg, bool low,
+                                            int64_t H, float cc) {
+  const float cpc = cp_raw && cc > 0 ? cc : FLT_MAX, ccl = cc > 0 ? cc : FLT_MAX;  // as forward_row
+#pragma omp simd
+  for (int64_t k = 0; k < H; ++k) {
+    const float i = g[k], j = g[H + k], f = g[2 * H + k], o = g[3 * H + k];
+    const float c_raw = cr[k];
+    const float tc = tanh_sat(fminf(fmaxf(c_raw, -ccl), ccl));
+    const float dmk = ld(dm, k);
+    const float dct = dc[k] + dmk * o * (1.0f - tc * tc);
+    const float dcraw = fabsf(c_raw) <= ccl ? dct : 0.0f;
+    const float cprev = fminf(fmaxf(cp[k], -cpc), cpc);
+    const float dzi = dcraw * j * i * (1.0f - i);
+    const float dzj = dcraw * i * (1.0f - j * j);
+    const float dzf = dcraw * cprev * f * (1.0f - f);
+    const float dzo = dmk * tc * o * (1.0f - o);
+    dc[k] = dcraw * f;
+    dz[k] = dzi;
+    dz[H + k] = dzj;
+    dz[2 * H + k] = dzf;
+    dz[3 * H + k] = dzo;
+    if (low) {
+      st(dzg, k, dzi);
+      st(dzg, H + k, dzj);
+      st(dzg, 2 * H + k, dzf);
+      st(dzg, 3 * H + k, dzo);
+    }
+  }
+}
+
+// One (direction, row) of dh_raw: the output's gradient + the carried one (the next step's recurrent gradient
+// `rec`, or the final state's `fh` where the row ends here), zero where the projection clip was active.
+template <typename T>
+__attribute__((noinline)) void dh_row(const float* __restrict dout, const T* __restrict rec, const float* __restrict fh,
+                                      const T* __restrict hraw, T* __restrict dhraw, int64_t P, float pc) {
+  if (rec != nullptr) {
+#pragma omp simd
+    for (int64_t k = 0; k < P; ++k) {
+      const float g = dout[k] + ld(rec, k);
+      st(dhraw, k, (!(pc > 0) || fabsf(ld(hraw, k)) <= pc) ? g : 0.0f);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < P; ++k) {
+      const float g = dout[k] + fh[k];
+      st(dhraw, k, (!(pc > 0) || fabsf(ld(hraw, k)) <= pc) ? g : 0.0f);
+    }
+  }
+}
+
+// rows of one step: 2·n (direction, row) pairs split over torch's threads
+template <typename F>
+void for_rows(int64_t n, int64_t width, const F& body) {
+  const int64_t grain = width >= 1024 ? 2 : 8;
+  at::parallel_for(0, 2 * n, grain, [&](int64_t a, int64_t b) {
+    for (int64_t q = a; q < b; ++q) body(q / n, q % n);
+  });
+}
+
+template <typename T>
+std::vector<at::Tensor> forward_impl(const at::Tensor& xw, const at::Tensor& bias, const at::Tensor& c0,
+                                     const at::Tensor& h0, const at::Tensor& w_hh, const at::Tensor& w_proj,
+                                     c10::IntArrayRef sizes, float cc, float pc) {
+  const int64_t N = xw.size(1), G = xw.size(2), H = G / 4, B = c0.size(1), P = w_proj.size(2), S = sizes.size();
+  const auto f32 = xw.options().dtype(at::kFloat);
+  const auto tg = w_hh.options();
+  at::Tensor gates = at::empty({2, N, G}, f32);
+  at::Tensor craw = at::empty({2, N, H}, f32);
+  at::Tensor m = at::empty({2, N, H}, tg);
+  at::Tensor hraw = at::empty({2, N, P}, tg);
+  at::Tensor out = pc > 0 ? at::empty({2, N, P}, tg) : hraw;
+  at::Tensor rec = at::empty({2, B, G}, tg);
+  at::Tensor h0g = h0.to(w_hh.scalar_type()).contiguous();
+  at::Tensor final_c = c0.clone();
+  at::Tensor final_h = h0.clone();
+  const T* xwp = xw.data_ptr<T>();
+  const float* bp = bias.data_ptr<float>();
+  const float* c0p = c0.data_ptr<float>();
+  float* gp = gates.data_ptr<float>();
+  float* crp = craw.data_ptr<float>();
+  T* mp = m.data_ptr<T>();
+  T* recp = rec.data_ptr<T>();
+  T* hrp = hraw.data_ptr<T>();
+  T* outp = out.data_ptr<T>();
+  std::vector<int> bad(2 * B + 1, 0);
+  int64_t off = 0, off_prev = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t n = sizes[s];
+    for (int64_t d = 0; d < 2; ++d) {
+      at::Tensor hp = s == 0 ? h0g[d].narrow(0, 0, n) : out[d].narrow(0, off_prev, n);
+      at::Tensor r = rec[d].narrow(0, 0, n);
+      at::mm_out(r, hp, w_hh[d]);
+    }
+    for_rows(n, G, [&](int64_t d, int64_t r) {
+      const float* cp = s == 0 ? c0p + (d * B + r) * H : crp + (d * N + off_prev + r) * H;
+      const int64_t row = d * N + off + r;
+      if (forward_row<T>(xwp + row * G, recp + (d * B + r) * G, bp + d * G, cp, s != 0, gp + row * G, crp + row * H,
+                         mp + row * H, H, cc))
+        bad[d * B + r] = 1;
+    });
+    for (int64_t d = 0; d < 2; ++d) {
+      at::Tensor hr = hraw[d].narrow(0, off, n);
+      at::mm_out(hr, m[d].narrow(0, off, n), w_proj[d]);
+    }
+    if (pc > 0) {
+      at::parallel_for(0, 2 * n, 16, [&](int64_t a, int64_t b) {
+        for (int64_t q = a; q < b; ++q) {
+          const int64_t base = ((q / n) * N + off + q % n) * P;
+          for (int64_t k = 0; k < P; ++k) st(outp + base, k, clip(ld(hrp + base, k), pc));
+        }
+      });
+    }
+    off_prev = off;
+    off += n;
+  }
+  for (int64_t q = 0; q < 2 * B; ++q) bad[2 * B] |= bad[q];
+  if (bad[2 * B]) return {};
+  // each row's state after its last step (rows without a step keep the start state cloned above)
+  float* fcp = final_c.data_ptr<float>();
+  float* fhp = final_h.data_ptr<float>();
+  off = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t n = sizes[s], n_next = s + 1 < S ? sizes[s + 1] : 0;
+    for (int64_t d = 0; d < 2; ++d)
+      for (int64_t r = n_next; r < n; ++r) {
+        const float* cr = crp + (d * N + off + r) * H;
+        for (int64_t k = 0; k < H; ++k) fcp[(d * B + r) * H + k] = clip(cr[k], cc);
+        const T* h = outp + (d * N + off + r) * P;
+        for (int64_t k = 0; k < P; ++k) fhp[(d * B + r) * P + k] = ld(h, k);
+      }
+    off += n;
+  }
+  return {out, final_c, final_h, gates, craw, m, hraw};
+}
+
+// long: the reverse time loop and the once-per-layer weight gradients, its buffers shared across the steps
+template <typename T>
+std::vector<at::Tensor> backward_impl(const at::Tensor& dout, const at::Tensor& dfc, const at::Tensor& dfh,
+                                      const at::Tensor& gates, const at::Tensor& craw, const at::Tensor& m,
+                                      const at::Tensor& hraw, const at::Tensor& out, const at::Tensor& c0,
+                                      const at::Tensor& h0, const at::Tensor& w_hh, const at::Tensor& w_proj,
+                                      c10::IntArrayRef sizes, float cc, float pc) {
+  const int64_t N = gates.size(1), G = gates.size(2), H = G / 4, B = c0.size(1), P = w_proj.size(2), S = sizes.size();
+  const auto f32 = gates.options();
+  const auto tg = w_hh.options();
+  const bool low = w_hh.scalar_type() != at::kFloat;
+  at::Tensor dz = at::empty({2, N, G}, f32);
+  at::Tensor dzg = low ? at::empty({2, N, G}, tg) : dz;
+  at::Tensor dhraw = at::empty({2, N, P}, tg);
+  at::Tensor dm = at::empty({2, B, H}, tg);
+  at::Tensor dhrec = at::empty({2, B, P}, tg);
+  at::Tensor dc = dfc.clone();
+  std::vector<int64_t> offs(S + 1, 0);
+  for (int64_t s = 0; s < S; ++s) offs[s + 1] = offs[s] + sizes[s];
+  const float* doutp = dout.data_ptr<float>();
+  const float* dfhp = dfh.data_ptr<float>();
+  const float* gp = gates.data_ptr<float>();
+  const float* crp = craw.data_ptr<float>();
+  const float* c0p = c0.data_ptr<float>();
+  const T* hrp = hraw.data_ptr<T>();
+  T* dhrp = dhraw.data_ptr<T>();
+  T* dmp = dm.data_ptr<T>();
+  T* dhrecp = dhrec.data_ptr<T>();
+  float* dzp = dz.data_ptr<float>();
+  T* dzgp = dzg.data_ptr<T>();
+  float* dcp = dc.data_ptr<float>();
+  int64_t n_next = 0;
+  for (int64_t s = S - 1; s >= 0; --s) {
+    const int64_t n = sizes[s], off = offs[s], off_prev = s > 0 ? offs[s - 1] : 0;
+    // dh at this step: the output's gradient + (the next step's recurrent gradient, or the final state's)
+    at::parallel_for(0, 2 * n, 16, [&](int64_t a, int64_t b) {
+      for (int64_t q = a; q < b; ++q) {
+        const int64_t d = q / n, r = q % n, base = (d * N + off + r) * P;
+        dh_row<T>(doutp + base, r < n_next ? dhrecp + (d * B + r) * P : nullptr, dfhp + (d * B + r) * P, hrp + base,
+                  dhrp + base, P, pc);
+      }
+    });
+    for (int64_t d = 0; d < 2; ++d) {
+      at::Tensor dmd = dm[d].narrow(0, 0, n);
+      at::mm_out(dmd, dhraw[d].narrow(0, off, n), w_proj[d].t());
+    }
+    for_rows(n, G, [&](int64_t d, int64_t r) {
+      const int64_t row = d * N + off + r;
+      const float* cp = s == 0 ? c0p + (d * B + r) * H : crp + (d * N + off_prev + r) * H;
+      backward_row<T>(gp + row * G, crp + row * H, cp, s != 0, dmp + (d * B + r) * H, dcp + (d * B + r) * H,
+                      dzp + row * G, dzgp + row * G, low, H, cc);
+    });
+    for (int64_t d = 0; d < 2; ++d) {
+      at::Tensor dhd = dhrec[d].narrow(0, 0, n);
+      at::mm_out(dhd, dzg[d].narrow(0, off, n), w_hh[d].t());
+    }
+    n_next = n;
+  }
+  at::Tensor dh0 = dfh.clone();
+  if (S > 0) dh0.narrow(1, 0, sizes[0]).copy_(dhrec.narrow(1, 0, sizes[0]));
+  // the weight gradients once per layer: h_{t-1} of every position stacked (the start state for step 0)
+  at::Tensor hprev = at::empty({2, N, P}, tg);
+  at::Tensor h0g = h0.to(w_hh.scalar_type());
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t n = sizes[s];
+    hprev.narrow(1, offs[s], n).copy_(s == 0 ? h0g.narrow(1, 0, n) : out.narrow(1, offs[s - 1], n));
+  }
+  at::Tensor dw_hh = at::bmm(hprev.transpose(1, 2), dzg);
+  at::Tensor dw_proj = at::bmm(m.transpose(1, 2), dhraw);
+  return {dzg, dz, dc, dh0, dw_hh, dw_proj};
+}
+
+// xw (2, N, 4H) float32 or bfloat16 (the input product, without the bias); bias (2, 4H) float32 (forget bias
+// folded); c0 (2, B, H), h0 (2, B, P) float32; w_hh (2, P, 4H), w_proj (2, H, P) in the product dtype (float32 or
+// bfloat16, the same as xw); sizes: running rows per step (> 0, non-increasing) → [out (2, N, P) product dtype,
+// final_c, final_h float32, saved: gates (2, N, 4H) float32 (σ(i), tanh(j), σ(f), σ(o)), c_raw (2, N, H) float32,
+// m (2, N, H), h_raw (2, N, P) product dtype], or nothing when a pre-activation is inf or NaN.
+std::vector<at::Tensor> lstm_train_forward(const at::Tensor& xw, const at::Tensor& bias, const at::Tensor& c0,
+                                           const at::Tensor& h0, const at::Tensor& w_hh, const at::Tensor& w_proj,
+                                           c10::IntArrayRef sizes, double cell_clip, double proj_clip) {
+  at::get_num_threads();  // torch's thread count into this thread's OpenMP settings before any ATen op
+  TORCH_CHECK(xw.dim() == 3 && xw.size(0) == 2 && xw.is_contiguous(), "lstm_train_forward: xw (2, N, 4H) contiguous");
+  TORCH_CHECK(xw.scalar_type() == w_hh.scalar_type() && w_proj.scalar_type() == w_hh.scalar_type(),
+              "lstm_train_forward: xw, w_hh and w_proj in one dtype");
+  TORCH_CHECK(bias.scalar_type() == at::kFloat && c0.scalar_type() == at::kFloat && h0.scalar_type() == at::kFloat,
+              "lstm_train_forward: bias, c0, h0 float32");
+  const at::Tensor b = bias.contiguous(), c = c0.contiguous(), h = h0.contiguous();
+  const at::Tensor whh = w_hh.contiguous(), wp = w_proj.contiguous();
+  if (xw.scalar_type() == at::kBFloat16)
+    return forward_impl<c10::BFloat16>(xw, b, c, h, whh, wp, sizes, cell_clip, proj_clip);
+  TORCH_CHECK(xw.scalar_type() == at::kFloat, "lstm_train_forward: float32 or bfloat16");
+  return forward_impl<float>(xw, b, c, h, whh, wp, sizes, cell_clip, proj_clip);
+}
+
+// The backward of lstm_train_forward: dout (2, N, P), dfc (2, B, H), dfh (2, B, P) float32, the saved tensors, the
+// forward's out, c0, h0 and weights → [dxw (product dtype), dz float32 (the bias's gradient is its sum over N),
+// dc0, dh0 float32, dW_hh (2, P, 4H), dW_proj (2, H, P) in the product dtype].
+std::vector<at::Tensor> lstm_train_backward(const at::Tensor& dout, const at::Tensor& dfc, const at::Tensor& dfh,
+                                            const at::Tensor& gates, const at::Tensor& craw, const at::Tensor& m,
+                                            const at::Tensor& hraw, const at::Tensor& out, const at::Tensor& c0,
+                                            const at::Tensor& h0, const at::Tensor& w_hh, const at::Tensor& w_proj,
+                                            c10::IntArrayRef sizes, double cell_clip, double proj_clip) {
+  at::get_num_threads();
+  TORCH_CHECK(dout.scalar_type() == at::kFloat && dfc.scalar_type() == at::kFloat && dfh.scalar_type() == at::kFloat,
+              "lstm_train_backward: float32 gradients");
+  const at::Tensor g = dout.contiguous(), fc = dfc.contiguous(), fh = dfh.contiguous();
+  const at::Tensor whh = w_hh.contiguous(), wp = w_proj.contiguous(), c = c0.contiguous(), h = h0.contiguous();
+  if (w_hh.scalar_type() == at::kBFloat16)
+    return backward_impl<c10::BFloat16>(g, fc, fh, gates, craw, m, hraw, out, c, h, whh, wp, sizes, cell_clip,
+                                        proj_clip);
+  return backward_impl<float>(g, fc, fh, gates, craw, m, hraw, out, c, h, whh, wp, sizes, cell_clip, proj_clip);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(elmokit_train, lib) {
+  lib.def("lstm_train_forward", &lstm_train_forward);
+  lib.def("lstm_train_backward", &lstm_train_backward);
+}
