@@ -185,10 +185,10 @@ def assert_close_to_scale(got, want, tol: float, *, equal_nan: bool = False, dim
         )
 
 
-def readme_example(heading: str) -> str:
-    """The first ```python block after the README heading ``heading`` (e.g. ``"### spaCy"``): the examples the
-    integration tests run."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+def docs_example(page: str, heading: str) -> str:
+    """The first ```python block after the heading ``heading`` (e.g. ``"## spaCy"``) of the documentation page
+    ``docs/<page>``: the examples the integration tests run (the page marks them skipped for its own snippet test)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text(encoding="utf-8")
     start = text.index("\n" + heading + "\n")
     block = text.index("```python\n", start) + len("```python\n")
     return text[block : text.index("```", block)]

@@ -22,7 +22,7 @@ from elmokit.errors import MissingFileError, UsageError
 from elmokit.weights import hub as hub_names
 from elmokit.weights.hub import parse_hub_name
 from elmokit.weights.native import save_pretrained
-from helpers import fixture_model, readme_example
+from helpers import docs_example, fixture_model
 
 huggingface_hub = pytest.importorskip("huggingface_hub", reason="pip install 'elmokit[hub]'")
 import huggingface_hub.constants as hf_constants  # noqa: E402
@@ -290,12 +290,17 @@ def test_push_refuses_what_is_not_a_native_folder(native, tmp_path):
         push_plan(native, "not-a-repo-id")
 
 
-def test_the_readme_example(native, offline_cache, recording_api, tmp_path, monkeypatch, capsys):
+def test_the_documented_example(native, offline_cache, recording_api, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     shutil.copytree(native, tmp_path / "my_model")
     _lay_out_cache(offline_cache, "my-org/elmokit-tiny", native)  # what the push would have put there
     namespace: dict = {}
-    exec(compile(readme_example("### Hugging Face Hub"), "README.md (Hub)", "exec"), namespace)
+    exec(
+        compile(
+            docs_example("how-to/integrations.md", "## Hugging Face Hub"), "docs/how-to/integrations.md (Hub)", "exec"
+        ),
+        namespace,
+    )
     assert capsys.readouterr().out.strip() == f"https://huggingface.co/my-org/elmokit-tiny/commit/{COMMIT}"
     assert [c[0] for c in recording_api] == ["create_repo", "create_commit"]
     got = namespace["embedder"].embed_sentence(SENTENCE)

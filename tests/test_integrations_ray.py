@@ -17,7 +17,7 @@ from elmokit import Embedder
 from elmokit.errors import InputError, UsageError
 from elmokit.tasks.readers import read_conllu
 from elmokit.weights.native import save_pretrained
-from helpers import assert_close_to_scale, fixture_model, readme_example
+from helpers import assert_close_to_scale, docs_example, fixture_model
 
 pytest.importorskip("ray.data", reason="pip install 'elmokit[ray]'")
 import ray  # noqa: E402  (ray.data imported above)
@@ -85,7 +85,7 @@ def test_token_vectors_on_local_ray_equal_the_embedders(local_ray, native, sente
 
 
 def test_pooled_sentence_vectors_from_raw_lines_equal_the_embedders(native, sentences):
-    """The call a Ray actor makes, here in this process (the README example runs pooled vectors on Ray)."""
+    """The call a Ray actor makes, here in this process (the documented example runs pooled vectors on Ray)."""
     lines = [" ".join(s) for s in sentences]
     embed = EmbedBatches(
         native, text_column="line", tokenizer="whitespace", output_column="vector", layers="top", pool="mean", threads=1
@@ -122,13 +122,17 @@ def test_bad_options_fail_in_the_constructor_and_bad_batches_name_the_row(native
         embed({"tokens": np.array([["a"], "a b"], dtype=object)})
 
 
-def test_the_readme_example(local_ray, native, sentences, tmp_path):
+def test_the_documented_example(local_ray, native, sentences, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"tokens": sentences[:12]}), tmp_path / "sentences.parquet")
-    code = readme_example("### Ray Data").replace('"elmokit-en"', repr(native)).replace('"/data/', f'"{tmp_path}/')
-    exec(compile(code, "README.md (Ray Data)", "exec"), {})
+    code = (
+        docs_example("how-to/integrations.md", "## Ray Data")
+        .replace('"elmokit-en"', repr(native))
+        .replace('"/data/', f'"{tmp_path}/')
+    )
+    exec(compile(code, "docs/how-to/integrations.md (Ray Data)", "exec"), {})
     table = pq.read_table(tmp_path / "vectors")
     by_sentence = {
         tuple(t): np.asarray(v, dtype=np.float32)

@@ -21,7 +21,7 @@ from conftest import REPO_ROOT, shared_path
 from elmokit import Embedder
 from elmokit.errors import MissingExtraError, MissingFileError, UsageError
 from elmokit.weights.native import save_pretrained
-from helpers import assert_close_to_scale, fixture_model, readme_example
+from helpers import assert_close_to_scale, docs_example, fixture_model
 
 spacy = pytest.importorskip("spacy", reason="pip install 'elmokit[spacy]'")
 import elmokit.integrations.spacy as component_module  # noqa: E402
@@ -209,11 +209,11 @@ def test_without_spacy_the_import_names_the_extra(monkeypatch):
     assert str(info.value).endswith("pip install 'elmokit[spacy]'") and "\n" not in str(info.value)
 
 
-def test_the_readme_example(native, tmp_path, capsys):
-    code = readme_example("### spaCy")
+def test_the_documented_example(native, tmp_path, capsys):
+    code = docs_example("how-to/integrations.md", "## spaCy")
     code = code.replace('"elmokit-en"', repr(str(native))).replace('"elmo_pipeline"', repr(str(tmp_path / "p")))
     namespace: dict = {}
-    exec(compile(code, "README.md (spaCy)", "exec"), namespace)
+    exec(compile(code, "docs/how-to/integrations.md (spaCy)", "exec"), namespace)
     assert namespace["doc"]._.elmo.shape == (3, 5, 32)
     assert capsys.readouterr().out.splitlines()[:2] == ["(3, 5, 32)", "(3, 32) (32,)"]
     assert len(namespace["docs"]) == 2

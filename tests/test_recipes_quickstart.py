@@ -232,7 +232,7 @@ def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
     # 20 steps do not separate the senses (the bug: such a run said they were)
     assert bank["separated"] is False
     _check_readme_20_step_figures(bank)
-    # the README's first command run twice: the second replaces the first run, and says so
+    # the README's main-job command run twice: the second replaces the first run, and says so
     first_model = (tmp_path / "train" / "model" / "model.safetensors").read_bytes()
     assert cli_main(["quickstart", "--out-dir", str(tmp_path), "--steps", "2", "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
@@ -251,16 +251,17 @@ def test_quickstart_runs_every_stage_and_twice(tmp_path, capsys):
 
 
 def _check_readme_20_step_figures(bank: dict) -> None:
-    """The README's 20-step figures are what `elmokit quickstart --steps 20` prints (issue 39 item 8): its mean
-    cosines in layers 1 and 2 span the stated range and its top-layer gap is the stated one, within a few units of
-    the 4th digit (the README says the last digits may differ with the CPU and thread count)."""
-    text = " ".join((REPO_ROOT / "README.md").read_text(encoding="utf-8").split())
+    """The quickstart tutorial's 20-step figures (docs/tutorials/quickstart.md) are what `elmokit quickstart --steps
+    20` prints (issue 39 item 8): its mean cosines in layers 1 and 2 span the stated range and its top-layer gap is
+    the stated one, within a few units of the 4th digit (the page says the last digits may differ with the CPU and
+    thread count)."""
+    text = " ".join((REPO_ROOT / "docs" / "tutorials" / "quickstart.md").read_text(encoding="utf-8").split())
     found = re.search(
         r"A 20-step run \(`elmokit quickstart --steps 20`\) printed, [^.]*?mean cosines of (0\.\d+)–(0\.\d+) in "
         r"layers 1 and 2 and a top-layer gap of \+(0\.\d+)",
         text,
     )
-    assert found, "the README's 20-step passage is not in the form this test reads"
+    assert found, "the quickstart tutorial's 20-step passage is not in the form this test reads"
     low, high, gap = map(float, found.groups())
     means = [r[k] for r in bank["layers"][1:] for k in ("within_river", "within_money", "within", "across")]
     assert min(means) == pytest.approx(low, abs=3e-4) and max(means) == pytest.approx(high, abs=3e-4)
