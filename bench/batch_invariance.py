@@ -13,7 +13,8 @@ The first ``--sentences`` are joined by ``--long`` long ones (default 2: UD Engl
 tokens, where the LSTMs have amplified rounding differences longest. ``--batch-invariant`` measures
 ``Embedder(batch_invariant=True)`` (expected: 0.0 everywhere, ``"bitwise": true``).
 
-The batch-independence bound that ``Embedder.embed_sentences`` and the README state comes from these figures.
+The batch-independence bound that ``Embedder.embed_sentences`` and docs/explanation/numerics.md state comes from
+these figures.
 
 Run: ``python bench/batch_invariance.py [--sentences 48] [--trials 12] [--presets small,medium,original]
 [--batch-invariant]``.

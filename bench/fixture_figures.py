@@ -1,4 +1,4 @@
-"""Print the reproduction figures of the reference fixtures (the numbers quoted in the README and issue notes).
+"""Print the reproduction figures of the reference fixtures (docs/explanation/measured.md and issue notes quote them).
 
 Run from the repo root with ``../shared`` beside it: ``python bench/fixture_figures.py``. The tests
 (``tests/test_fixtures.py``) assert the same quantities against 1e-5; this prints them. One JSON line.

@@ -2,10 +2,10 @@
 
 Embeds the first ``--sentences`` sentences of UD English-EWT dev (``../shared/data/ud-english-ewt``, its own
 tokenisation) with one model in float32 and in bf16, batch 64, and prints one JSON line: per layer the max abs
-difference, that difference relative to the layer's largest float32 value (the scale the README quotes), the 99.9th
-percentile of the per-value difference over that scale, the mean cosine between the fp32 and bf16 token vectors; and
-the two embedding times (alternating fp32, bf16, fp32, bf16; the faster of each), whose ratio only counts on a quiet
-machine.
+difference, that difference relative to the layer's largest float32 value (the scale docs/how-to/bf16.md quotes),
+the 99.9th percentile of the per-value difference over that scale, the mean cosine between the fp32 and bf16 token
+vectors; and the two embedding times (alternating fp32, bf16, fp32, bf16; the faster of each), whose ratio only
+counts on a quiet machine.
 
 Run: ``python bench/precision.py MODEL [--sentences 500] [--threads 2]`` — MODEL a model folder, e.g. the quickstart's
 ``runs/quickstart/train/model`` or a zoo model (``elmokit-en``).

@@ -125,7 +125,7 @@ SUMMARY_ORDER = ["conll2003", "ewt", "sst2", "sst5", "weibo"]
 
 def summary_table(results: Path) -> str:
     """One Markdown table of the five tasks' test scores (mean ± std over seeds) from their saved JSON, with each
-    task's epochs, training sentences and total minutes: the README's downstream table."""
+    task's epochs, training sentences and total minutes: docs/explanation/downstream.md's table."""
     import json
 
     from elmokit.tasks.report import format_mean_std
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--summary",
         action="store_true",
-        help="print the README's one-table summary of the five tasks from their JSON (no training)",
+        help="print docs/explanation/downstream.md's one-table summary of the five tasks from their JSON (no training)",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=default_threads(),
-        help="torch threads (default: %(default)s, elmokit's default; the README's tables were made "
+        help="torch threads (default: %(default)s, elmokit's default; the documented tables were made "
         "with --threads 1, which repeats them exactly)",
     )
     parser.add_argument(

@@ -1,5 +1,5 @@
-"""苹果 (apple the fruit / Apple the company) sense separation with the Chinese biLM (issue 10): prints the README's
-table.
+"""苹果 (apple the fruit / Apple the company) sense separation with the Chinese biLM (issue 10): prints the
+table of docs/explanation/senses.md.
 
     nice -n 5 python experiments/senses_apple.py --threads 1     # ~1 min on 1 CPU thread (models: $ELMOKIT_CACHE)
 

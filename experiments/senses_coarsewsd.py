@@ -1,4 +1,4 @@
-"""CoarseWSD-20 sense separation with the English biLM (issue 10): prints the README's tables.
+"""CoarseWSD-20 sense separation with the English biLM (issue 10): prints the tables of docs/explanation/senses.md.
 
     nice -n 5 python experiments/senses_coarsewsd.py --threads 1     # ~6 min on 1 CPU thread (models: $ELMOKIT_CACHE)
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=default_threads(),
-        help="torch threads (default: %(default)s, elmokit's default; the README's tables were made "
+        help="torch threads (default: %(default)s, elmokit's default; the documented tables were made "
         "with --threads 1, which repeats them exactly)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: %(default)s)")

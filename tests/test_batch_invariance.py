@@ -4,7 +4,7 @@
 ~100 and firing clips, as a trained model's), on real text of mixed lengths (UD English-EWT dev).
 
 ``python bench/batch_invariance.py`` measured at most 1e-6 of the scale on these models, with sentences up to 200
-tokens (README, "Batch independence, stated"); a trained model moves more (issue 39), which is why the README states
+tokens (docs/explanation/numerics.md); a trained model moves more (issue 39), which is why the page states
 no general bound for the default path.
 
 With ``Embedder(batch_invariant=True)`` (second half) the vectors are the same bits in any batch: a property test over

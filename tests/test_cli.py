@@ -428,7 +428,7 @@ def test_embed_accepts_the_decode_errors_it_advises(tmp_path, capsys):
 
 
 def test_perplexity_and_score_accept_device(tmp_path, capsys):
-    # the README says --device is on every command; perplexity/score refused it as an unrecognised argument
+    # docs/reference/cli.md says --device is on every command; perplexity/score refused it as an unrecognised argument
     for command in ("perplexity", "score"):
         assert cli_main([command, str(tmp_path / "nope"), str(tmp_path / "f.txt"), "--device", "banana"]) == 2
         assert "unrecognized arguments" not in _err(capsys)

@@ -29,7 +29,7 @@ def test_fp32_is_the_default_and_bf16_stays_within_its_bound(bilm):
     for a, b, c in zip(default.embed_batch(sentences), fp32.embed_batch(sentences), bf16.embed_batch(sentences)):
         np.testing.assert_array_equal(a, b)
         assert c.dtype == np.float32 and c.shape == a.shape
-        for k in range(a.shape[0]):  # the bound the Embedder docstring and the README state: 2e-2 of the scale
+        for k in range(a.shape[0]):  # the bound the Embedder docstring and docs/how-to/bf16.md state: 2e-2 of the scale
             scale = float(np.abs(a[k]).max())
             err = float(np.abs(a[k] - c[k]).max())
             assert 0 < err <= 2e-2 * scale, (k, err, scale)

@@ -316,7 +316,7 @@ def test_batch_size_and_line_order_do_not_change_the_vectors(bilm, tmp_path):
             got = {str(order[int(k)]): v for k, v in got.items()}
         by_line[name] = got
     for name in ("b7", "b64", "s7"):
-        _assert_same(by_line["b1"], by_line[name], atol=1e-4)  # the bound the README states
+        _assert_same(by_line["b1"], by_line[name], atol=1e-4)  # the bound docs/explanation/numerics.md states
     _assert_same(by_line["b1"], by_line["s1"])  # batch size 1: bitwise the same whatever the line order
 
 

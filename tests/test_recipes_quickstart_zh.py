@@ -126,8 +126,8 @@ def test_zh_job_uses_the_character_vocabulary_and_the_english_rule():
     assert job.train["char_vocab"] is True and job.train["min_count"] == 2
     assert job.margin == SEPARATION_MARGIN and job.word == "苹果"
     assert job.model().char_cnn.max_characters_per_token == 10
-    # its own perplexity margin (a wider run-to-run spread): the README's 146.3 against Kneser-Ney's 155.6, 6.0 %
-    # lower, is level with it here, while the English margin would have called it a win
+    # its own perplexity margin (a wider run-to-run spread): docs/explanation/measured.md's 146.3 against Kneser-Ney's
+    # 155.6, 6.0 % lower, is level with it here, while the English margin would have called it a win
     assert job.perplexity_margin == PERPLEXITY_MARGIN_ZH == 0.085
     assert perplexity_verdict(146.3, 155.6, job.perplexity_margin)["verdict"] == "level with"
     assert perplexity_verdict(146.3, 155.6, PERPLEXITY_MARGIN)["verdict"] == "beats"

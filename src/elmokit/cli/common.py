@@ -87,8 +87,8 @@ def add_threads_option(p: argparse.ArgumentParser, default: int | None = None, n
         type=positive_int,
         default=shown,
         metavar="N",
-        help=f"torch threads for the computation (default: {shown or '$ELMOKIT_THREADS'}{note}; see the "
-        'README, "Threads and busy machines")',
+        help=f"torch threads for the computation (default: {shown or '$ELMOKIT_THREADS'}{note}; see "
+        "docs/how-to/threads.md)",
     )
     p.set_defaults(uses_threads=True)
 

@@ -275,14 +275,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "--precision",
         choices=["fp32", "bf16"],
         default="fp32",
-        help="bf16: the biLM's matrix products in bfloat16 (vectors move by about 1e-2 of their scale; see the "
-        'README\'s "Mixed precision"); the stored values are float32 (or --dtype) either way (default: %(default)s)',
+        help="bf16: the biLM's matrix products in bfloat16 (vectors move by about 1e-2 of their scale; see "
+        "docs/how-to/bf16.md); the stored values are float32 (or --dtype) either way (default: %(default)s)",
     )
     p.add_argument(
         "--batch-invariant",
         action="store_true",
         help="fp32 CPU: each sentence's vectors the same bits at any --batch-size, --workers or thread count (0.72× "
-        'the tokens/s at batch 64; README "Batch independence, stated") (default: off)',
+        "the tokens/s at batch 64; docs/explanation/numerics.md) (default: off)",
     )
     p.add_argument(
         "--decode-errors",

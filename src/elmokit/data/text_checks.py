@@ -11,7 +11,7 @@ Two ways a command can turn a file into numbers that look fine and mean nothing:
   ``<UNK>``, one class the model predicts easily, so a file of unknown words gets a *low* perplexity.
   :func:`unk_targets` counts them; :func:`unk_warning` fires above :data:`UNK_WARN_SHARE` of the targets.
 
-The thresholds come from real text (the figures are in the README's "Checks on the input" and in
+The thresholds come from real text (the figures are in docs/reference/checks.md and in
 ``bench/text_checks.py``).
 """
 

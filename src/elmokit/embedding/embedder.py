@@ -144,7 +144,7 @@ class Embedder:
             token encoder is context-free).
         precision: ``"fp32"`` (default) or ``"bf16"``: the matrix products in bfloat16 under autocast, the LSTM cell
             state, clips and the outputs in float32 (:mod:`elmokit.modules.precision`). Opt-in: bf16 moves the
-            vectors by about 1e-2 of their scale (the README's "Mixed precision" table gives the measured errors);
+            vectors by about 1e-2 of their scale (docs/how-to/bf16.md gives the measured errors);
             the native batch-1 kernels and the TorchScript loop are float32-only, so bf16 runs the plain loop.
         recent_word_cache: keep the layer-0 vectors of up to this many recently seen words
             (:class:`~elmokit.embedding.recent_words.RecentWordVectors`, least recently used out first; ``capacity ×
@@ -156,10 +156,9 @@ class Embedder:
             (:mod:`elmokit.modules.invariant`), so a sentence's vectors are the same bits alone, in any batch, in any
             order, at any ``batch_size``, thread count or number of workers (and the recent-word cache's and the token
             cache's vectors equal freshly computed ones bit for bit); it needs the native kernels (elsewhere, and under
-            bf16, the default paths run). 0.72× the default's tokens/s at batch 64 (README, "Batch independence,
-            stated"). ``False``: the default paths, batch-independent up to float rounding (see
-            :meth:`embed_sentences`). ``None``
-            (default): the process default, off unless ``ELMOKIT_BATCH_INVARIANT=1``.
+            bf16, the default paths run). 0.72× the default's tokens/s at batch 64 (docs/explanation/numerics.md).
+            ``False``: the default paths, batch-independent up to float rounding (see :meth:`embed_sentences`).
+            ``None`` (default): the process default, off unless ``ELMOKIT_BATCH_INVARIANT=1``.
 
     The token layer is computed per distinct word of a batch, at most 256 words at a time through the character
     CNN, so one very long sentence does not run the CNN on all its tokens at once; the biLSTMs then run on the token

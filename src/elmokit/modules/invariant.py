@@ -18,11 +18,11 @@ A char CNN with the ``tanh`` activation (not the released models' relu) keeps AT
 scalar forms may differ in the last bit by an element's position. Everything else on that path is elementwise (exact
 IEEE operations, or the kernels' own σ/tanh per element), a copy, a gather or a max. Where the kernels cannot run
 (``ELMOKIT_NATIVE=0``, no compiler, autograd, another dtype or device, bf16 autocast, LSTM sizes H or P not multiples
-of 16) the ATen paths run, batch-independent only up to float rounding (README, "Batch independence, stated").
+of 16) the ATen paths run, batch-independent only up to float rounding (docs/explanation/numerics.md).
 
 An option, off by default: at batch 64 it ran at 0.72× the default's tokens/s (small shape, one thread, shared
 machine; batch-1 latency the same), the LSTM's step loop at 64 rows being slower in the fused kernel than MKL's batched
-GEMMs and the highway products at about 75 % of MKL's rate (README, "Batch independence, stated").
+GEMMs and the highway products at about 75 % of MKL's rate (docs/explanation/numerics.md).
 :func:`batch_invariant` turns it on (or off) for a block of code in this thread or task (a context variable):
 ``Embedder(..., batch_invariant=True)``, ``Elmo(..., batch_invariant=True)``, ``elmokit embed --batch-invariant`` and
 ``elmokit serve --batch-invariant`` use it; ``ELMOKIT_BATCH_INVARIANT=1`` makes it the process default.

@@ -5,8 +5,8 @@ end of a parallel region first waits for the others; by default libgomp makes it
 10 ms on this project's CPUs) before it sleeps. elmokit's recurrent loops open thousands of small parallel regions per
 training step. On a quiet machine the spinning costs nothing; when another process holds a core, the thread we wait
 for is not running, and the spinning one burns its own time slice waiting for it, region after region: a 2-thread
-training step of the quickstart ran about 10× slower beside another 2-thread job (see the README, "Threads and busy
-machines", and ``bench/contention.py``).
+training step of the quickstart ran about 10× slower beside another 2-thread job (see
+docs/how-to/threads.md and ``bench/contention.py``).
 
 :func:`configure_openmp` (run when ``elmokit`` is imported, before it imports torch) therefore sets
 ``GOMP_SPINCOUNT`` to :data:`SPIN_COUNT` — short enough that a waiting thread soon yields its core, long enough to
@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 #: ``GOMP_SPINCOUNT`` elmokit sets when the user set neither it nor ``OMP_WAIT_POLICY`` (libgomp's own default is
-#: 300,000). Chosen with ``bench/contention.py`` (README, "Threads and busy machines").
+#: 300,000). Chosen with ``bench/contention.py`` (docs/how-to/threads.md).
 SPIN_COUNT = 1000
 
 _OPENMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")

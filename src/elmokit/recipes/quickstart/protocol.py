@@ -65,11 +65,11 @@ SEPARATION_MARGIN = 0.05
 
 #: The English biLM's held-out perplexity counts as different from the Kneser-Ney 3-gram's only when it is lower
 #: ("beats") or higher ("does NOT beat") by more than this fraction of the Kneser-Ney figure; closer than that the two
-#: are "level". 0.05 is twice the relative standard deviation (2.5 %) of the five default runs in the README's
-#: Measured (87.7, 89.6, 85.5, 88.3 and 91.5 after 1,504-1,622 steps, the step count following the machine's speed,
-#: and 1,033 on a busier machine). Five seeds at a fixed ``--steps 300`` spread less (148.1, 146.5, 147.7, 152.4,
-#: 151.2: 1.7 %); the Kneser-Ney figure does not move (same split and vocabulary). The Chinese job's margin is
-#: :data:`elmokit.recipes.quickstart.zh.PERPLEXITY_MARGIN_ZH`.
+#: are "level". 0.05 is twice the relative standard deviation (2.5 %) of the five default runs in
+#: docs/explanation/measured.md (87.7, 89.6, 85.5, 88.3 and 91.5 after 1,504-1,622 steps, the step count following
+#: the machine's speed, and 1,033 on a busier machine). Five seeds at a fixed ``--steps 300`` spread less (148.1,
+#: 146.5, 147.7, 152.4, 151.2: 1.7 %); the Kneser-Ney figure does not move (same split and vocabulary). The Chinese
+#: job's margin is :data:`elmokit.recipes.quickstart.zh.PERPLEXITY_MARGIN_ZH`.
 PERPLEXITY_MARGIN = 0.05
 
 #: What an earlier quickstart run leaves in its folder (``prepare_out_dir`` replaces only these).
@@ -297,7 +297,7 @@ class QuickstartJob:
 PROBE_WARMUP, PROBE_STEPS, RETIME_SHARE = 5, 20, 0.25
 #: The machine counts as busy when the timed steps got less than this share of their threads' CPU time
 #: (:class:`elmokit.modules.threads.CpuShare`): on a quiet machine 2-thread training steps get about 0.9-1.0 of it,
-#: beside another 2-thread job about half (README, "Threads and busy machines").
+#: beside another 2-thread job about half (docs/how-to/threads.md).
 BUSY_SHARE = 0.75
 
 

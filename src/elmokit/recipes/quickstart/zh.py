@@ -79,10 +79,11 @@ PEOPLES_DAILY_PARAGRAPHS = 300
 
 #: The Chinese job's margin for "beats" / "level with" / "does NOT beat" the Kneser-Ney 3-gram
 #: (:func:`elmokit.recipes.quickstart.protocol.perplexity_verdict`): 0.085, twice the relative standard deviation (4.2
-#: %) of its three default runs in the README's Measured (146.3, 135.5 and 136.7 after 2,087-2,212 steps). Its held-out
-#: curve moves by up to ±5 (3.6 %) between evaluations two steps apart at the end, so the spread is wider than the
-#: English job's (:data:`elmokit.recipes.quickstart.protocol.PERPLEXITY_MARGIN`). Three seeds at a fixed ``--steps 300``
-#: spread less (216.5, 219.9, 213.2: 1.5 %): most of the spread comes from where the run stops on its noisy curve.
+#: %) of its three default runs in docs/explanation/measured.md (146.3, 135.5 and 136.7 after 2,087-2,212 steps).
+#: Its held-out curve moves by up to ±5 (3.6 %) between evaluations two steps apart at the end, so the spread is wider
+#: than the English job's (:data:`elmokit.recipes.quickstart.protocol.PERPLEXITY_MARGIN`). Three seeds at a fixed
+#: ``--steps 300`` spread less (216.5, 219.9, 213.2: 1.5 %): most of the spread comes from where the run stops on its
+#: noisy curve.
 PERPLEXITY_MARGIN_ZH = 0.085
 #: Every this many-th distinct review (in file order: pos.txt, then neg.txt) is read.
 REVIEW_EVERY = 14
