@@ -2,8 +2,8 @@
 no browser is downloaded): it loads, takes typed sentences, a click on "bank" draws one heatmap per layer whose numbers
 (read from the DOM) are ``POST /similar``'s, and the bundled example does the same; a screenshot is saved and is not
 blank. Skipped with the reason when the browser is missing, unless ``ELMOKIT_REQUIRE_BROWSER=1`` (set by ``.ci/run``),
-which fails instead. ``ELMOKIT_SERVE_SCREENSHOT=PATH`` also writes the screenshot there (the README's), of the model
-``ELMOKIT_SERVE_SCREENSHOT_MODEL`` names (default: the tiny random one)."""
+which fails instead. ``ELMOKIT_SERVE_SCREENSHOT=PATH`` also writes the screenshot there (the serving tutorial's,
+docs/serve-page.png), of the model ``ELMOKIT_SERVE_SCREENSHOT_MODEL`` names (default: the tiny random one)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _browser_or_skip():
 
 @pytest.fixture(scope="module")
 def page_server(tmp_path_factory):
-    # ELMOKIT_SERVE_SCREENSHOT_MODEL: a trained model (e.g. elmokit-en) for the README's screenshot
+    # ELMOKIT_SERVE_SCREENSHOT_MODEL: a trained model (e.g. elmokit-en) for the serving tutorial's screenshot
     model = os.environ.get("ELMOKIT_SERVE_SCREENSHOT_MODEL") or save_tiny_model(
         tmp_path_factory.mktemp("serve_page") / "model"
     )

@@ -277,7 +277,7 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         "--batch-invariant",
         action="store_true",
         help="fp32 CPU: a sentence's vectors the same bits whatever dynamic batch it lands in (0.72× the "
-        'tokens/s at batch 64; README "Batch independence, stated") (default: off)',
+        "tokens/s at batch 64; docs/explanation/numerics.md) (default: off)",
     )
     p.add_argument(
         "--tokenizer",

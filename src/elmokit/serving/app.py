@@ -1,6 +1,6 @@
 """The HTTP application (FastAPI): one model per process, the routes, the limits and their statuses.
 
-Routes (the README's "Serving" section has examples):
+Routes (docs/tutorials/serving.md has examples; docs/reference/http.md every route, limit and status):
 
 * ``POST /embed``: ``{"sentences": [["The", "bank"], …]}`` (token lists) or ``{"texts": [...], "tokenizer": …}``,
   options ``layers`` / ``pool`` / ``keep_sentence_boundaries`` / ``dtype`` as :meth:`Embedder.embed_batch`. JSON
@@ -320,8 +320,8 @@ class _Guard:
 
 #: A pre-tokenised ``/embed`` request of at most this many body bytes is checked on the event loop, and an answer of
 #: at most this many numbers is built there: for one pooled sentence the two hops to a worker thread and back cost
-#: more than the work (README, "Load test"). Larger ones go to a worker thread, so that the loop stays free for every
-#: other request and ``/health``.
+#: more than the work (docs/explanation/serving-performance.md). Larger ones go to a worker thread, so that the loop
+#: stays free for every other request and ``/health``.
 INLINE_BODY_BYTES = 16_384
 INLINE_ANSWER_VALUES = 16_384
 

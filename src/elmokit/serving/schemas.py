@@ -49,7 +49,7 @@ __all__ = [
 
 #: JSON answers: orjson writes a float32 array's numbers in their shortest float32 form (read back as float32 they
 #: are the same values; half the characters of float64's) about 30× faster than ``json.dumps`` of ``tolist()``,
-#: whose cost on the event loop capped the pooled one-sentence load (README, "Load test")
+#: whose cost on the event loop capped the pooled one-sentence load (docs/explanation/serving-performance.md)
 orjson = import_optional("orjson", "serve", "elmokit serve (the HTTP server)")
 
 NPZ_TYPE = "application/x-npz"
