@@ -182,6 +182,7 @@ def test_torchscript_step_loop_equals_the_eager_loop(monkeypatch, lengths):
     values (clips firing,
     rows ending at different steps, a zero-length row) and the same final state."""
     import elmokit.modules.lstm as lstm_module
+    import elmokit.modules.lstm_steps as lstm_steps
     from elmokit.modules import native
 
     monkeypatch.setattr(native, "_module", False)  # not the C++ kernel (tests/test_native.py compares it to this loop)
@@ -203,9 +204,9 @@ def test_torchscript_step_loop_equals_the_eager_loop(monkeypatch, lengths):
         ),
     )
     eager = lambda by_direction: (
-        lstm_module._steps_by_direction
+        lstm_steps._steps_by_direction
         if by_direction  # noqa: E731
-        else lstm_module._steps_in_place
+        else lstm_steps._steps_in_place
     )
     with torch.no_grad():
         outs, (c, h) = lstm(x, lengths, state)  # compiled

@@ -4,7 +4,7 @@ At batch 1 (one sentence) the biLM's time is weight traffic and per-op overhead.
 file) holds two kernels, used without autograd on float32 CPU tensors only:
 
 * :func:`lstm_layer`: one LSTM layer, both directions, for batches of at most :data:`MAX_LSTM_ROWS` rows: the step
-  loop of :func:`elmokit.modules.lstm._steps_by_direction` in C++, with W_hh packed by :func:`pack_lstm` (H and P
+  loop of :func:`elmokit.modules.lstm_steps._steps_by_direction` in C++, with W_hh packed by :func:`pack_lstm` (H and P
   multiples of 16; other sizes keep the TorchScript loop). The whole loop of a direction is one OpenMP team of
   torch's threads: each thread owns a range of 16-unit blocks (its share of W_hh and W_proj, 1.25 MB per core for
   the small configuration, stays in its L2 across the steps), computes their recurrent product, gates and cell state
@@ -312,7 +312,7 @@ def lstm_layer(
     proj_clip: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """One LSTM layer by the extension ``module`` (from :func:`kernels`); arguments and result as
-    :func:`elmokit.modules.lstm._steps_by_direction` (``sizes``: the running rows per step, zeros dropped) but for
+    :func:`elmokit.modules.lstm_steps._steps_by_direction` (``sizes``: the running rows per step, zeros dropped) but for
     ``w_hh``, packed by :func:`pack_lstm`; all float32 CPU tensors; ``None`` when ``x``, ``c`` or ``h`` hold inf or
     NaN (the kernel is built with ``-ffast-math``, which assumes finite values: the caller then runs its ATen path,
     which propagates them)."""

@@ -296,7 +296,7 @@ void panels_by_blocks(const at::Tensor& xp, const at::Tensor& packed, const at::
 
 }  // namespace
 
-// One direction's steps (the loop of elmokit.modules.lstm._direction_steps) with the recurrent product, the gate
+// One direction's steps (the loop of elmokit.modules.lstm_steps._direction_steps) with the recurrent product, the gate
 // math and the projection fused, for W_hh packed by unit blocks: w_packed (H/16, P, 64), block b and input k holding the i, f, o, j columns of units 16b … 16b + 15 (16 each); needs
 // H and P multiples of 16. One OpenMP team (torch's threads) runs the whole loop: each thread owns a range of unit
 // blocks (its share of W_hh and of W_proj's rows stays in its core's L2 across the steps), computes their gates and
@@ -404,7 +404,7 @@ static void direction_steps_fused(const at::Tensor& xw, const std::vector<int64_
 
 // Both directions of one layer: x (2, N, P), sizes (running rows per step, all > 0), c (2, B, H), h (2, B, P),
 // w_ih (2, P, 4H), bias (2, 4H) (gate columns i, f, o, j; each direction's slice contiguous), w_hh (2, H/16, P, 64)
-// from native.pack_lstm, w_proj (2, H, P), all float32 → (out (2, N, P), final c (2, B, H), final h (2, B, P)); as elmokit.modules.lstm._steps_by_direction;
+// from native.pack_lstm, w_proj (2, H, P), all float32 → (out (2, N, P), final c (2, B, H), final h (2, B, P)); as elmokit.modules.lstm_steps._steps_by_direction;
 // nothing (an empty list) when x, c or h hold inf or NaN.
 std::vector<at::Tensor> lstm_layer(const at::Tensor& x, const std::vector<int64_t>& sizes, const at::Tensor& c,
                                    const at::Tensor& h, const at::Tensor& w_ih, const at::Tensor& bias,
