@@ -47,8 +47,11 @@ def is_loopback(host: str) -> bool:
 def as_option(message: str, option: str, value: str, name: str) -> str:
     """A library message about argument ``name`` (``"layers=7 is not …"``, ``"layers '-1': expected …"``) as one
     about the command-line ``option`` the user typed (``"--openai-layers 7 is not …"``); a message that does not
-    start with ``name`` is prefixed with ``"{option} {value}: "``."""
-    for head in (f"{name}={value}", f"{name} {value!r}", f"{name}={value!r}"):
+    start with ``name`` is prefixed with ``"{option} {value}: "``. A message already in the command line's wording
+    (``"--layers 7 is not …"``, ``"a fixed mix (--layers) needs …"``: the library words it so inside a command) names
+    ``option`` instead, since ``--layers`` is not what the user typed."""
+    message = message.replace(f" (--{name})", "")
+    for head in (f"{name}={value}", f"{name} {value!r}", f"{name}={value!r}", f"--{name} {value}"):
         if message.startswith(head):
             return f"{option} {value}{message[len(head) :]}"
     return f"{option} {value}: {message}"
