@@ -35,32 +35,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "bench"))
 
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def _bf16_fp32_mm_ratio(n: int = 2048, repeats: int = 5) -> float:
-    """The ``torch.mm`` rate in bfloat16 over the rate in float32 at n × n (2048², as every bench here prints it):
-    ≈ 4.9 on Intel with AMX, ≈ 2.4 on AMD EPYC with AVX512-BF16 (it was a time ratio at 512² before, 0.47 for 2.1)."""
-    import torch
-
-    times = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a = torch.randn(n, n).to(dtype)
-        torch.mm(a, a)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            torch.mm(a, a)
-        times[dtype] = time.perf_counter() - start
-    return round(times[torch.float32] / times[torch.bfloat16], 2)
+from train import cpu_model, mm_rates  # noqa: E402  (bench/train.py: lscpu's model name, torch.mm rates at 2048²)
 
 
 def _sentences(n: int) -> list[list[str]]:
@@ -149,8 +126,8 @@ def main() -> None:
         "embed_wall_s": round(embed_s, 2),
         "ray_wall_s": round(ray_s, 2),
         "ray_init_s": round(ray_start_s, 2),
-        "cpu_model": _cpu_model(),
-        "bf16_fp32_mm_ratio": _bf16_fp32_mm_ratio(),
+        "cpu_model": cpu_model(),
+        "bf16_fp32_mm_ratio": round(mm_rates(cpus)["mm_bf16_over_fp32"], 2),
     }
     print(json.dumps(result))
 

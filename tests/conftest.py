@@ -62,6 +62,32 @@ def _seeded_test():
     _seed_global_rngs()
 
 
+def _native_or_skip(module, what: str):
+    """``module`` when it is there; else a failure under ``ELMOKIT_REQUIRE_NATIVE=1`` (set by ``.ci/run``), a skip
+    elsewhere (a machine without a C++ compiler, or ``ELMOKIT_NATIVE=0``)."""
+    if module is None:
+        if os.environ.get("ELMOKIT_REQUIRE_NATIVE") == "1":
+            pytest.fail(f"ELMOKIT_REQUIRE_NATIVE=1 but the {what} could not be built or loaded (see the log)")
+        pytest.skip(f"{what} unavailable here (no C++ compiler or ninja, or ELMOKIT_NATIVE=0)")
+    return module
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The native inference kernels (:func:`elmokit.modules.native.kernels`)."""
+    from elmokit.modules import native  # lazy: imports torch, after elmokit's OpenMP setting above
+
+    return _native_or_skip(native.kernels(), "native kernels")
+
+
+@pytest.fixture(scope="module")
+def train_kernels():
+    """The fused training layer's native ops (:func:`elmokit.modules.native.train_ops`)."""
+    from elmokit.modules import native  # lazy: imports torch, after elmokit's OpenMP setting above
+
+    return _native_or_skip(native.train_ops(), "native training kernels")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Run a module's tests with one torch thread: tiny models are several times faster on one thread than on two

@@ -19,21 +19,11 @@ from conftest import shared_path
 from elmokit.cli import main as cli_main
 from elmokit.config import LSTMConfig
 from elmokit.embedding.reader import open_embeddings
-from elmokit.modules import invariant, native
+from elmokit.modules import invariant
 from elmokit.modules.highway import Highway
 from elmokit.modules.lstm import BiLSTM
 from helpers import assert_close_to_scale
 from test_batch_invariance import _long_sentences, _sentences
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    module = native.kernels()
-    if module is None:
-        if os.environ.get("ELMOKIT_REQUIRE_NATIVE") == "1":
-            pytest.fail("ELMOKIT_REQUIRE_NATIVE=1 but the native kernels could not be built or loaded (see the log)")
-        pytest.skip("native kernels unavailable here (no C++ compiler or ninja)")
-    return module
 
 
 @contextmanager

@@ -21,16 +21,6 @@ from elmokit.modules.lstm import BiLSTM
 from helpers import assert_close_to_scale
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    module = native.kernels()
-    if module is None:
-        if os.environ.get("ELMOKIT_REQUIRE_NATIVE") == "1":
-            pytest.fail("ELMOKIT_REQUIRE_NATIVE=1 but the native kernels could not be built or loaded (see the log)")
-        pytest.skip("native kernels unavailable here (no C++ compiler or ninja)")
-    return module
-
-
 def _no_native(monkeypatch) -> None:
     monkeypatch.setattr(native, "_module", False)
 
