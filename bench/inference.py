@@ -35,6 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train import cpu_model, mm_rates  # noqa: E402  (bench/train.py: lscpu's model name, torch.mm rates at 2048²)
+
 ROOT = Path(__file__).resolve().parents[1]
 EWT_DEV = ROOT.parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
 
@@ -75,21 +78,6 @@ def useful_flops_per_token(options: dict) -> float:
     f += 2 * n_filters * p
     f += 2 * lstm["n_layers"] * (2 * p * 4 * h + 2 * p * 4 * h + 2 * h * p)
     return float(f)
-
-
-def matmul_gflops(threads: int, n: int = 2048, repeats: int = 10) -> float:
-    import torch
-
-    torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(2):
-        torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best / 1e9
 
 
 def _rss_mb() -> float:
@@ -307,7 +295,8 @@ def main() -> None:
     results, sentences, tmp, opts = run_sides(
         __file__, args, "elmokit-bench-", "{side}.npy", ["--latency-repeats", str(args.latency_repeats)]
     )
-    gflops = matmul_gflops(args.threads)
+    rates = mm_rates(args.threads)
+    gflops = rates["mm_gflops_fp32"]
     flops = useful_flops_per_token(opts)
     summary = {
         "preset": args.preset,
@@ -315,7 +304,9 @@ def main() -> None:
         "tokens": results["elmokit"]["tokens"],
         "batch_size": args.batch_size,
         "threads": args.threads,
+        "cpu": cpu_model(),
         "matmul_gflops": gflops,
+        "mm_bf16_over_fp32": rates["mm_bf16_over_fp32"],
         "useful_mflop_per_token": flops / 1e6,
         "fp32_limit_tokens_per_s": gflops * 1e9 / flops,
     }
