@@ -272,6 +272,8 @@ def test_fused_sampled_logsumexp_in_blocks_equals_one_block(monkeypatch, precisi
     assert rows.numel() >= 3 and len(set((rows // 16).tolist())) >= 2  # hits fall in more than one block
     weights = torch.randn(N)
 
+    monkeypatch.setattr(softmax, "_native_rows", lambda h1, w1: None)  # the torch-op blocks, not the native rows
+
     def run(block_elements):
         monkeypatch.setattr(softmax, "_BLOCK_ELEMENTS", block_elements)
         leaves = [t.clone().requires_grad_() for t in (h, w, b)]
@@ -296,3 +298,60 @@ def test_fused_sampled_logsumexp_all_hits_row_has_no_gradient():
     assert out.detach().item() == torch.finfo(torch.float32).min
     out.sum().backward()
     assert float(w.grad.abs().sum()) == 0.0 and float(b.grad.abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_native_softmax_rows_equal_the_torch_blocks(monkeypatch, train_kernels, precision):
+    """The native one-pass rows (``native_softmax.cpp``) give the torch-op blocks' loss and gradients: float32 within
+    float rounding of the values compared, bf16 within the bfloat16 rounding of the saved probabilities; with
+    accidental hits in several rows and a row whose every sample is a hit."""
+    from elmokit.modules import softmax
+    from elmokit.modules.precision import autocast
+
+    assert softmax.native.softmax_ops() is not None  # the native rows run here (train_kernels: the same extension)
+    torch.manual_seed(7)
+    V, D, N, S = 300, 16, 70, 64
+    h, w, b = torch.randn(N, D), torch.randn(S, D) * 0.5, torch.randn(S)
+    sampled = torch.randperm(V)[:S]
+    targets = torch.cat([sampled[:5], torch.randint(0, V, (N - 5,))])[torch.randperm(N)]
+    rows, cols = softmax._accidental_hits(targets, sampled, V)
+    assert rows.numel() >= 5
+    weights = torch.randn(N)
+
+    def run(native: bool):
+        if not native:
+            monkeypatch.setattr(softmax, "_native_rows", lambda h1, w1: None)
+        leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+        with autocast(precision, "cpu"):
+            out = softmax._SampledLogSumExp.apply(*leaves, rows, cols)
+        (out * weights).sum().backward()
+        monkeypatch.undo()
+        return [out.detach(), *(t.grad for t in leaves)]
+
+    native, blocks = run(True), run(False)
+    tol = 1e-5 if precision == "fp32" else 1e-2
+    for got, want in zip(native, blocks):
+        assert_close_to_scale(got, want, tol)
+    assert not torch.equal(native[1], torch.zeros_like(native[1]))
+
+
+def test_native_softmax_rows_hand_computed(train_kernels):
+    """One 4-column row by hand: logits (1, 2, 3, 4) with column 2 an accidental hit → lse = log(e + e² + e⁴), the
+    probabilities e^x / Σ with 0 at the hit; the input buffer is overwritten in place."""
+    import math
+
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0]])
+    lse = torch.ops.elmokit_softmax.softmax_rows_(logits, torch.tensor([0]), torch.tensor([2]))
+    z = math.e + math.e**2 + math.e**4
+    assert lse.tolist() == pytest.approx([math.log(z), math.log(4.0)], rel=1e-6)
+    assert logits[0].tolist() == pytest.approx([math.e / z, math.e**2 / z, 0.0, math.e**4 / z], rel=1e-6)
+    assert logits[1].tolist() == pytest.approx([0.25] * 4, rel=1e-6)
+
+
+def test_native_softmax_rows_refuse_huge_logits(monkeypatch, train_kernels):
+    """Logits that could overflow (|h|·|w|·D ≥ 1e30) take the torch-op blocks (the kernel assumes finite values)."""
+    from elmokit.modules import softmax
+
+    h1, w1 = torch.full((2, 3), 1e16), torch.full((4, 3), 1e16)
+    assert softmax._native_rows(h1, w1) is None
+    assert softmax._native_rows(h1 * 1e-16, w1 * 1e-16) is not None

@@ -12,8 +12,9 @@ product at a time, weight gradients included. :class:`FusedLSTMLayer` runs the s
 * **backward**: the reverse time loop, per step the projection clip's mask, dm = dh·W_projᵀ, ONE fused pass to the
   gate gradients dz and dc_{t-1}, dh_{t-1} = dz·W_hhᵀ; then the weight gradients **once per layer** as large
   products over all steps: dW_hh = Σ_t h_{t-1}ᵀ·dz_t (the h_{t-1} of every position stacked), dW_proj = Σ_t mᵀ·dh_raw,
-  and the bias's gradient the sum of dz. The input product x·W_ih (hoisted out of the loop, the caller's, with autograd)
-  receives dz as its gradient. A clip passes the gradient where |x| ≤ clip, as ``torch.clamp``'s backward.
+  and the bias's gradient the sum of dz (float32, before dz is rounded to the product dtype). The input product
+  x·W_ih (hoisted out of the loop, the caller's, with autograd) receives dz as its gradient. A clip passes the
+  gradient where |x| ≤ clip, as ``torch.clamp``'s backward.
 
 Two implementations of the same Function, selected per call:
 
@@ -83,7 +84,8 @@ def _forward_torch(xw, bias, c0, h0, w_hh, w_proj, sizes, cell_clip, proj_clip):
 
 
 def _backward_torch(dout, dfc, dfh, gates, craw, m, hraw, out, c0, h0, w_hh, w_proj, sizes, cell_clip, proj_clip):
-    """The torch-op backward: arguments and result as ``native_train.cpp``'s ``lstm_train_backward``."""
+    """The torch-op backward: arguments and result as ``native_train.cpp``'s ``lstm_train_backward`` (dxw, dbias = Σ dz,
+    dc0, dh0, dW_hh, dW_proj)."""
     acc = gates.dtype
     offs = [0]
     for n in sizes:
@@ -128,7 +130,7 @@ def _backward_torch(dout, dfc, dfh, gates, craw, m, hraw, out, c0, h0, w_hh, w_p
     )
     dw_hh = torch.bmm(hprev.transpose(1, 2), dzg)
     dw_proj = torch.bmm(m.transpose(1, 2), dhraw)
-    return [dzg, dz, dc, dh0, dw_hh, dw_proj]
+    return [dzg, dz.sum(1), dc, dh0, dw_hh, dw_proj]
 
 
 class FusedLSTMLayer(torch.autograd.Function):
@@ -180,10 +182,10 @@ class FusedLSTMLayer(torch.autograd.Function):
         args = (*grads, gates, craw, m, hraw, out, c0, h0, w_hh_g, w_proj_g, sizes, cell_clip, proj_clip)
         with torch.autocast(dout.device.type, enabled=False):
             if ops is not None:
-                dxw, dz, dc0, dh0, dw_hh, dw_proj = ops.lstm_train_backward(*args)
+                dxw, dbias, dc0, dh0, dw_hh, dw_proj = ops.lstm_train_backward(*args)
             else:
-                dxw, dz, dc0, dh0, dw_hh, dw_proj = _backward_torch(*args)
-        dbias = dz.sum(1) if ctx.needs_input_grad[1] else None
+                dxw, dbias, dc0, dh0, dw_hh, dw_proj = _backward_torch(*args)
+        dbias = dbias if ctx.needs_input_grad[1] else None
         return (dxw.to(xw_dtype), dbias, dc0, dh0, dw_hh.to(w_dtype), dw_proj.to(w_dtype), None, None, None, None, None)
 
 

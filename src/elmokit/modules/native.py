@@ -13,7 +13,9 @@ file) holds two kernels, used without autograd on float32 CPU tensors only:
   once in blocks packed by :func:`pack_highway` (MKL's GEMM at 10 rows runs at about half its matrix-vector rate).
 
 Compiled into the same extension, ``native_train.cpp`` holds the fused training layer's forward and backward
-(registered as ``torch.ops.elmokit_train``, see :func:`train_ops` and :mod:`elmokit.modules.lstm_train`).
+(registered as ``torch.ops.elmokit_train``, see :func:`train_ops` and :mod:`elmokit.modules.lstm_train`), and
+``native_softmax.cpp`` the sampled softmax's one-pass rows (``torch.ops.elmokit_softmax``, see :func:`softmax_ops` and
+:mod:`elmokit.modules.softmax`).
 
 The same extension holds the batch-invariant kernels that :mod:`elmokit.modules.invariant` wraps (any row count, each
 row in one fixed summation order). Both give the other paths' values up to float rounding (sums in another order,
@@ -97,6 +99,8 @@ def lstm_rows_limit(module) -> int:
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 #: the fused training layer's kernels (:mod:`elmokit.modules.lstm_train`), compiled into the same extension
 TRAIN_SOURCE = Path(__file__).with_name("native_train.cpp")
+#: the sampled softmax's fused rows (:class:`elmokit.modules.softmax.SoftmaxLM`'s training loss), same extension
+SOFTMAX_SOURCE = Path(__file__).with_name("native_softmax.cpp")
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"] + (
     ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else []
 )
@@ -143,7 +147,8 @@ def build_name() -> str:
     """The extension's name: ``elmokit_native_`` + a digest of source, flags, CPU and environment (see the module
     docstring: one build per environment)."""
     digest = hashlib.sha256()
-    parts = [SOURCE.read_bytes(), TRAIN_SOURCE.read_bytes(), " ".join(FLAGS).encode(), _cpu_identity().encode()]
+    parts = [SOURCE.read_bytes(), TRAIN_SOURCE.read_bytes(), SOFTMAX_SOURCE.read_bytes()]
+    parts += [" ".join(FLAGS).encode(), _cpu_identity().encode()]
     parts += [p.encode() for p in _environment_identity()]
     for part in parts:
         digest.update(part)
@@ -258,7 +263,7 @@ def _load():
             start = time.perf_counter()
             module = cpp_extension.load(
                 name=name,
-                sources=[str(SOURCE), str(TRAIN_SOURCE)],
+                sources=[str(SOURCE), str(TRAIN_SOURCE), str(SOFTMAX_SOURCE)],
                 extra_cflags=FLAGS,
                 extra_ldflags=["-fopenmp"],
                 verbose=False,
@@ -285,6 +290,15 @@ def train_ops():
         return None
     ops = torch.ops.elmokit_train
     return ops if hasattr(ops, "lstm_train_forward") else None
+
+
+def softmax_ops():
+    """The sampled softmax's fused rows (``torch.ops.elmokit_softmax.softmax_rows_``, from ``native_softmax.cpp``),
+    or ``None`` where the kernels are off or unavailable."""
+    if kernels() is None:
+        return None
+    ops = torch.ops.elmokit_softmax
+    return ops if hasattr(ops, "softmax_rows_") else None
 
 
 def usable(*tensors: torch.Tensor) -> bool:

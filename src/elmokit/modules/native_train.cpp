@@ -7,12 +7,13 @@
 //     z = xw + bias + h_{t-1}·W_hh;  i, f, o = σ(z_i, z_f, z_o), j = tanh(z_j)
 //     c_raw = f·c_{t-1} + i·j;  c = clip(c_raw, ±cell_clip);  m = o·tanh(c)
 //     h_raw = m·W_proj;  h = clip(h_raw, ±proj_clip)
-// The products are ATen GEMMs (at::mm_out into preallocated buffers; float32, or bfloat16 with float32 accumulation
-// through oneDNN where the weights come in bfloat16); everything between two products is ONE vectorised pass over
+// The products are ATen GEMMs (at::bmm_out into preallocated buffers, both directions in one call; float32, or
+// bfloat16 with float32 accumulation through oneDNN where the weights come in bfloat16); everything between two products is ONE vectorised pass over
 // the step's rows (float32 gate math, whatever the product dtype T). The forward saves the activated gates, c_raw,
 // m and h_raw; the backward runs the reverse time loop the same way (per step: the mask of the projection clip, one
 // GEMM to dm, one fused pass to dz and dc_{t-1}, one GEMM to dh_{t-1}) and then the weight gradients ONCE per layer
-// as two large GEMMs over all steps (dW_hh = Σ h_{t-1}ᵀ·dz, dW_proj = Σ mᵀ·dh_raw). A clip passes the gradient
+// as two large GEMMs over all steps (dW_hh = Σ h_{t-1}ᵀ·dz, dW_proj = Σ mᵀ·dh_raw), the bias's Σ dz summed in the
+// fused pass (float32, per thread). A clip passes the gradient
 // where |x| ≤ clip (as torch.clamp's backward) and zeroes it elsewhere.
 //
 // Built with -ffast-math (expf/tanhf vectorise), which assumes finite values: the forward reports a non-finite
@@ -23,6 +24,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -96,13 +98,14 @@ __attribute__((noinline)) uint32_t forward_row(const T* __restrict x, const T* _
   return nonfinite;
 }
 
-// One (direction, row) of a backward step: dm = dh_raw·W_projᵀ and the carried dc → the gate gradients dz (float32,
-// and in T where T is bfloat16) and dc_{t-1} (in place over the carry). Not inlined, as forward_row.
+// One (direction, row) of a backward step: dm = dh_raw·W_projᵀ and the carried dc → the gate gradients dz (in T, the
+// dtype of the products that read them) and dc_{t-1} (in place over the carry); dz in float32 is added into `acc`,
+// this thread's (4H) sum for the bias's gradient. Not inlined, as forward_row.
 template <typename T>
 __attribute__((noinline)) void backward_row(const float* __restrict g, const float* __restrict cr,
                                             const float* __restrict cp, bool cp_raw, const T* __restrict dm,
-                                            float* __restrict dc, float* __restrict dz, T* __restrict dzg, bool low,
-                                            int64_t H, float cc) {
+                                            float* __restrict dc, T* __restrict dz, float* __restrict acc, int64_t H,
+                                            float cc) {
   const float cpc = cp_raw && cc > 0 ? cc : FLT_MAX, ccl = cc > 0 ? cc : FLT_MAX;  // as forward_row
 #pragma omp simd
   for (int64_t k = 0; k < H; ++k) {
@@ -118,16 +121,14 @@ __attribute__((noinline)) void backward_row(const float* __restrict g, const flo
     const float dzf = dcraw * cprev * f * (1.0f - f);
     const float dzo = dmk * tc * o * (1.0f - o);
     dc[k] = dcraw * f;
-    dz[k] = dzi;
-    dz[H + k] = dzj;
-    dz[2 * H + k] = dzf;
-    dz[3 * H + k] = dzo;
-    if (low) {
-      st(dzg, k, dzi);
-      st(dzg, H + k, dzj);
-      st(dzg, 2 * H + k, dzf);
-      st(dzg, 3 * H + k, dzo);
-    }
+    st(dz, k, dzi);
+    st(dz, H + k, dzj);
+    st(dz, 2 * H + k, dzf);
+    st(dz, 3 * H + k, dzo);
+    acc[k] += dzi;
+    acc[H + k] += dzj;
+    acc[2 * H + k] += dzf;
+    acc[3 * H + k] += dzo;
   }
 }
 
@@ -189,10 +190,9 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xw, const at::Tensor& bia
   int64_t off = 0, off_prev = 0;
   for (int64_t s = 0; s < S; ++s) {
     const int64_t n = sizes[s];
-    for (int64_t d = 0; d < 2; ++d) {
-      at::Tensor hp = s == 0 ? h0g[d].narrow(0, 0, n) : out[d].narrow(0, off_prev, n);
-      at::Tensor r = rec[d].narrow(0, 0, n);
-      at::mm_out(r, hp, w_hh[d]);
+    {  // both directions in one batched product (one call: half the per-call overhead of two)
+      at::Tensor r = rec.narrow(1, 0, n);
+      at::bmm_out(r, s == 0 ? h0g.narrow(1, 0, n) : out.narrow(1, off_prev, n), w_hh);
     }
     for_rows(n, G, [&](int64_t d, int64_t r) {
       const float* cp = s == 0 ? c0p + (d * B + r) * H : crp + (d * N + off_prev + r) * H;
@@ -201,9 +201,9 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xw, const at::Tensor& bia
                          mp + row * H, H, cc))
         bad[d * B + r] = 1;
     });
-    for (int64_t d = 0; d < 2; ++d) {
-      at::Tensor hr = hraw[d].narrow(0, off, n);
-      at::mm_out(hr, m[d].narrow(0, off, n), w_proj[d]);
+    {
+      at::Tensor hr = hraw.narrow(1, off, n);
+      at::bmm_out(hr, m.narrow(1, off, n), w_proj);
     }
     if (pc > 0) {
       at::parallel_for(0, 2 * n, 16, [&](int64_t a, int64_t b) {
@@ -246,9 +246,13 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dout, const at::Tensor& 
   const int64_t N = gates.size(1), G = gates.size(2), H = G / 4, B = c0.size(1), P = w_proj.size(2), S = sizes.size();
   const auto f32 = gates.options();
   const auto tg = w_hh.options();
-  const bool low = w_hh.scalar_type() != at::kFloat;
-  at::Tensor dz = at::empty({2, N, G}, f32);
-  at::Tensor dzg = low ? at::empty({2, N, G}, tg) : dz;
+  at::Tensor dzg = at::empty({2, N, G}, tg);
+  // the bias's gradient Σ dz: one (2, 4H) float32 sum per thread, the rows of a thread in order, the threads' sums
+  // added in order at the end (deterministic for a thread count, as at::parallel_for splits a range the same way)
+  at::Tensor acc = at::zeros({at::get_num_threads(), 2, G}, f32);
+  float* accp = acc.data_ptr<float>();
+  // the transposed weights of the backward's products, contiguous (once per call)
+  const at::Tensor w_hh_t = w_hh.transpose(1, 2).contiguous(), w_proj_t = w_proj.transpose(1, 2).contiguous();
   at::Tensor dhraw = at::empty({2, N, P}, tg);
   at::Tensor dm = at::empty({2, B, H}, tg);
   at::Tensor dhrec = at::empty({2, B, P}, tg);
@@ -264,7 +268,6 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dout, const at::Tensor& 
   T* dhrp = dhraw.data_ptr<T>();
   T* dmp = dm.data_ptr<T>();
   T* dhrecp = dhrec.data_ptr<T>();
-  float* dzp = dz.data_ptr<float>();
   T* dzgp = dzg.data_ptr<T>();
   float* dcp = dc.data_ptr<float>();
   int64_t n_next = 0;
@@ -278,34 +281,45 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dout, const at::Tensor& 
                   dhrp + base, P, pc);
       }
     });
-    for (int64_t d = 0; d < 2; ++d) {
-      at::Tensor dmd = dm[d].narrow(0, 0, n);
-      at::mm_out(dmd, dhraw[d].narrow(0, off, n), w_proj[d].t());
+    {
+      at::Tensor dmd = dm.narrow(1, 0, n);
+      at::bmm_out(dmd, dhraw.narrow(1, off, n), w_proj_t);
     }
     for_rows(n, G, [&](int64_t d, int64_t r) {
       const int64_t row = d * N + off + r;
       const float* cp = s == 0 ? c0p + (d * B + r) * H : crp + (d * N + off_prev + r) * H;
       backward_row<T>(gp + row * G, crp + row * H, cp, s != 0, dmp + (d * B + r) * H, dcp + (d * B + r) * H,
-                      dzp + row * G, dzgp + row * G, low, H, cc);
+                      dzgp + row * G, accp + (at::get_thread_num() * 2 + d) * G, H, cc);
     });
-    for (int64_t d = 0; d < 2; ++d) {
-      at::Tensor dhd = dhrec[d].narrow(0, 0, n);
-      at::mm_out(dhd, dzg[d].narrow(0, off, n), w_hh[d].t());
+    {
+      at::Tensor dhd = dhrec.narrow(1, 0, n);
+      at::bmm_out(dhd, dzg.narrow(1, off, n), w_hh_t);
     }
     n_next = n;
   }
   at::Tensor dh0 = dfh.clone();
   if (S > 0) dh0.narrow(1, 0, sizes[0]).copy_(dhrec.narrow(1, 0, sizes[0]));
-  // the weight gradients once per layer: h_{t-1} of every position stacked (the start state for step 0)
-  at::Tensor hprev = at::empty({2, N, P}, tg);
-  at::Tensor h0g = h0.to(w_hh.scalar_type());
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t n = sizes[s];
-    hprev.narrow(1, offs[s], n).copy_(s == 0 ? h0g.narrow(1, 0, n) : out.narrow(1, offs[s - 1], n));
-  }
-  at::Tensor dw_hh = at::bmm(hprev.transpose(1, 2), dzg);
+  // the weight gradients once per layer: h_{t-1} of every position stacked (the start state for step 0), written
+  // transposed, (2, P, N) contiguous: the product then reads both operands along N in memory order (a transposed
+  // view as its first operand ran at half the rate)
+  at::Tensor hprev_t = at::empty({2, P, N}, tg);
+  at::Tensor h0g = h0.to(w_hh.scalar_type()).contiguous();
+  const T* h0p = h0g.data_ptr<T>();
+  const T* outp = out.data_ptr<T>();
+  T* htp = hprev_t.data_ptr<T>();
+  at::parallel_for(0, 2 * S, 1, [&](int64_t a, int64_t b) {
+    for (int64_t q = a; q < b; ++q) {
+      const int64_t d = q / S, s = q % S, n = sizes[s];
+      const T* src = s == 0 ? h0p + d * B * P : outp + (d * N + offs[s - 1]) * P;
+      T* dst = htp + d * P * N + offs[s];
+      for (int64_t r0 = 0; r0 < n; r0 += 16)  // 16 rows at a time: 16 source rows, P short runs of the destination
+        for (int64_t k = 0; k < P; ++k)
+          for (int64_t r = r0; r < std::min(n, r0 + 16); ++r) dst[k * N + r] = src[r * P + k];
+    }
+  });
+  at::Tensor dw_hh = at::bmm(hprev_t, dzg);
   at::Tensor dw_proj = at::bmm(m.transpose(1, 2), dhraw);
-  return {dzg, dz, dc, dh0, dw_hh, dw_proj};
+  return {dzg, acc.sum(0), dc, dh0, dw_hh, dw_proj};
 }
 
 // xw (2, N, 4H) float32 or bfloat16 (the input product, without the bias); bias (2, 4H) float32 (forget bias
@@ -331,8 +345,8 @@ std::vector<at::Tensor> lstm_train_forward(const at::Tensor& xw, const at::Tenso
 }
 
 // The backward of lstm_train_forward: dout (2, N, P), dfc (2, B, H), dfh (2, B, P) float32, the saved tensors, the
-// forward's out, c0, h0 and weights → [dxw (product dtype), dz float32 (the bias's gradient is its sum over N),
-// dc0, dh0 float32, dW_hh (2, P, 4H), dW_proj (2, H, P) in the product dtype].
+// forward's out, c0, h0 and weights → [dxw (2, N, 4H) product dtype, dbias (2, 4H) float32 (Σ dz, summed in float32
+// before dz is rounded), dc0, dh0 float32, dW_hh (2, P, 4H), dW_proj (2, H, P) in the product dtype].
 std::vector<at::Tensor> lstm_train_backward(const at::Tensor& dout, const at::Tensor& dfc, const at::Tensor& dfh,
                                             const at::Tensor& gates, const at::Tensor& craw, const at::Tensor& m,
                                             const at::Tensor& hraw, const at::Tensor& out, const at::Tensor& c0,

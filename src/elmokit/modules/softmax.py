@@ -31,6 +31,7 @@ from torch import nn
 
 from elmokit.checks import check_int, is_int, positive_int
 from elmokit.errors import ConfigError, InputError, InputTypeError, UsageError
+from elmokit.modules import native
 from elmokit.modules.precision import low_precision_dtype
 
 logger = logging.getLogger(__name__)
@@ -64,19 +65,23 @@ class _SampledLogSumExp(torch.autograd.Function):
     """``logsumexp(h · Wₛᵀ + bₛ, dim=1)`` with the accidental hits at ``-FLT_MAX``, float32, in few passes.
 
     Forward: (N, D) h, (S, D) Wₛ, (S,) bₛ, hit (rows, cols; rows ascending) → (N,) log-sum-exp. The (N, S) softmax is
-    kept for the backward, which scales it in place by the incoming gradient and runs the two GEMMs:
-    ``∂h = P·g · Wₛ``, ``∂Wₛ = (P·g)ᵀ · h``, ``∂bₛ = Σₙ P·g``. The composed ops (linear, masked fill, logsumexp and
-    their backward) allocate and sweep (N, S) tensors about three times more often; at bilm-tf's N = 2,560,
-    S = 8,192 that was ≈ 15 % of a training step. The logits are one GEMM over all rows; the softmax then runs in
-    blocks of rows (:data:`_BLOCK_ELEMENTS` logits each), so that the max, exp, sum and division sweep a block while
-    it is in cache rather than four times through memory. A row's arithmetic does not depend on the block size, so
-    the results equal the unblocked ones bit for bit (the product is not split by blocks: a GEMM's rounding changes
+    kept for the backward, which runs the two GEMMs with the incoming gradient g (N,) on their narrow side:
+    ``∂h = g ⊙ (P · Wₛ)``, ``∂Wₛ = Pᵀ · (g ⊙ h)``, ``∂bₛ = Pᵀ · g``. The composed ops (linear, masked fill,
+    logsumexp and their backward) allocate and sweep (N, S) tensors about three times more often; at bilm-tf's
+    N = 2,560, S = 8,192 that was ≈ 15 % of a training step. The logits are one GEMM over all rows; the softmax then
+    runs in blocks of rows (:data:`_BLOCK_ELEMENTS` logits each), so that the max, exp, sum and division sweep a block
+    while it is in cache rather than four times through memory. A row's arithmetic does not depend on the block size,
+    so the results equal the unblocked ones bit for bit (the product is not split by blocks: a GEMM's rounding changes
     with its row count on some CPUs' kernels).
     Equal to the composed ops up to float rounding (``tests/test_softmax.py``). Once differentiable (the saved buffer
     is consumed by the backward).
 
     Under bf16 autocast the GEMMs take bfloat16 copies of h and Wₛ, the softmax of each block is computed in float32
     and kept in bfloat16 (the backward's GEMMs take bfloat16 anyway), so no (N, S) float32 buffer is made or cast.
+
+    On the CPU with the native kernels (:func:`elmokit.modules.native.softmax_ops`) the softmax of each row runs as
+    one fused pass over the row (``native_softmax.cpp``: its float32 copy, the hits, max, exp, sum, the division and
+    the write back in the product's dtype) instead of the blocks' six torch ops; same values up to the sum's order.
     """
 
     @staticmethod
@@ -93,6 +98,12 @@ class _SampledLogSumExp(torch.autograd.Function):
             # depend on the block it falls in (a GEMM's blocking, and so its rounding, changes with its row count:
             # 16 rows against 53 differed on AMD EPYC's kernels)
             probs = torch.mm(h1, w1.t())
+            ops = _native_rows(h1, w1)
+            if ops is not None:  # one fused pass per row (native_softmax.cpp): the same steps as the blocks below
+                lse = ops.softmax_rows_(probs, hit_rows.contiguous(), hit_cols.contiguous())
+                ctx.save_for_backward(h1, w1, probs)
+                ctx.dtypes = (h.dtype, w.dtype, b.dtype)
+                return lse
             lse = torch.empty(n, dtype=torch.float32, device=h1.device)
             step = max(16, _BLOCK_ELEMENTS // max(s, 1))
             starts = list(range(0, n, step))
@@ -123,13 +134,29 @@ class _SampledLogSumExp(torch.autograd.Function):
     def backward(ctx, grad):
         h1, w1, probs = ctx.saved_tensors
         h_dtype, w_dtype, b_dtype = ctx.dtypes
-        g = probs.mul_(grad.to(probs.dtype).unsqueeze(1))  # (N, S): ∂lse/∂logits · grad, in the GEMMs' dtype
-        grad_h = torch.mm(g, w1[:, :-1]).to(h_dtype) if ctx.needs_input_grad[0] else None
+        # ∂lse/∂logits · grad = diag(grad)·P: the row scale goes to the (N, D) side of each product, not over the
+        # (N, S) probabilities (one pass over them fewer): ∂h = grad ⊙ (P·Wₛ), ∂(Wₛ | bₛ) = Pᵀ·(grad ⊙ (h | 1))
+        scale = grad.float().unsqueeze(1)  # (N, 1)
+        grad_h = (torch.mm(probs, w1[:, :-1]).float() * scale).to(h_dtype) if ctx.needs_input_grad[0] else None
         grad_w = grad_b = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            grad_w1 = torch.mm(g.t(), h1).float()  # (S, D + 1): the last column is ∂b = Σₙ P·g
+            h1g = (h1.float() * scale).to(probs.dtype)  # (N, D + 1) in the GEMM's dtype
+            grad_w1 = torch.mm(probs.t(), h1g).float()  # (S, D + 1): the last column is ∂b = Σₙ grad · P
             grad_w, grad_b = grad_w1[:, :-1].to(w_dtype), grad_w1[:, -1].to(b_dtype)
         return grad_h, grad_w, grad_b, None, None
+
+
+def _native_rows(h1: torch.Tensor, w1: torch.Tensor):
+    """The native softmax rows (:func:`elmokit.modules.native.softmax_ops`) where they may run on the logits
+    ``h1 · w1ᵀ``: CPU, float32 or bfloat16, native kernels on (``ELMOKIT_NATIVE``), and the logits surely finite (the
+    kernel's ``-ffast-math`` build assumes it): |logit| ≤ D · max|h1| · max|w1| < 1e30. Else ``None``."""
+    if h1.device.type != "cpu" or h1.dtype not in (torch.float32, torch.bfloat16) or h1.numel() == 0:
+        return None
+    ops = native.softmax_ops()
+    if ops is None:
+        return None
+    bound = float(h1.abs().amax()) * float(w1.abs().amax()) * h1.shape[1]
+    return ops if math.isfinite(bound) and bound < 1e30 else None
 
 
 # logits per block of :class:`_SampledLogSumExp`'s forward: 4 MB of float32, about a core's share of the last-level

@@ -12,6 +12,7 @@ from elmokit.modules import invariant
 from elmokit.modules.char_cnn import CharCNN
 from elmokit.modules.derived import DerivedWeights
 from elmokit.modules.highway import Highway
+from elmokit.modules.unique_rows import unique_rows
 
 __all__ = ["TokenEncoder"]
 
@@ -86,7 +87,7 @@ class TokenEncoder(nn.Module):
         if not bool(real.any()):
             return out.view(b, t, self.output_dim)
         tokens = flat[real]
-        unique, inverse = torch.unique(tokens, dim=0, return_inverse=True)
+        unique, inverse = unique_rows(tokens)
         if unique.shape[0] > self.inference_chunk and not torch.is_grad_enabled():
             # a very long input (e.g. one 10,000-token sentence): bound the highway/projection activations
             encoded = torch.cat([self.encode_unique(part) for part in unique.split(self.inference_chunk)], dim=0)
