@@ -355,3 +355,34 @@ def test_native_softmax_rows_refuse_huge_logits(monkeypatch, train_kernels):
     h1, w1 = torch.full((2, 3), 1e16), torch.full((4, 3), 1e16)
     assert softmax._native_rows(h1, w1) is None
     assert softmax._native_rows(h1 * 1e-16, w1 * 1e-16) is not None
+
+
+def test_sparse_grad_gives_the_dense_gradients():
+    """``sparse_grad``: the sampled loss and, once densified, W's and b's gradients equal the dense gathers' (the
+    same contributions summed in another order), with a target repeated and targets among the negatives."""
+    torch.manual_seed(11)
+    m = SoftmaxLM(8, 50)
+    h = torch.randn(20, 8)
+    targets = torch.cat([torch.tensor([0, 0, 1, 2]), torch.randint(0, 50, (16,))])
+    results = []
+    for sparse in (False, True):
+        m.zero_grad(set_to_none=True)
+        m.sparse_grad = sparse
+        loss = m.sampled_nll(h, targets, 12, torch.Generator().manual_seed(3))
+        loss.sum().backward()
+        assert m.weight.grad.is_sparse == sparse
+        results.append((loss.detach(), m.weight.grad.to_dense(), m.bias.grad.clone()))
+    (l0, w0, b0), (l1, w1, b1) = results
+    assert torch.equal(l0, l1)
+    assert_close_to_scale(w1, w0, 1e-6)
+    assert torch.equal(b1, b0)
+    assert int((w0.abs().sum(1) > 0).sum()) >= 12  # the negatives' and targets' rows were reached
+
+
+def test_sparse_grad_is_off_without_autograd_and_by_default():
+    m = SoftmaxLM(4, 30)
+    assert m.sparse_grad is False
+    m.sparse_grad = True
+    with torch.no_grad():
+        out = m.sampled_nll(torch.randn(5, 4), torch.randint(0, 30, (5,)), 6, torch.Generator().manual_seed(0))
+    assert out.shape == (5,) and torch.isfinite(out).all()

@@ -290,6 +290,9 @@ class SoftmaxLM(nn.Module):
         self.weight = nn.Parameter(torch.empty(vocab_size, input_dim))
         self.bias = nn.Parameter(torch.zeros(vocab_size))
         self._logged_fallback = False
+        #: the sampled loss's gradient of ``weight`` as a sparse (COO) tensor of the rows it read (see
+        #: :meth:`sampled_nll`); the caller densifies it before the optimiser (elmokit's trainer does, in one process)
+        self.sparse_grad = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -368,6 +371,10 @@ class SoftmaxLM(nn.Module):
         ``nll = logsumexp([a_y, a_s…]) - a_y``. It is a training objective (biased estimate, lower than the full NLL
         in general), not a perplexity.
 
+        With :attr:`sparse_grad` set (and autograd on), the rows of W read here come from one
+        ``F.embedding(sparse=True)``, so that W's gradient is a sparse tensor of those rows (same values, summed when
+        densified); the caller turns it dense before clipping and the optimiser.
+
         When ``num_samples >= V - 1`` the full softmax is used instead (:meth:`full_nll`; exact, and the rejection
         sampler would need ever more draws to find the last ids); this is logged (INFO) once per module — the trainer
         warns about it once when training starts.
@@ -403,7 +410,13 @@ class SoftmaxLM(nn.Module):
         log_q_true = torch.log(log_uniform_expected_count(targets, V, num_samples, num_tries)).float()
         log_q_sampled = torch.log(log_uniform_expected_count(sampled, V, num_samples, num_tries)).float()
 
-        w_true = self.weight[targets]  # (N, D)
+        if self.sparse_grad and torch.is_grad_enabled():
+            # the targets' and the negatives' rows in one gather whose gradient is sparse: not two dense (V, D)
+            # zero-filled gradients per call, summed (at 198k words they were ≈ 20 % of a zoo training step)
+            rows = F.embedding(torch.cat([targets, sampled]), self.weight, sparse=True)
+            w_true, w_sampled = rows[: targets.shape[0]], rows[targets.shape[0] :]
+        else:
+            w_true, w_sampled = self.weight[targets], self.weight[sampled]  # (N, D), (S, D)
         true_logits = (h * w_true).sum(-1).float() + self.bias[targets].float() - log_q_true  # (N,)
         # - log Q(s) folded into the bias, and no (N, 1 + S) concatenation: fewer passes over the (N, S) logits
         sampled_bias = self.bias[sampled] - log_q_sampled.to(self.bias.dtype)
@@ -412,7 +425,6 @@ class SoftmaxLM(nn.Module):
             if remove_accidental_hits
             else (targets.new_zeros(0), targets.new_zeros(0))
         )
-        w_sampled = self.weight[sampled]
         if h.dtype == torch.float32 and w_sampled.dtype == torch.float32:
             sampled_lse = _SampledLogSumExp.apply(h, w_sampled, sampled_bias, hit_rows, hit_cols)
         else:  # reduced precision: the composed ops (autocast decides the matmul dtype)

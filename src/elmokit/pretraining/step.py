@@ -87,6 +87,9 @@ class StepMixin:
         frozen = step <= c.freeze_bilm_steps
         model = self._ddp if self._ddp is not None else self.lm
         self.optimizer.zero_grad(set_to_none=True)
+        # one process: the softmax's sampled rows get a sparse gradient, made dense once below (DistributedDataParallel
+        # reduces dense gradients only)
+        self.lm.softmax.sparse_grad = self._ddp is None
         scale = 0.5 * self.dist.world_size * c.unroll_steps / max(1, batch.total_tokens)
         sum_f = sum_b = 0.0
         for i, part in enumerate(batch.parts):
@@ -122,6 +125,9 @@ class StepMixin:
         if frozen:
             for p in self.lm.bilm.parameters():
                 p.grad = None
+        for p in self.lm.parameters():
+            if p.grad is not None and p.grad.is_sparse:
+                p.grad = p.grad.to_dense()  # one (V, D) zero fill and one indexed sum
         grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.lm.parameters() if p.grad is not None], c.clip_norm)
         if not torch.isfinite(grad_norm):
             raise TrainingError(
