@@ -121,12 +121,12 @@ SPECS: dict[str, ZooSpec] = {
             "batch_size": 128,
             "unroll_steps": 20,
             "n_epochs": 100,
-            "max_steps": 4100,
+            "max_steps": 6600,
             "optimizer": "adam",
             "lr": 4e-3,
             "lr_warmup_steps": 200,
             "lr_schedule": "cosine",
-            "lr_decay_steps": 4100,
+            "lr_decay_steps": 6600,
             "lr_final": 0.1,
             "clip_norm": 5.0,
             "dropout": 0.0,
@@ -134,6 +134,7 @@ SPECS: dict[str, ZooSpec] = {
             "seed": 0,
             "shuffle": True,
             "deterministic": True,
+            "precision": "bf16",
             "checkpoint_every": 250,
             "keep_checkpoints": 2,
             "log_every": 10,
@@ -147,10 +148,12 @@ SPECS: dict[str, ZooSpec] = {
         "8-minute budget): char CNN 384 filters over 20 characters a token, LSTM 512 → 128, 2 layers, skip "
         "connections, sampled softmax of 4,096 negatives over the 196k-word vocabulary, 128 sentences a step, Adam "
         "4e-3 with 200 warm-up steps and a cosine decay to 0.1 × at the last step, no dropout (the run reads about "
-        "a third of the 39M-token corpus once). Steps: the study's 30-step probe (2 threads, quiet) took 0.805 s a "
-        "step, so 4,100 steps (55 min) and 5 curve points on a 20k-token held-out subset (≈ 33 s each) fill the "
-        "60-minute biLM budget; the held-out fraction is 0.005 (≈ 200k tokens) so that scoring the final model on "
-        "the whole split (full softmax) takes minutes, not half an hour",
+        "45 % of the 39M-token corpus once). Products in bfloat16 (`--precision bf16`, issue 40: the fused LSTM "
+        "layer and the native softmax rows; float32 master weights, Adam state, gates and cell state). Steps: "
+        "`python bench/zoo_probe.py en --precision bf16` (2 threads, quiet, on this corpus) took 0.495 s a step, so "
+        "6,600 steps (55 min) and 5 curve points on a 20k-token held-out subset (≈ 33 s each) fill the 60-minute biLM "
+        "budget (issue 27's float32 recipe: 0.805 s, 4,100 steps); the held-out fraction is 0.005 (≈ 200k tokens) so "
+        "that scoring the final model on the whole split (full softmax) takes minutes, not half an hour",
     ),
     "zh": ZooSpec(
         name="elmokit-zh",
