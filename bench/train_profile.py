@@ -13,7 +13,8 @@ Markdown table per workload:
 The families: the fused LSTM layer's own time (``elmokit_train::*``: its fused passes; the GEMMs it calls count under
 ``mm``/``bmm``), ``bmm``, ``mm`` (``addmm`` included), ``cat``, ``copy_`` (casts, copies), ``add``, the element-wise
 rest of the LSTM cell (``baddbmm``, ``tanh``, ``sigmoid``, ``mul``, their backward, clips), the char CNN's
-convolutions, the optimiser, the embedding/index ops and the rest. Shares are of the profiled steps' total self CPU
+convolutions, the sampled softmax's native rows (``elmokit_softmax::*``), the optimiser and the gradient norm, zero
+fills, the embedding/index ops and the rest. Shares are of the profiled steps' total self CPU
 time; the step time is measured without the profiler.
 
 Printed first: ``lscpu``'s model name and the ``torch.mm`` bf16/fp32 ratio at 2048². The last line is one JSON object.
@@ -42,6 +43,7 @@ from elmokit.pretraining.trainer import build_trainer, enter_determinism  # noqa
 #: (family, op-name prefixes), first match wins; "other" takes the rest
 FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fused LSTM passes (`elmokit_train`)", ("elmokit_train::",)),
+    ("sampled softmax rows (`elmokit_softmax`)", ("elmokit_softmax::",)),
     ("`bmm`", ("aten::bmm",)),
     ("`mm` (`addmm`)", ("aten::mm", "aten::addmm")),
     ("`cat`", ("aten::cat",)),
@@ -63,7 +65,11 @@ FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("char CNN convolutions", ("aten::mkldnn_convolution", "aten::convolution", "aten::_convolution")),
-    ("optimiser", ("aten::_fused_adam", "aten::_foreach", "aten::addcdiv", "aten::sqrt")),
+    (
+        "optimiser, gradient norm",
+        ("aten::_fused_adam", "aten::_foreach", "aten::addcdiv", "aten::sqrt", "aten::linalg_vector_norm"),
+    ),
+    ("zero fills (`fill_`)", ("aten::fill_", "aten::zero_")),
     ("embedding, gather, scatter", ("aten::embedding", "aten::index", "aten::gather", "aten::scatter")),
     ("softmax, log-sum-exp", ("aten::_log_softmax", "aten::logsumexp", "aten::exp", "aten::log", "aten::max")),
 )

@@ -352,6 +352,15 @@ class SoftmaxLM(nn.Module):
         logits = self.logits(h).float()
         return F.cross_entropy(logits, targets.long(), reduction="none")
 
+    def _rows(self, targets: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows of W at ``targets`` (N,) and ``sampled`` (S,): (N, D), (S, D). With :attr:`sparse_grad` (and
+        autograd on) one gather whose gradient is sparse: not two dense (V, D) zero-filled gradients per call, summed
+        (at 198k words they were ≈ 20 % of a zoo training step)."""
+        if self.sparse_grad and torch.is_grad_enabled():
+            rows = F.embedding(torch.cat([targets, sampled]), self.weight, sparse=True)
+            return rows[: targets.shape[0]], rows[targets.shape[0] :]
+        return self.weight[targets], self.weight[sampled]
+
     def sampled_nll(
         self,
         h: torch.Tensor,
@@ -410,13 +419,7 @@ class SoftmaxLM(nn.Module):
         log_q_true = torch.log(log_uniform_expected_count(targets, V, num_samples, num_tries)).float()
         log_q_sampled = torch.log(log_uniform_expected_count(sampled, V, num_samples, num_tries)).float()
 
-        if self.sparse_grad and torch.is_grad_enabled():
-            # the targets' and the negatives' rows in one gather whose gradient is sparse: not two dense (V, D)
-            # zero-filled gradients per call, summed (at 198k words they were ≈ 20 % of a zoo training step)
-            rows = F.embedding(torch.cat([targets, sampled]), self.weight, sparse=True)
-            w_true, w_sampled = rows[: targets.shape[0]], rows[targets.shape[0] :]
-        else:
-            w_true, w_sampled = self.weight[targets], self.weight[sampled]  # (N, D), (S, D)
+        w_true, w_sampled = self._rows(targets, sampled)  # (N, D), (S, D)
         true_logits = (h * w_true).sum(-1).float() + self.bias[targets].float() - log_q_true  # (N,)
         # - log Q(s) folded into the bias, and no (N, 1 + S) concatenation: fewer passes over the (N, S) logits
         sampled_bias = self.bias[sampled] - log_q_sampled.to(self.bias.dtype)
