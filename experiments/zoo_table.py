@@ -43,7 +43,8 @@ def row(lang: str, cache) -> list[str]:
         f"char CNN {sum(n for _, n in cnn['filters'])} ({'char vocab' if t['char_vocab'] else 'bytes'}, "
         f"C={cnn['max_characters_per_token']}), LSTM {lstm['dim']}→{lstm['projection_dim']} ×{lstm['n_layers']}, "
         f"{t['batch_size']} sentences/step, {t['max_steps']:,} steps, {t['optimizer']} {t['lr']:g}, dropout "
-        f"{t['dropout']}, {t['n_negative_samples']:,} negatives, seed {t['seed']}, {c['torch_threads']} threads"
+        f"{t['dropout']}, {t['n_negative_samples']:,} negatives, seed {t['seed']}, {c['torch_threads']} threads, "
+        f"{t.get('precision', 'fp32')}"
     )
     held = (
         f"**{_ppl(h['bilm']['average'])}** (fwd {_ppl(h['bilm']['forward'])}, bwd {_ppl(h['bilm']['backward'])})"
