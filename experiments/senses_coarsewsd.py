@@ -358,7 +358,8 @@ def report(run: Run, casing: str, casing_cv: dict, results: dict, fair: dict, au
     lines.append(
         f"Wall time {wall / 60:.1f} min, of which biLM embedding {run.t_embed / 60:.1f} min (≈ 0 when "
         f"read from $ELMOKIT_CACHE/senses/; {args.threads} torch thread(s)); command: "
-        f"`python experiments/senses_coarsewsd.py --threads {args.threads}` (models from $ELMOKIT_CACHE; load average "
+        f"`python experiments/senses_coarsewsd.py {' '.join(args.command)}` (models from $ELMOKIT_CACHE unless "
+        f"given; model.safetensors sha256 {run.model_key[:12]}…; load average "
         f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end)."
     )
     return "\n".join(lines) + "\n", wall
@@ -405,6 +406,7 @@ def write_outputs(run: Run, test_w: dict, text: str, wall: float, casing: str, c
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command = list(sys.argv[1:] if argv is None else argv)  # printed with the results
     windows = [int(w) for w in args.windows.split(",")]
     if 0 not in windows:
         parser.error("--windows must include 0 (the target span: the old protocol and the casing choice use it)")
