@@ -167,12 +167,12 @@ SPECS: dict[str, ZooSpec] = {
             "batch_size": 128,
             "unroll_steps": 20,
             "n_epochs": 100,
-            "max_steps": 4700,
+            "max_steps": 7200,
             "optimizer": "adam",
             "lr": 4e-3,
             "lr_warmup_steps": 200,
             "lr_schedule": "cosine",
-            "lr_decay_steps": 4700,
+            "lr_decay_steps": 7200,
             "lr_final": 0.1,
             "clip_norm": 5.0,
             "dropout": 0.0,
@@ -180,6 +180,7 @@ SPECS: dict[str, ZooSpec] = {
             "seed": 0,
             "shuffle": True,
             "deterministic": True,
+            "precision": "bf16",
             "checkpoint_every": 250,
             "keep_checkpoints": 2,
             "log_every": 10,
@@ -191,9 +192,12 @@ SPECS: dict[str, ZooSpec] = {
         why="the recipe study's `fast` configuration (experiments/results/recipe-study-zh.md: the better of the two "
         "run at an equal 8-minute budget): the English model's shape with word tokens read through the "
         "character-vocabulary mode (10 characters a word), 128 sentences a step, Adam 4e-3 with 200 warm-up steps "
-        "and a cosine decay to 0.1 × at the last step, no dropout (the run reads the 13.7M-token corpus about once). "
-        "Steps: the study's 30-step probe (2 threads, quiet) took 0.720 s a step, so 4,700 steps (56 min) and 5 "
-        "curve points on a 20k-token held-out subset fill the 60-minute biLM budget",
+        "and a cosine decay to 0.1 × at the last step, no dropout (the run reads the 13.7M-token corpus about 1.6 "
+        "times). Products in bfloat16 (`--precision bf16`, issue 40), as the English model. Steps: "
+        "`python bench/zoo_probe.py zh` (2 threads, builds paused, on this corpus), run twice: bf16 0.510 s a step "
+        "(torch.mm bf16/fp32 ratio 2.72 in that run) and 0.398 s (ratio 6.18; fp32 0.599 s in the same run); their "
+        "mean, 0.454 s, makes 7,200 steps 55 min: those and 5 curve points on a 20k-token held-out subset fill the "
+        "60-minute biLM budget (issue 27's float32 recipe: 0.720 s, 4,700 steps)",
     ),
 }
 
