@@ -19,7 +19,7 @@ from elmokit.modules.lstm import BiLSTM
 from elmokit.modules.lstm_train import FusedLSTMLayer, fused_lstm_layer
 from elmokit.modules.precision import autocast
 from elmokit.pretraining.trainer import Trainer
-from helpers import TINY_TRAIN_OPTIONS, tiny_window_config, write_tiny_corpus
+from helpers import TINY_TRAIN_OPTIONS, assert_close_to_scale, tiny_window_config, write_tiny_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -277,3 +277,16 @@ def test_a_fused_run_follows_the_loop_run(corpus, tmp_path, monkeypatch):
     assert fused.keys() == loop.keys()
     for step in fused:
         assert abs(fused[step] - loop[step]) <= 1e-5 * abs(loop[step]), (step, fused[step], loop[step])
+
+
+def test_per_direction_bmm_equals_bmm():
+    """The weight gradients' product: one ``mm`` per direction in float32 (a transposed first operand included), the
+    ``bmm`` itself otherwise; the same values up to the GEMM's summation order."""
+    torch.manual_seed(4)
+    a = torch.randn(2, 300, 7).transpose(1, 2)  # (2, 7, 300), a transposed view, as xᵀ and h_{t-1}ᵀ
+    b = torch.randn(2, 300, 40)
+    got = lstm_train.per_direction_bmm(a, b)
+    assert got.shape == (2, 7, 40) and got.is_contiguous()
+    assert_close_to_scale(got, torch.bmm(a, b), 1e-5, dim=2)
+    a64, b64 = a.double(), b.double()
+    assert torch.equal(lstm_train.per_direction_bmm(a64, b64), torch.bmm(a64, b64))

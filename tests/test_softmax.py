@@ -386,3 +386,56 @@ def test_sparse_grad_is_off_without_autograd_and_by_default():
     with torch.no_grad():
         out = m.sampled_nll(torch.randn(5, 4), torch.randint(0, 30, (5,)), 6, torch.Generator().manual_seed(0))
     assert out.shape == (5,) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_full_nll_training_path_equals_cross_entropy(sparse):
+    """With autograd (training), ``full_nll`` runs the fused log-sum-exp minus the true logit: the loss and the
+    gradients of h, W and b equal ``F.cross_entropy``'s on the float32 logits (a target repeated, every word's row
+    reached through the log-sum-exp); without autograd it is ``F.cross_entropy`` itself, bit for bit."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(5)
+    m = SoftmaxLM(6, 37)
+    with torch.no_grad():
+        m.bias.normal_()
+    m.sparse_grad = sparse
+    h = torch.randn(15, 6, requires_grad=True)
+    targets = torch.cat([torch.tensor([3, 3, 0, 36]), torch.randint(0, 37, (11,))])
+    weights = torch.rand(15)
+    got = m.full_nll(h, targets)
+    assert got.grad_fn is not None and "SampledLogSumExp" in str(got.grad_fn.next_functions)
+    (got * weights).sum().backward()
+    grads = [h.grad.clone(), m.weight.grad.to_dense().clone(), m.bias.grad.clone()]
+    h.grad = m.weight.grad = m.bias.grad = None
+    want = F.cross_entropy(F.linear(h, m.weight, m.bias), targets, reduction="none")
+    (want * weights).sum().backward()
+    assert_close_to_scale(got, want, 1e-5)
+    for g, t in zip(grads, (h, m.weight, m.bias)):
+        assert_close_to_scale(g, t.grad, 1e-5)
+    with torch.no_grad():
+        assert torch.equal(
+            m.full_nll(h, targets), F.cross_entropy(F.linear(h, m.weight, m.bias), targets, reduction="none")
+        )
+
+
+def test_full_nll_training_path_under_bf16_autocast():
+    """Under bf16 autocast the training path's products are bfloat16 (float32 softmax): the loss and h's gradient
+    stay within bfloat16's rounding of the float32 reference (8 bits of mantissa: 2⁻⁸ relative on each logit)."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(6)
+    m = SoftmaxLM(16, 50)
+    h = torch.randn(24, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (24,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = m.full_nll(h, targets)
+    assert got.dtype == torch.float32
+    got.sum().backward()
+    gh = h.grad.clone()
+    h.grad = None
+    want = F.cross_entropy(F.linear(h, m.weight, m.bias), targets, reduction="none")
+    want.sum().backward()
+    # logits of size ≈ 4 (|h|·|w| over 16 dims): bf16 rounds each by ≈ 4 · 2⁻⁸ ≈ 0.016
+    assert_close_to_scale(got, want, 0.03)
+    assert_close_to_scale(gh, h.grad, 0.03, dim=1)

@@ -45,6 +45,7 @@ from elmokit.config import LSTMConfig
 from elmokit.errors import InputError
 from elmokit.modules import invariant, native, precision
 from elmokit.modules.derived import DerivedWeights
+from elmokit.modules.dropout import dropout
 from elmokit.modules.lstm_steps import inference_steps
 from elmokit.modules.lstm_train import fused_lstm_layer
 
@@ -158,7 +159,7 @@ class BiLSTM(nn.Module):
         for k in range(self.n_layers):
             layer_in = x
             if self.dropout > 0 and self.training:
-                layer_in = nn.functional.dropout(layer_in, self.dropout, True)
+                layer_in = dropout(layer_in, self.dropout)  # elmokit.modules.dropout: a hashed mask
             out, (ck, hk) = self._run_layer(k, layer_in, batch_sizes, c0[:, k], h0[:, k])
             if self.config.use_skip_connections and k > 0:
                 out = out + x

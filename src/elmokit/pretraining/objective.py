@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from elmokit.characters import CharVocabulary, batch_to_ids
 from elmokit.config import ElmoConfig
 from elmokit.errors import ConfigError
 from elmokit.modules.bilm import BiLM
+from elmokit.modules.dropout import dropout
 from elmokit.modules.lstm import LSTMState
 from elmokit.modules.softmax import SoftmaxLM
 from elmokit.vocabulary import Vocabulary
@@ -148,7 +148,7 @@ class BidirectionalLM(nn.Module):
         self, h: torch.Tensor, targets: torch.Tensor, num_samples: int, generator: torch.Generator | None
     ) -> torch.Tensor:
         if self.training and self.dropout > 0:
-            h = F.dropout(h, self.dropout, True)
+            h = dropout(h, self.dropout)  # elmokit.modules.dropout: a hashed mask
         if num_samples and self.training:
             return self.softmax.sampled_nll(h, targets, num_samples, generator)
         return self.softmax.full_nll(h, targets)
