@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from elmokit.recipes.zoo.build import SPECS, model_dir, read_card
+from elmokit.recipes.zoo.figures import run_tokens_per_s
 
 
 def _ppl(x: float) -> str:
@@ -58,7 +59,14 @@ def row(lang: str, cache) -> list[str]:
         else "—"
     )
     speed = f"{tr['tokens_per_s']:,.0f}"
+    if tr.get("resumed"):  # the last session may have trained no step: the whole run's logged speed
+        logged = tr.get("run_tokens_per_s") or run_tokens_per_s(folder / "train" / "metrics.jsonl")
+        speed = f"{logged:,.0f} (the run's logged mean; resumed build)" if logged else "— (resumed build)"
     wall = f"{tm['bilm_seconds'] / 60:.1f} min (build {tm['total_seconds'] / 60:.1f} min)"
+    if tr.get("resumed"):
+        wall = (
+            f"{tm['bilm_seconds'] / 60:.1f} min in the last session (resumed; build {tm['total_seconds'] / 60:.1f} min)"
+        )
     note = " (TEST BUILD)" if card.get("overrides") else ""
     return [
         f"`{spec.name}`{note}",

@@ -39,6 +39,7 @@ from elmokit.recipes.zoo.build import (  # noqa: E402
     read_card,
     wikitext_sentences,
 )
+from elmokit.recipes.zoo.figures import run_tokens_per_s  # noqa: E402
 from elmokit.recipes.zoo.sources import RECIPES  # noqa: E402
 
 WORDS = "今天 天气 很 好 我们 去 公园 散步 明天 可能 下雨 他 喜欢 读书 学习 中文 老师 学生 城市 发展".split()
@@ -351,6 +352,10 @@ def test_interrupted_build_resumes_to_the_same_bits(built, zh_data, tmp_path, mo
     # training resumed from its step-3 checkpoint: the session's tokens are not the run's, so no epoch count
     assert card["figures"]["training"]["resumed"] is True and card["figures"]["training"]["epochs"] is None
     assert first["figures"]["training"]["resumed"] is False and first["figures"]["training"]["epochs"] > 0
+    # its speed: the logged steps' mean over both sessions, named as such in the card
+    logged = run_tokens_per_s(folder / "train" / "metrics.jsonl")
+    assert logged and card["figures"]["training"]["run_tokens_per_s"] == logged
+    assert f"the logged steps' mean was {logged:,.0f} tokens/s" in (folder / "README.md").read_text(encoding="utf-8")
     for name in ("model.safetensors", "vocab.txt", "chars.txt", "word2vec/vectors.bin", "corpus/train.txt"):
         assert card["files"][name]["sha256"] == first["files"][name]["sha256"], name
     assert card["figures"]["heldout"]["bilm"] == first["figures"]["heldout"]["bilm"]
@@ -536,3 +541,18 @@ def test_curve_on_a_held_out_subset_and_the_final_figure_on_the_whole_split(zh_d
     assert {r["valid_tokens"] for r in valid} == {sub["tokens"] + sub["sentences"]}  # n + 1 targets a sentence
     assert card["figures"]["heldout"]["bilm"]["tokens"] == sum(len(x.split()) + 1 for x in held)
     assert f"one held-out sentence in {sub['every']}" in (folder / "README.md").read_text(encoding="utf-8")
+
+
+def test_run_tokens_per_s_is_the_mean_of_the_logged_training_steps(tmp_path):
+    """Train records only (not the held-out ones), a line cut by an interruption skipped, ``None`` without any."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(
+        '{"kind": "train", "step": 10, "tokens_per_s": 100.0}\n'
+        '{"kind": "valid", "step": 10, "valid_ppl": 5.0, "tokens_per_s": 9999}\n'
+        '{"kind": "train", "step": 20, "tokens_per_s": 300}\n'
+        '{"kind": "train", "step": 3',
+        encoding="utf-8",
+    )
+    assert run_tokens_per_s(metrics) == 200.0
+    metrics.write_text('{"kind": "valid", "step": 0, "valid_ppl": 9.0}\n', encoding="utf-8")
+    assert run_tokens_per_s(metrics) is None

@@ -63,6 +63,7 @@ from elmokit.recipes.zoo.corpora import build_corpus, resolve_data_dir, source_t
 from elmokit.recipes.zoo.figures import (
     WIKITEXT_PROTOCOL,
     heldout_figures,
+    run_tokens_per_s,
     training_figures,
     valid_records,
     wikitext_figures,
@@ -335,6 +336,7 @@ class _ZooBuild:
             self.manifest,
             resumed=self.training_resumed,
             loadavg=(self.loadavg_before, self.loadavg_after),
+            logged_tokens_per_s=run_tokens_per_s(self.run_dir / "metrics.jsonl"),
         )
         self.training["curve_subset"] = self.curve_subset
 

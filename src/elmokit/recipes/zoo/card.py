@@ -381,7 +381,12 @@ def _training(card: dict) -> list[str]:
         + f", {_f(tr['tokens_per_s'], 0)} tokens/s over the training loop (one direction's targets; "
         f"the held-out evaluations after step 0 included; {tr['heldout_evaluations']} in all), biLM training "
         f"{_minutes(tm.get('bilm_seconds'))} wall"
-        + (" (this session of a resumed build)" if tr.get("resumed") else "")
+        + (
+            f" (this session of a resumed build; over the whole run the logged steps' mean was "
+            f"{_f(tr.get('run_tokens_per_s'), 0)} tokens/s)"
+            if tr.get("resumed")
+            else ""
+        )
         + f"; whole build {_minutes(tm.get('total_seconds'))} (corpus {_f(tm.get('corpus_seconds'))} s, "
         f"word2vec {_f(tm.get('word2vec_seconds'))} s, final evaluation {_f(tm.get('evaluation_seconds'))} s) "
         f"on {card['machine']['cpus']} CPUs (load average before/after training "

@@ -168,6 +168,21 @@ def wikitext_figures(lm, train: list[list[str]], path: Path) -> dict:
     }
 
 
+def run_tokens_per_s(metrics: Path) -> float | None:
+    """The mean of the ``tokens_per_s`` that a run's ``metrics.jsonl`` logged over its training steps (``"kind":
+    "train"`` records, every session of a resumed run), or ``None`` where it logged none: the speed of a resumed build,
+    whose last session may have trained no step at all."""
+    speeds = []
+    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("kind") == "train" and isinstance(r.get("tokens_per_s"), (int, float)):
+            speeds.append(float(r["tokens_per_s"]))
+    return round(sum(speeds) / len(speeds), 1) if speeds else None
+
+
 def training_figures(
     summary: dict,
     valid: list[dict],
@@ -175,11 +190,12 @@ def training_figures(
     *,
     resumed: bool,
     loadavg: tuple[list[float] | None, list[float] | None],
+    logged_tokens_per_s: float | None = None,
 ) -> dict:
     """The training run's figures for the card from the trainer's ``summary``, its ``valid`` records and the corpus
     ``manifest``: steps, tokens/s over the loop (one direction's targets), epochs (``None`` for a resumed session,
     whose token count covers only that session), the held-out curve and its best point, the load average before and
-    after training."""
+    after training; ``logged_tokens_per_s`` (:func:`run_tokens_per_s`) the whole run's logged speed."""
     train_file = manifest["files"]["train.txt"]
     best = min(valid, key=lambda r: r["valid_ppl"]) if valid else None
     loop = summary.get("loop_seconds") or 0.0
@@ -191,6 +207,7 @@ def training_figures(
         "train_seconds": round(summary["seconds"], 1),
         "loop_seconds": round(loop, 1),
         "tokens_per_s": round(summary["tokens"] / loop, 1) if loop else None,
+        "run_tokens_per_s": logged_tokens_per_s,
         "heldout_evaluations": len(valid),
         "resumed": bool(resumed),
         "final_loss": summary.get("final_loss"),
