@@ -13,11 +13,13 @@ directions over 200 calls, the best of three, 2 threads:
 
 Each result's largest difference from a float64 reference, relative to its largest value, is printed beside the time.
 Compiled once with ``torch.utils.cpp_extension.load_inline`` (a C++ compiler, as the native kernels). Printed first:
-``lscpu``'s model name and the ``torch.mm`` bf16/fp32 ratio. Run on a quiet machine: ``python bench/step_products.py``.
+``lscpu``'s model name and the ``torch.mm`` bf16/fp32 ratio. Run on a quiet machine:
+``python bench/step_products.py [--threads 2]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -101,8 +103,11 @@ SHAPES = [(32, 128, 2048), (32, 512, 128), (128, 128, 2048), (128, 512, 128), (7
 
 
 def main() -> None:
-    torch.set_num_threads(2)
-    rates = mm_rates(2)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rates = mm_rates(args.threads)
     print(f"CPU: {cpu_model()}; torch.mm bf16/fp32 at 2048²: {rates['mm_bf16_over_fp32']:.2f}", flush=True)
     ext = load_inline("elmokit_bench_step_products", cpp_sources=SOURCE, functions=["run"], extra_cflags=["-O3"])
     for n, k, cols in SHAPES:
