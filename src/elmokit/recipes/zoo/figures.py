@@ -95,18 +95,23 @@ def wikitext_sentences(path: str | os.PathLike) -> tuple[list[list[str]], dict]:
     return out, stats
 
 
-def valid_records(metrics: Path) -> list[dict]:
-    """The held-out evaluations (``"kind": "valid"`` records) of a run's ``metrics.jsonl``, in order (lines that are
-    not JSON, e.g. one cut by an interruption, are skipped)."""
+def _records(metrics: Path, kind: str) -> list[dict]:
+    """The ``"kind": kind`` records of a run's ``metrics.jsonl``, in order (lines that are not JSON, e.g. one cut by
+    an interruption, are skipped)."""
     rows = []
     for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             r = json.loads(line)
         except ValueError:
             continue
-        if r.get("kind") == "valid":
+        if r.get("kind") == kind:
             rows.append(r)
     return rows
+
+
+def valid_records(metrics: Path) -> list[dict]:
+    """The held-out evaluations (``"kind": "valid"`` records) of a run's ``metrics.jsonl``, in order."""
+    return _records(metrics, "valid")
 
 
 def modified_kneser_ney_5(train: list[list[str]], test: list[list[str]], vocab) -> dict:
@@ -172,14 +177,9 @@ def run_tokens_per_s(metrics: Path) -> float | None:
     """The mean of the ``tokens_per_s`` that a run's ``metrics.jsonl`` logged over its training steps (``"kind":
     "train"`` records, every session of a resumed run), or ``None`` where it logged none: the speed of a resumed build,
     whose last session may have trained no step at all."""
-    speeds = []
-    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if r.get("kind") == "train" and isinstance(r.get("tokens_per_s"), (int, float)):
-            speeds.append(float(r["tokens_per_s"]))
+    speeds = [
+        float(r["tokens_per_s"]) for r in _records(metrics, "train") if isinstance(r.get("tokens_per_s"), (int, float))
+    ]
     return round(sum(speeds) / len(speeds), 1) if speeds else None
 
 
