@@ -173,6 +173,39 @@ def test_token_encoder_inference_chunks_equal_one_piece(monkeypatch):
     assert encoder.projection.weight.grad is not None
 
 
+def test_token_encoder_under_bf16_training_pads_rows_and_drops_them(monkeypatch):
+    """In training under bf16 autocast the encoder runs on gemm_rows(U) rows (57 distinct tokens → 64: the first
+    token repeated): the vectors and the parameters' gradients equal the unpadded run's (``gemm_rows`` made the
+    identity) within bfloat16 rounding, and the encoder saw 64 rows."""
+    from elmokit import batch_to_ids
+    from elmokit.modules import token_encoder as module
+    from elmokit.modules.precision import autocast
+    from helpers import tiny_random_bilm
+
+    encoder = tiny_random_bilm(seed=3).token_encoder
+    ids = batch_to_ids([[f"w{i}" for i in range(37)], [f"x{i}" for i in range(20)]])
+    seen = []
+    encode = module.TokenEncoder.encode_unique
+    monkeypatch.setattr(
+        module.TokenEncoder, "encode_unique", lambda self, c: seen.append(c.shape[0]) or encode(self, c)
+    )
+
+    def run():
+        encoder.zero_grad()
+        with autocast("bf16", "cpu"):
+            out = encoder(ids)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        return [out.detach(), *(p.grad.clone() for p in encoder.parameters())]
+
+    padded = run()
+    monkeypatch.setattr(module, "gemm_rows", lambda n, dtype, device_type: n)
+    plain = run()
+    assert seen == [64, 57]
+    assert bool((padded[0][1, 20:] == 0).all())
+    for got, want in zip(padded, plain):
+        assert float((got - want).abs().max()) <= 2e-2 * float(want.abs().max())
+
+
 @pytest.mark.parametrize(
     "lengths", [[6, 5, 3, 0], [6, 6, 5, 5, 5, 4, 3, 3, 2, 1, 0], [6] * 12 + [5] * 12 + [3] * 8 + [2, 1, 0]]
 )

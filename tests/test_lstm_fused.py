@@ -103,12 +103,22 @@ def test_native_float32_equals_the_float64_reference():
 
 
 @needs_native
-def test_native_and_torch_paths_agree_in_bf16():
-    sizes = (8, 8, 6, 2)
-    a = _layer_args(h=32, p=16, sizes=sizes, b=8, dtype=torch.float32)
+@pytest.mark.parametrize(
+    "sizes, b, clips",
+    [
+        ((8, 8, 6, 2), 8, (1.0, 0.3)),
+        # bfloat16's per-step products run on row counts rounded up to 16: rows past n read the next step's rows
+        # (written again there) or unwritten ones, with the projection's output aliasing h_raw when it is not clipped
+        ((37, 37, 30, 17, 17, 5, 1), 40, (1.0, 0.3)),
+        ((37, 37, 30, 17, 17, 5, 1), 40, (1.0, 0.0)),
+        ((33, 16, 15), 33, (0.0, 0.0)),
+    ],
+)
+def test_native_and_torch_paths_agree_in_bf16(sizes, b, clips):
+    a = _layer_args(h=32, p=16, sizes=sizes, b=b, dtype=torch.float32)
     a["xw"] = a["xw"].detach().bfloat16().requires_grad_()
-    got = _grads(a, sizes, low=torch.bfloat16, use_native=True)
-    want = _grads(a, sizes, low=torch.bfloat16, use_native=False)
+    got = _grads(a, sizes, clips=clips, low=torch.bfloat16, use_native=True)
+    want = _grads(a, sizes, clips=clips, low=torch.bfloat16, use_native=False)
     assert got[3].dtype == torch.bfloat16  # the input product's gradient in its own dtype
     for g, w in zip(got, want):  # the same roundings but exp/tanh and sum orders: a few bfloat16 ulps
         assert _close(g, w, 2e-2)
@@ -236,6 +246,52 @@ def test_fused_layer_helper_folds_the_input_product():
         x, [3, 2], a["c0"], a["h0"], w_ih, a["bias"], a["w_hh"], a["w_proj"], 1.0, 0.3, low=torch.bfloat16
     )
     assert out16.dtype == torch.float32 and (out16 - out).abs().max() < 0.05
+
+
+@needs_native
+@pytest.mark.parametrize("clips", [(1.0, 0.3), (1.0, 0.0)])
+def test_fused_layer_on_padded_rows_in_bf16(monkeypatch, clips):
+    """Under bf16 the layer's products over all N positions run on gemm_rows(N) rows (N = 145 → 160: x padded with
+    zero rows, the kernels' buffers 160 rows): the outputs and the gradients of x, W_ih, the bias, the start state,
+    W_hh and W_proj equal the torch-op path's (which runs on the 145 positions) within bfloat16 rounding, and the
+    unpadded run's (``gemm_rows`` made the identity)."""
+    from elmokit.modules.precision import gemm_rows
+
+    sizes = (37, 37, 30, 17, 17, 5, 2)
+    n = sum(sizes)
+    assert gemm_rows(n, torch.bfloat16, "cpu") == 160
+    a = _layer_args(h=32, p=16, sizes=sizes, b=40, dtype=torch.float32)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, n, 24, generator=g)
+    w_ih = torch.randn(2, 24, 128, generator=g) / 24**0.5
+
+    def run(use_native: bool):
+        leaves = [
+            t.detach().clone().requires_grad_() for t in (x, w_ih, a["bias"], a["c0"], a["h0"], a["w_hh"], a["w_proj"])
+        ]
+        outs = fused_lstm_layer(
+            leaves[0],
+            list(sizes),
+            leaves[3],
+            leaves[4],
+            leaves[1],
+            leaves[2],
+            leaves[5],
+            leaves[6],
+            *clips,
+            low=torch.bfloat16,
+            use_native=use_native,
+        )
+        _loss(outs).backward()
+        assert outs[0].shape == (2, n, 16)
+        return [o.detach() for o in outs] + [t.grad for t in leaves]
+
+    padded_native, padded_torch = run(True), run(False)
+    monkeypatch.setattr(lstm_train, "gemm_rows", lambda rows, dtype, device_type: rows)
+    plain_native = run(True)
+    for got, torch_path, plain in zip(padded_native, padded_torch, plain_native):
+        assert _close(got, torch_path, 2e-2)
+        assert _close(got, plain, 2e-2)
 
 
 # ---------------------------------------------------------------------------------------------- trainer runs

@@ -439,3 +439,54 @@ def test_full_nll_training_path_under_bf16_autocast():
     # logits of size ≈ 4 (|h|·|w| over 16 dims): bf16 rounds each by ≈ 4 · 2⁻⁸ ≈ 0.016
     assert_close_to_scale(got, want, 0.03)
     assert_close_to_scale(gh, h.grad, 0.03, dim=1)
+
+
+def test_gemm_rows_hand_computed():
+    """bfloat16 on the CPU: multiples of 16 below 256 rows, then eight sizes an octave; anything else unchanged."""
+    from elmokit.modules.precision import gemm_rows
+
+    bf = torch.bfloat16
+    assert [gemm_rows(n, bf, "cpu") for n in (0, 1, 16, 17, 255)] == [0, 16, 16, 32, 256]
+    # 256 ≤ n < 512: multiples of 32; 8,730 (an octave from 8,192): multiples of 1,024
+    assert [gemm_rows(n, bf, "cpu") for n in (256, 257, 511, 8192, 8730, 16383)] == [256, 288, 512, 8192, 9216, 16384]
+    assert all(n <= gemm_rows(n, bf, "cpu") <= n * 1.125 for n in range(256, 5000))
+    assert gemm_rows(8730, torch.float32, "cpu") == 8730 and gemm_rows(8730, bf, "cuda") == 8730
+
+
+def test_fused_sampled_logsumexp_bf16_on_padded_rows(monkeypatch):
+    """Under bf16 autocast the products run on gemm_rows(N) = 320 rows for N = 300 (20 zero rows): the loss and the
+    gradients of h, W and b equal a float64 computation on the same bfloat16-rounded inputs within bfloat16's rounding
+    (relative to each tensor's largest value: ∂W sums 300 rows of both signs), and the unpadded products' results
+    (the padded rows add nothing; bit for bit where the GEMM's rounding does not depend on its row count)."""
+    from elmokit.modules import softmax
+    from elmokit.modules.precision import autocast, gemm_rows
+
+    torch.manual_seed(11)
+    V, D, N, S = 500, 16, 300, 96
+    assert gemm_rows(N, torch.bfloat16, "cpu") == 320
+    h = torch.randn(N, D).bfloat16().float()
+    w = (torch.randn(S, D) * 0.3).bfloat16().float()
+    b = torch.randn(S).bfloat16().float()
+    sampled = torch.randperm(V)[:S]
+    targets = torch.cat([sampled[:7], torch.randint(0, V, (N - 7,))])[torch.randperm(N)]
+    rows, cols = softmax._accidental_hits(targets, sampled, V)
+    weights = torch.randn(N)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+        with autocast("bf16", "cpu"):
+            out = softmax._SampledLogSumExp.apply(*leaves, rows, cols)
+        (out * weights).sum().backward()
+        return [out.detach().double(), *(t.grad.double() for t in leaves)]
+
+    padded = run()
+    monkeypatch.setattr(softmax, "gemm_rows", lambda n, dtype, device_type: n)
+    unpadded = run()
+    ref = [t.double().requires_grad_() for t in (h, w, b)]
+    logits = (ref[0] @ ref[1].t() + ref[2]).index_put((rows, cols), torch.tensor(-1e300, dtype=torch.float64))
+    want = torch.logsumexp(logits, dim=1)
+    (want * weights.double()).sum().backward()
+    for got, plain, reference in zip(padded, unpadded, [want.detach(), *(t.grad for t in ref)]):
+        scale = float(reference.abs().max())
+        assert float((got - reference).abs().max()) <= 2e-2 * scale
+        assert float((got - plain).abs().max()) <= 1e-2 * scale

@@ -35,8 +35,10 @@ bfloat16); the gates, the cell state, the clips, the bias and the carried gradie
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from elmokit.modules import native
+from elmokit.modules.precision import gemm_rows
 
 __all__ = ["FusedLSTMLayer", "fused_lstm_layer"]
 
@@ -176,8 +178,10 @@ class FusedLSTMLayer(torch.autograd.Function):
     ``forward(xw, bias, c0, h0, w_hh, w_proj, sizes, cell_clip, proj_clip, low, use_native)``:
 
     Args:
-        xw: (2, N, 4H) the input product x·W_ih **without** the bias, at the packed time-major positions (step s = the
-            next ``sizes[s]``), in ``low`` where given (its product dtype), else in the weights' dtype.
+        xw: (2, R, 4H) the input product x·W_ih **without** the bias, at the packed time-major positions (step s = the
+            next ``sizes[s]``), in ``low`` where given (its product dtype), else in the weights' dtype. R ≥ N = the
+            sum of ``sizes``: rows past N (:func:`~elmokit.modules.precision.gemm_rows` padding) are ignored, and
+            their gradient is zero.
         bias: (2, 4H) the bias with the forget bias 1.0 folded in (gate columns i, j, f, o).
         c0, h0: (2, B, H), (2, B, P) start state (float32, or float64 under gradcheck).
         w_hh: (2, P, 4H), w_proj: (2, H, P) the master weights.
@@ -192,6 +196,7 @@ class FusedLSTMLayer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, xw, bias, c0, h0, w_hh, w_proj, sizes, cell_clip, proj_clip, low, use_native):
+        n, rows = sum(sizes), xw.shape[1]  # rows > n: xw padded to gemm_rows(n) (see fused_lstm_layer)
         wdt = low if low is not None else w_hh.dtype
         if low is not None and proj_clip > 0:  # h_raw is clipped and masked in bfloat16: at the clip's bfloat16 value,
             proj_clip = float(torch.tensor(proj_clip).to(low))  # as torch.clamp on a bfloat16 tensor
@@ -205,16 +210,18 @@ class FusedLSTMLayer(torch.autograd.Function):
             result = list(ops.lstm_train_forward(*args)) if ops is not None else []
             if not result:  # no kernels here, another device or dtype, or a non-finite pre-activation
                 ops = None
-                result = _forward_torch(*args)
+                result = _forward_torch(xw[:, :n].contiguous(), *args[1:])  # on the n positions only
         out, final_c, final_h, gates, craw, m, hraw = result
         ctx.save_for_backward(gates, craw, m, hraw, out, args[2], args[3], w_hh_g, w_proj_g)
-        ctx.meta = (list(sizes), cell_clip, proj_clip, ops, xw.dtype, w_hh.dtype)
-        return out.to(c0.dtype), final_c, final_h
+        ctx.meta = (list(sizes), cell_clip, proj_clip, ops, xw.dtype, w_hh.dtype, n, rows)
+        return (out[:, :n] if out.shape[1] > n else out).to(c0.dtype), final_c, final_h
 
     @staticmethod
     def backward(ctx, dout, dfc, dfh):
         gates, craw, m, hraw, out, c0, h0, w_hh_g, w_proj_g = ctx.saved_tensors
-        sizes, cell_clip, proj_clip, ops, xw_dtype, w_dtype = ctx.meta
+        sizes, cell_clip, proj_clip, ops, xw_dtype, w_dtype, n, rows = ctx.meta
+        if out.shape[1] > n:  # the native kernels' buffers have xw's rows: dout padded with zero rows to match
+            dout = F.pad(dout, (0, 0, 0, out.shape[1] - n))
         grads = (dout.contiguous(), dfc.contiguous(), dfh.contiguous())
         args = (*grads, gates, craw, m, hraw, out, c0, h0, w_hh_g, w_proj_g, sizes, cell_clip, proj_clip)
         with torch.autocast(dout.device.type, enabled=False):
@@ -223,6 +230,8 @@ class FusedLSTMLayer(torch.autograd.Function):
             else:
                 dxw, dbias, dc0, dh0, dw_hh, dw_proj = _backward_torch(*args)
         dbias = dbias if ctx.needs_input_grad[1] else None
+        if dxw.shape[1] < rows:  # the torch-op path ran on the n positions: zeros for xw's padding rows
+            dxw = F.pad(dxw, (0, 0, 0, rows - dxw.shape[1]))
         return (dxw.to(xw_dtype), dbias, dc0, dh0, dw_hh.to(w_dtype), dw_proj.to(w_dtype), None, None, None, None, None)
 
 
@@ -254,7 +263,15 @@ def fused_lstm_layer(
         (out (2, N, P), final c (2, B, H), final h (2, B, P)) in the state's dtype (float32 under bf16 too).
     """
     with torch.autocast(x.device.type, enabled=False):
-        xw = _InputProduct.apply(x.to(low), w_ih.to(low)) if low is not None else _InputProduct.apply(x, w_ih)
+        if low is not None:
+            # the products over all N positions (x·W_ih, its backward's two, dW_hh and dW_proj in the kernels) on
+            # gemm_rows(N) rows: x padded with zero rows, so that oneDNN compiles their kernels for a few row counts
+            # rather than once a batch (the Function ignores the rows past N and sums them into the gradients as zeros)
+            xl = x.to(low)
+            rows = gemm_rows(x.shape[1], low, x.device.type)
+            xw = _InputProduct.apply(F.pad(xl, (0, 0, 0, rows - x.shape[1])) if rows > x.shape[1] else xl, w_ih.to(low))
+        else:
+            xw = _InputProduct.apply(x, w_ih)
         state_dtype = c.dtype if c.dtype not in (torch.bfloat16, torch.float16) else torch.float32
         return FusedLSTMLayer.apply(
             xw,

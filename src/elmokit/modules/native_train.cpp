@@ -152,6 +152,15 @@ __attribute__((noinline)) void dh_row(const float* __restrict dout, const T* __r
   }
 }
 
+// rows of one per-step product: n for float32; for bfloat16, n rounded up to a multiple of 16 within `limit` rows of
+// the operands. oneDNN (torch's bfloat16 GEMM) JIT-compiles a kernel for every new row count, about 2 ms each (issue
+// 40: the first 8 steps of the zoo recipe's bf16 run took 0.92 s each against 0.65 s for the same 8 batches again);
+// 16-row multiples leave at most 8 shapes a product at 128 sentences, and AMX tiles are 16 rows, so the extra rows
+// cost little. Each output row depends only on its own input row: the rows past n hold garbage that nothing reads.
+inline int64_t gemm_rows(int64_t n, int64_t limit, bool bf16) {
+  return bf16 ? std::min(limit, (n + 15) / 16 * 16) : n;
+}
+
 // rows of one step: 2·n (direction, row) pairs split over torch's threads
 template <typename F>
 void for_rows(int64_t n, int64_t width, const F& body) {
@@ -177,6 +186,7 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xw, const at::Tensor& bia
   at::Tensor h0g = h0.to(w_hh.scalar_type()).contiguous();
   at::Tensor final_c = c0.clone();
   at::Tensor final_h = h0.clone();
+  const bool bf = w_hh.scalar_type() == at::kBFloat16;
   const T* xwp = xw.data_ptr<T>();
   const float* bp = bias.data_ptr<float>();
   const float* c0p = c0.data_ptr<float>();
@@ -187,12 +197,18 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xw, const at::Tensor& bia
   T* hrp = hraw.data_ptr<T>();
   T* outp = out.data_ptr<T>();
   std::vector<int> bad(2 * B + 1, 0);
+  // N may exceed the positions (the input product run on gemm_rows rows in bfloat16): the rows past them are never
+  // computed; m's are zeroed, as the backward's dW_proj sums over all N rows
+  int64_t positions = 0;
+  for (int64_t s = 0; s < S; ++s) positions += sizes[s];
+  if (positions < N) m.narrow(1, positions, N - positions).zero_();
   int64_t off = 0, off_prev = 0;
   for (int64_t s = 0; s < S; ++s) {
     const int64_t n = sizes[s];
     {  // both directions in one batched product (one call: half the per-call overhead of two)
-      at::Tensor r = rec.narrow(1, 0, n);
-      at::bmm_out(r, s == 0 ? h0g.narrow(1, 0, n) : out.narrow(1, off_prev, n), w_hh);
+      const int64_t nr = gemm_rows(n, s == 0 ? B : std::min(B, N - off_prev), bf);
+      at::Tensor r = rec.narrow(1, 0, nr);
+      at::bmm_out(r, s == 0 ? h0g.narrow(1, 0, nr) : out.narrow(1, off_prev, nr), w_hh);
     }
     for_rows(n, G, [&](int64_t d, int64_t r) {
       const float* cp = s == 0 ? c0p + (d * B + r) * H : crp + (d * N + off_prev + r) * H;
@@ -201,9 +217,10 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xw, const at::Tensor& bia
                          mp + row * H, H, cc))
         bad[d * B + r] = 1;
     });
-    {
-      at::Tensor hr = hraw.narrow(1, off, n);
-      at::bmm_out(hr, m.narrow(1, off, n), w_proj);
+    {  // the rows past n are the next step's, written again there
+      const int64_t nr = gemm_rows(n, N - off, bf);
+      at::Tensor hr = hraw.narrow(1, off, nr);
+      at::bmm_out(hr, m.narrow(1, off, nr), w_proj);
     }
     if (pc > 0) {
       at::parallel_for(0, 2 * n, 16, [&](int64_t a, int64_t b) {
@@ -257,8 +274,13 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dout, const at::Tensor& 
   at::Tensor dm = at::empty({2, B, H}, tg);
   at::Tensor dhrec = at::empty({2, B, P}, tg);
   at::Tensor dc = dfc.clone();
+  const bool bf = w_hh.scalar_type() == at::kBFloat16;
   std::vector<int64_t> offs(S + 1, 0);
   for (int64_t s = 0; s < S; ++s) offs[s + 1] = offs[s] + sizes[s];
+  if (offs[S] < N) {  // rows past the positions (see forward_impl): zeros in the weight gradients' sums
+    dzg.narrow(1, offs[S], N - offs[S]).zero_();
+    dhraw.narrow(1, offs[S], N - offs[S]).zero_();
+  }
   const float* doutp = dout.data_ptr<float>();
   const float* dfhp = dfh.data_ptr<float>();
   const float* gp = gates.data_ptr<float>();
@@ -281,9 +303,10 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dout, const at::Tensor& 
                   dhrp + base, P, pc);
       }
     });
+    const int64_t nr = gemm_rows(n, std::min(B, N - off), bf);
     {
-      at::Tensor dmd = dm.narrow(1, 0, n);
-      at::bmm_out(dmd, dhraw.narrow(1, off, n), w_proj_t);
+      at::Tensor dmd = dm.narrow(1, 0, nr);
+      at::bmm_out(dmd, dhraw.narrow(1, off, nr), w_proj_t);
     }
     for_rows(n, G, [&](int64_t d, int64_t r) {
       const int64_t row = d * N + off + r;
@@ -292,8 +315,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dout, const at::Tensor& 
                       dzgp + row * G, accp + (at::get_thread_num() * 2 + d) * G, H, cc);
     });
     {
-      at::Tensor dhd = dhrec.narrow(1, 0, n);
-      at::bmm_out(dhd, dzg.narrow(1, off, n), w_hh_t);
+      at::Tensor dhd = dhrec.narrow(1, 0, nr);
+      at::bmm_out(dhd, dzg.narrow(1, off, nr), w_hh_t);
     }
     n_next = n;
   }
@@ -303,6 +326,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dout, const at::Tensor& 
   // transposed, (2, P, N) contiguous: the product then reads both operands along N in memory order (a transposed
   // view as its first operand ran at half the rate)
   at::Tensor hprev_t = at::empty({2, P, N}, tg);
+  if (offs[S] < N) hprev_t.narrow(2, offs[S], N - offs[S]).zero_();
   at::Tensor h0g = h0.to(w_hh.scalar_type()).contiguous();
   const T* h0p = h0g.data_ptr<T>();
   const T* outp = out.data_ptr<T>();
@@ -335,7 +359,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dout, const at::Tensor& 
 
 // xw (2, N, 4H) float32 or bfloat16 (the input product, without the bias); bias (2, 4H) float32 (forget bias
 // folded); c0 (2, B, H), h0 (2, B, P) float32; w_hh (2, P, 4H), w_proj (2, H, P) in the product dtype (float32 or
-// bfloat16, the same as xw); sizes: running rows per step (> 0, non-increasing) → [out (2, N, P) product dtype,
+// bfloat16, the same as xw); sizes: running rows per step (> 0, non-increasing; their sum may be below N, the rows
+// past it then ignored, and zeros in the backward's weight gradients) → [out (2, N, P) product dtype,
 // final_c, final_h float32, saved: gates (2, N, 4H) float32 (σ(i), tanh(j), σ(f), σ(o)), c_raw (2, N, H) float32,
 // m (2, N, H), h_raw (2, N, P) product dtype], or nothing when a pre-activation is inf or NaN.
 std::vector<at::Tensor> lstm_train_forward(const at::Tensor& xw, const at::Tensor& bias, const at::Tensor& c0,

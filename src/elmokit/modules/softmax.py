@@ -32,7 +32,7 @@ from torch import nn
 from elmokit.checks import check_int, is_int, positive_int
 from elmokit.errors import ConfigError, InputError, InputTypeError, UsageError
 from elmokit.modules import native
-from elmokit.modules.precision import low_precision_dtype
+from elmokit.modules.precision import gemm_rows, low_precision_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +76,10 @@ class _SampledLogSumExp(torch.autograd.Function):
     Equal to the composed ops up to float rounding (``tests/test_softmax.py``). Once differentiable (the saved buffer
     is consumed by the backward).
 
-    Under bf16 autocast the GEMMs take bfloat16 copies of h and Wₛ, the softmax of each block is computed in float32
-    and kept in bfloat16 (the backward's GEMMs take bfloat16 anyway), so no (N, S) float32 buffer is made or cast.
+    Under bf16 autocast the GEMMs take bfloat16 copies of h and Wₛ, on :func:`~elmokit.modules.precision.gemm_rows` rows
+    (h padded with zero rows: on the CPU oneDNN then compiles kernels for a few row counts, not one a batch), the
+    softmax of each block is computed in float32 and kept in bfloat16 (the backward's GEMMs take bfloat16 anyway), so no
+    (N, S) float32 buffer is made or cast.
 
     On the CPU with the native kernels (:func:`elmokit.modules.native.softmax_ops`) the softmax of each row runs as
     one fused pass over the row (``native_softmax.cpp``: its float32 copy, the hits, max, exp, sum, the division and
@@ -94,14 +96,20 @@ class _SampledLogSumExp(torch.autograd.Function):
             if low is not None:
                 h1, w1 = h1.to(low), w1.to(low)
             n, s = h1.shape[0], w1.shape[0]
+            # the products run on gemm_rows(n) rows (a few sizes in bfloat16 on the CPU, so that oneDNN compiles their
+            # kernels once): zero rows of (h | 1) past n, whose logits are exact zeros, summed into ∂W as zeros
+            rows = gemm_rows(n, h1.dtype, h1.device.type)
+            if rows > n:
+                h1 = F.pad(h1, (0, 0, 0, rows - n))
             # (N, S) float32, or bfloat16 under bf16: all rows' logits in one product, so that a row's logits do not
             # depend on the block it falls in (a GEMM's blocking, and so its rounding, changes with its row count:
             # 16 rows against 53 differed on AMD EPYC's kernels)
-            probs = torch.mm(h1, w1.t())
+            logits = torch.mm(h1, w1.t())
+            probs = logits[:n]  # the first n rows: contiguous
             ops = _native_rows(h1, w1)
             if ops is not None:  # one fused pass per row (native_softmax.cpp): the same steps as the blocks below
                 lse = ops.softmax_rows_(probs, hit_rows.contiguous(), hit_cols.contiguous())
-                ctx.save_for_backward(h1, w1, probs)
+                ctx.save_for_backward(h1, w1, logits)
                 ctx.dtypes = (h.dtype, w.dtype, b.dtype)
                 return lse
             lse = torch.empty(n, dtype=torch.float32, device=h1.device)
@@ -125,19 +133,22 @@ class _SampledLogSumExp(torch.autograd.Function):
                 if low is not None:
                     probs[r0:r1].copy_(x)
                 lse[r0:r1] = (total.log_() + top).squeeze(1)
-        ctx.save_for_backward(h1, w1, probs)
+        ctx.save_for_backward(h1, w1, logits)
         ctx.dtypes = (h.dtype, w.dtype, b.dtype)
         return lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        h1, w1, probs = ctx.saved_tensors
+        h1, w1, probs = ctx.saved_tensors  # (R, D + 1), (S, D + 1), (R, S): R = gemm_rows(N) ≥ N rows, zeros past N
         h_dtype, w_dtype, b_dtype = ctx.dtypes
+        n = grad.shape[0]
         # ∂lse/∂logits · grad = diag(grad)·P: the row scale goes to the (N, D) side of each product, not over the
         # (N, S) probabilities (one pass over them fewer): ∂h = grad ⊙ (P·Wₛ), ∂(Wₛ | bₛ) = Pᵀ·(grad ⊙ (h | 1))
-        scale = grad.float().unsqueeze(1)  # (N, 1)
-        grad_h = (torch.mm(probs, w1[:, :-1]).float() * scale).to(h_dtype) if ctx.needs_input_grad[0] else None
+        scale = F.pad(grad.float(), (0, h1.shape[0] - n)).unsqueeze(1)  # (R, 1), zeros past N
+        grad_h = None
+        if ctx.needs_input_grad[0]:
+            grad_h = (torch.mm(probs, w1[:, :-1])[:n].float() * scale[:n]).to(h_dtype)
         grad_w = grad_b = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             # (D + 1, N)·(N, S), then transposed: the small operand is copied transposed rather than the GEMM reading

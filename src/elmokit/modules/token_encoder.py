@@ -12,6 +12,7 @@ from elmokit.modules import invariant
 from elmokit.modules.char_cnn import CharCNN
 from elmokit.modules.derived import DerivedWeights
 from elmokit.modules.highway import Highway
+from elmokit.modules.precision import gemm_rows, low_precision_dtype
 from elmokit.modules.unique_rows import unique_rows
 
 __all__ = ["TokenEncoder"]
@@ -65,6 +66,18 @@ class TokenEncoder(nn.Module):
         chars = self.highway(self.char_cnn(char_ids[:, :-1]))
         return self._project(torch.cat([self.word_embedding(char_ids[:, -1]), chars], dim=-1))
 
+    def _encode_unique_padded(self, unique: torch.Tensor) -> torch.Tensor:
+        """:meth:`encode_unique` of (U, C) ids → (U, P). In training under bf16 autocast on the CPU the encoder runs
+        on :func:`~elmokit.modules.precision.gemm_rows` (U) rows, the first token repeated past U and its copies'
+        vectors dropped (no gradient reaches them): the char CNN's and highway's products then come in a few row
+        counts, whose oneDNN kernels are compiled once, rather than in new ones every batch (issue 40)."""
+        n = unique.shape[0]
+        low = low_precision_dtype(unique.device.type) if torch.is_grad_enabled() else None
+        rows = gemm_rows(n, low, unique.device.type) if low is not None else n
+        if rows == n:
+            return self.encode_unique(unique)
+        return self.encode_unique(torch.cat([unique, unique[:1].expand(rows - n, -1)]))[:n]
+
     def _project(self, z: torch.Tensor) -> torch.Tensor:
         """The projection (N, F) → (N, P): by the batch-invariant kernel where it runs
         (:mod:`elmokit.modules.invariant`; weights packed once, cached), else ``nn.Linear``."""
@@ -92,7 +105,7 @@ class TokenEncoder(nn.Module):
             # a very long input (e.g. one 10,000-token sentence): bound the highway/projection activations
             encoded = torch.cat([self.encode_unique(part) for part in unique.split(self.inference_chunk)], dim=0)
         else:
-            encoded = self.encode_unique(unique)
+            encoded = self._encode_unique_padded(unique)
         # float32 out even under bf16 autocast (the projection's product is then bfloat16): the LSTMs take float32
         out = out.index_put((real.nonzero().squeeze(1),), encoded[inverse].to(out.dtype))
         return out.view(b, t, self.output_dim)
