@@ -17,14 +17,18 @@ per-step training loss and gradient norm. Where ``torch`` and ``torch, shifted``
 check after equal steps cannot tell the code apart from the masks: bilm-tf's settings (Adagrad, early loss spikes)
 are chaotic in their first steps.
 
-Run: ``python bench/dropout_masks.py [--workload bilm-tf] [--steps 8] [--warmup 2]``. No timing: the machine need
-not be quiet. The last line is one JSON object.
+``--shifts K`` runs K shifted variants of each family (1 … K draws: K + 1 seeds a family) and prints each family's mean
+and standard deviation: the fair comparison of the two kinds of mask.
+
+Run: ``python bench/dropout_masks.py [--workload bilm-tf] [--steps 8] [--warmup 2] [--shifts 1]``. No timing: the
+machine need not be quiet. The last line is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -47,20 +51,25 @@ def _torch_dropout(x, p, training=True):
     return F.dropout(x, p, training)
 
 
-def _shifted(fn):
+def _shifted(fn, draws: int = 1):
     def shifted(x, p, training=True):
-        torch.rand(1)  # one draw from the default generator: the masks that follow are others
+        torch.rand(draws)  # draws from the default generator: the masks that follow are others
         return fn(x, p, training)
 
     return shifted
 
 
-VARIANTS = {
-    "torch": _torch_dropout,
-    "torch, shifted": _shifted(_torch_dropout),
-    "hashed": hashed_dropout,
-    "hashed, shifted": _shifted(hashed_dropout),
-}
+def variants(shifts: int) -> dict:
+    """{name: dropout}: ``torch`` and ``hashed``, each also shifted by 1 … ``shifts`` draws before every call."""
+    out = {}
+    for family, fn in (("torch", _torch_dropout), ("hashed", hashed_dropout)):
+        out[family] = fn
+        for k in range(1, shifts + 1):
+            out[f"{family}, shifted" + ("" if k == 1 else f" {k}")] = _shifted(fn, k)
+    return out
+
+
+VARIANTS = variants(1)
 
 
 def run(workload: str, variant: str, steps: int, work: Path) -> dict:
@@ -90,7 +99,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--held-out", type=int, default=300)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shifts", type=int, default=1, help="shifted variants per family (masks of other seeds)")
     args = ap.parse_args()
+    VARIANTS.clear()
+    VARIANTS.update(variants(args.shifts))
     torch.set_num_threads(args.threads)
     keep_freed_memory()
     steps = args.warmup + args.steps * (4 if args.workload == "quickstart" else 1)
@@ -109,7 +121,14 @@ def main() -> None:
     base = results["torch"]["perplexity"]
     for variant, r in results.items():
         print(f"  {variant}: {r['perplexity'] / base:.3f} × torch's")
-    print(json.dumps({"workload": args.workload, "steps": steps, "results": results}))
+    families = {}
+    for family in ("torch", "hashed"):
+        values = [r["perplexity"] for v, r in results.items() if v.split(",")[0] == family]
+        mean, sd = statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+        families[family] = {"mean": mean, "sd": sd}
+        print(f"  {family} masks ({len(values)} seeds): {mean:,.2f} ± {sd:,.2f}")
+    print(f"  hashed / torch, means: {families['hashed']['mean'] / families['torch']['mean']:.3f}")
+    print(json.dumps({"workload": args.workload, "steps": steps, "results": results, "families": families}))
 
 
 if __name__ == "__main__":

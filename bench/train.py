@@ -12,19 +12,21 @@ precision (so that each imports its own ``elmokit`` and its peak RSS is its own)
   utilisation against a ``torch.mm`` rate measured in the same run (146 MFLOP per token, forward + backward of the
   small configuration, each token embedded once, as the speed issue counts it).
 
-Each child trains ``--warmup`` steps, then times the next ``--steps`` by calling the trainer's own ``train_step`` (what
-``Trainer.train`` runs each step) on ``next_batch()``, then measures the **held-out perplexity** (full softmax, zero
-state per sentence) on text kept out of training (the last ``--held-out`` lines of the WikiText-2 text; the Lee
-corpus's test split for the quickstart). Both trees draw the same batches (same seed, same data code), so the ratio of
-tokens/s is the ratio of seconds per step, and the perplexities are after equal steps. The variants of a workload run
-alternating (reference fp32, this fp32, this bf16, then again) so that a change in the machine's load shows as a
-spread between the repeats; each figure is the faster repeat. The reference is a git worktree of ``--reference``
-(default ``bb33407``) made in a temporary folder.
+Each child trains ``--warmup`` steps (default 30: steady state; under bf16, oneDNN compiles a kernel the first time a
+product meets a shape, and the padded row counts of :func:`elmokit.modules.precision.gemm_rows` are all met only after
+some tens of batches of varying size — as in every long run), then times the next ``--steps`` by calling the trainer's
+own ``train_step`` (what ``Trainer.train`` runs each step) on ``next_batch()``, then measures the **held-out
+perplexity** (full softmax, zero state per sentence) on text kept out of training (the last ``--held-out`` lines of the
+WikiText-2 text; the Lee corpus's test split for the quickstart). Both trees draw the same batches (same seed, same data
+code), so the ratio of tokens/s is the ratio of seconds per step, and the perplexities are after equal steps. The
+variants of a workload run alternating (reference fp32, this fp32, this bf16, then again) so that a change in the
+machine's load shows as a spread between the repeats; each figure is the faster repeat. The reference is a git worktree
+of ``--reference`` (default ``bb33407``) made in a temporary folder.
 
 Printed with the figures: ``lscpu``'s model name and the ``torch.mm`` bf16/fp32 rate ratio at 2048² (machines of this
 kind are Intel with AMX, ≈ 4.9, or AMD EPYC with AVX512-BF16 and no AMX, ≈ 2.4).
 
-Run: ``python bench/train.py [--steps 8] [--warmup 2] [--repeats 2] [--workloads zoo,quickstart,bilm-tf]
+Run: ``python bench/train.py [--steps 8] [--warmup 30] [--repeats 2] [--workloads zoo,quickstart,bilm-tf]
 [--reference bb33407]``. Benchmark on a quiet machine (another process on the 2 cores makes 2-thread torch several
 times slower). The last line is one JSON object.
 """
@@ -162,7 +164,7 @@ def child(args: argparse.Namespace) -> None:
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=8, help="timed steps per child (the quickstart: 4 times as many)")
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=30, help="untimed steps first (steady state)")
     ap.add_argument("--repeats", type=int, default=2, help="alternating repeats of each variant")
     ap.add_argument("--held-out", type=int, default=300, help="WikiText-2 lines kept out of training")
     ap.add_argument("--threads", type=int, default=2)
