@@ -101,6 +101,8 @@ SOURCE = Path(__file__).with_name("native_kernels.cpp")
 TRAIN_SOURCE = Path(__file__).with_name("native_train.cpp")
 #: the sampled softmax's fused rows (:class:`elmokit.modules.softmax.SoftmaxLM`'s training loss), same extension
 SOFTMAX_SOURCE = Path(__file__).with_name("native_softmax.cpp")
+#: the bfloat16 loads and stores both of those include (part of the build's digest)
+BF16_HEADER = Path(__file__).with_name("native_bf16.h")
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"] + (
     ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else []
 )
@@ -147,7 +149,7 @@ def build_name() -> str:
     """The extension's name: ``elmokit_native_`` + a digest of source, flags, CPU and environment (see the module
     docstring: one build per environment)."""
     digest = hashlib.sha256()
-    parts = [SOURCE.read_bytes(), TRAIN_SOURCE.read_bytes(), SOFTMAX_SOURCE.read_bytes()]
+    parts = [SOURCE.read_bytes(), TRAIN_SOURCE.read_bytes(), SOFTMAX_SOURCE.read_bytes(), BF16_HEADER.read_bytes()]
     parts += [" ".join(FLAGS).encode(), _cpu_identity().encode()]
     parts += [p.encode() for p in _environment_identity()]
     for part in parts:

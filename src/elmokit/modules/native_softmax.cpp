@@ -18,22 +18,12 @@
 #include <cstring>
 #include <vector>
 
+#include "native_bf16.h"
+
 namespace {
 
-inline float ld(const float* p, int64_t i) { return p[i]; }
-inline float ld(const c10::BFloat16* p, int64_t i) {
-  uint32_t u = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline void st(float* p, int64_t i, float v) { p[i] = v; }
-inline void st(c10::BFloat16* p, int64_t i, float v) {  // round to nearest even (finite values)
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(u >> 16);
-}
+using elmokit_native::ld;
+using elmokit_native::st;
 
 // one row: x (S) in T → its probabilities in place, returns log Σ exp; `buf` (S floats) is the row in float32
 template <typename T>

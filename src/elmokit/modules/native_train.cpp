@@ -28,6 +28,8 @@
 #include <cstring>
 #include <vector>
 
+#include "native_bf16.h"
+
 namespace {
 
 inline float sig(float x) {
@@ -48,20 +50,9 @@ inline uint32_t bits(float f) {
   return u;
 }
 
-// load/store of the product dtype: float32, or bfloat16 (round to nearest even, finite values)
-inline float ld(const float* p, int64_t i) { return p[i]; }
-inline float ld(const c10::BFloat16* p, int64_t i) {
-  uint32_t u = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline void st(float* p, int64_t i, float v) { p[i] = v; }
-inline void st(c10::BFloat16* p, int64_t i, float v) {
-  uint32_t u = bits(v);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(u >> 16);
-}
+// load/store of the product dtype (native_bf16.h)
+using elmokit_native::ld;
+using elmokit_native::st;
 
 inline float clip(float x, float c) { return c > 0 ? fminf(fmaxf(x, -c), c) : x; }
 
