@@ -211,6 +211,34 @@ def test_the_handler_raises_only_inside_the_block():
     interrupts.clear()
 
 
+def test_a_signal_an_earlier_block_recorded_does_not_stop_a_later_library_training(tmp_path):
+    """The bug (a test order of CI's): an in-process CLI call interrupted by SIGINT left the signal recorded; a later
+    ``Trainer.train`` in the same process, outside any block, read it after its first step and raised
+    ``KeyboardInterrupt``. Only a signal still handled (inside a block, or process-wide) is pending."""
+    from elmokit.config import elmo_tiny
+    from elmokit.pretraining.trainer import TrainConfig, Trainer
+
+    with pytest.raises(KeyboardInterrupt), interrupts.handling_signals():
+        signal.raise_signal(signal.SIGINT)
+    try:
+        assert interrupts.requested() and not interrupts.pending()  # recorded, no longer to be acted on
+        corpus = tmp_path / "c.txt"
+        corpus.write_text("the river bank .\nthe money bank .\n" * 4)
+        config = TrainConfig(
+            train_files=[str(corpus)],
+            out_dir=str(tmp_path / "run"),
+            model=elmo_tiny().to_options(),
+            batch_size=4,
+            n_negative_samples=0,
+            max_steps=3,
+            progress=False,
+        )
+        Trainer(config).train()
+        assert json.loads((tmp_path / "run" / "checkpoint.json").read_text())["step"] == 3
+    finally:
+        interrupts.clear()
+
+
 def test_a_signal_as_a_temporary_file_is_created_leaves_no_file(tmp_path, monkeypatch):
     # found by the many-points test (embed signalled as part 0 was done, under ATEN_CPU_CAPABILITY=default): the
     # interrupt landed between mkstemp and atomic_path's try, and part 1's temporary stayed in the parts folder

@@ -36,6 +36,7 @@ __all__ = [
     "deferred",
     "shielded",
     "check",
+    "pending",
     "requested",
     "clear",
     "signal_name",
@@ -217,8 +218,17 @@ def check() -> None:
 
 
 def requested() -> bool:
-    """Whether Ctrl-C or SIGTERM was received since the handler was installed."""
+    """Whether Ctrl-C or SIGTERM was received since the handler was installed (also after its block ended: the CLI
+    asks once the command returned)."""
     return bool(_received)
+
+
+def pending() -> bool:
+    """Whether a signal was received and is still to be acted on (:func:`_handled`): what a long loop asks between
+    its units of work (the trainer after each step). A signal that an earlier, finished in-process block recorded (a
+    test or notebook calling the CLI's ``main``) is not pending for a later library call, which Python's own handler
+    interrupts as usual."""
+    return bool(_received) and _handled()
 
 
 def signal_name() -> str | None:

@@ -278,7 +278,7 @@ class Trainer(StepMixin, HeldoutMixin, ResumeMixin):
         first two, any process's signal the third; one collective shares them."""
         main = self.dist.is_main
         flags = self.dist.all_reduce(
-            [main and self._checkpoint_time_due(), main and self._valid_time_due(), interrupts.requested()], op="max"
+            [main and self._checkpoint_time_due(), main and self._valid_time_due(), interrupts.pending()], op="max"
         )
         return bool(flags[0]), bool(flags[1]), bool(flags[2])
 
