@@ -215,25 +215,14 @@ def test_a_signal_an_earlier_block_recorded_does_not_stop_a_later_library_traini
     """The bug (a test order of CI's): an in-process CLI call interrupted by SIGINT left the signal recorded; a later
     ``Trainer.train`` in the same process, outside any block, read it after its first step and raised
     ``KeyboardInterrupt``. Only a signal still handled (inside a block, or process-wide) is pending."""
-    from elmokit.config import elmo_tiny
-    from elmokit.pretraining.trainer import TrainConfig, Trainer
+    from elmokit.pretraining.trainer import Trainer
+    from helpers import tiny_window_config, write_tiny_corpus
 
     with pytest.raises(KeyboardInterrupt), interrupts.handling_signals():
         signal.raise_signal(signal.SIGINT)
     try:
         assert interrupts.requested() and not interrupts.pending()  # recorded, no longer to be acted on
-        corpus = tmp_path / "c.txt"
-        corpus.write_text("the river bank .\nthe money bank .\n" * 4)
-        config = TrainConfig(
-            train_files=[str(corpus)],
-            out_dir=str(tmp_path / "run"),
-            model=elmo_tiny().to_options(),
-            batch_size=4,
-            n_negative_samples=0,
-            max_steps=3,
-            progress=False,
-        )
-        Trainer(config).train()
+        Trainer(tiny_window_config(write_tiny_corpus(tmp_path), tmp_path / "run", max_steps=3)).train()
         assert json.loads((tmp_path / "run" / "checkpoint.json").read_text())["step"] == 3
     finally:
         interrupts.clear()
