@@ -131,6 +131,98 @@ def test_lstm_step_equals_cell_equations_in_place_and_with_autograd():
     assert torch.allclose(xg.grad, xr.grad, atol=1e-5)
 
 
+def _highway_by_hand(hw, x: torch.Tensor) -> torch.Tensor:
+    """bilm-tf's highway written out: t = σ(x·W_gᵀ + b_g), x ← t·relu(x·W_hᵀ + b_h) + (1 − t)·x, layer by layer."""
+    for transform, gate in zip(hw.transforms, hw.gates):
+        t = torch.sigmoid(x @ gate.weight.t() + gate.bias)
+        x = t * torch.relu(x @ transform.weight.t() + transform.bias) + (1.0 - t) * x
+    return x
+
+
+def _highway_grads(hw, x: torch.Tensor, forward, weights: torch.Tensor, precision: str = "fp32") -> list[torch.Tensor]:
+    """[y, dx, every parameter's gradient] of Σ forward(x)·weights, in float64 for comparison."""
+    hw.zero_grad()
+    leaf = x.detach().clone().requires_grad_()
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else torch.autocast("cpu", enabled=False)
+    with ctx:
+        y = forward(leaf)
+    (y.to(weights.dtype) * weights).sum().backward()
+    return [y.detach().double(), leaf.grad.double()] + [p.grad.double() for p in hw.parameters()]
+
+
+def test_highway_training_layer_equals_the_formula_values_and_gradients():
+    """With autograd (training), float32: the fused layer (one GEMM into [transform | gate], the native passes) gives
+    the formula's values and gradients (x and all four parameters of both layers) to float32 rounding."""
+    from elmokit.modules import native
+    from elmokit.modules.highway import Highway
+
+    torch.manual_seed(0)
+    hw = Highway(48, 2)
+    x, weights = torch.randn(37, 48), torch.randn(37, 48)
+    ops, dtype = hw._train_ops(x)
+    assert dtype == torch.float32 and (ops is not None) == (native.train_ops() is not None)
+    fused = _highway_grads(hw, x, hw, weights)
+    by_hand = _highway_grads(hw, x, lambda v: _highway_by_hand(hw, v), weights)
+    assert_close_to_scale(fused[0], by_hand[0], 1e-6)
+    for got, expected in zip(fused[1:], by_hand[1:]):  # gradients: sums over rows
+        assert_close_to_scale(got, expected, 1e-5)
+
+
+def test_highway_training_layer_gradcheck_float64():
+    """The layer's backward formulas (the torch-op form of the native passes) pass a float64 gradcheck."""
+    from elmokit.modules.highway import _HighwayTrainLayer
+
+    torch.manual_seed(1)
+    x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    params = [torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in ((5, 5), (5,), (5, 5), (5,))]
+    with torch.no_grad():
+        params[1].abs_().add_(0.1)  # most relu inputs away from the kink at 0
+    assert torch.autograd.gradcheck(lambda *a: _HighwayTrainLayer.apply(*a, torch.float64, None), (x, *params))
+
+
+def test_highway_training_under_bf16_is_closer_to_float64_than_the_bf16_linears(monkeypatch):
+    """bf16 autocast: the fused layer's gates and carry are float32 (only the products bfloat16), so its values and
+    gradients are at least as close to a float64 run as the two autocast ``nn.Linear`` calls with bfloat16 gates."""
+    from elmokit.modules.highway import Highway
+
+    torch.manual_seed(0)
+    hw = Highway(64, 2)
+    x, weights = torch.randn(97, 64), torch.randn(97, 64)
+    fused = _highway_grads(hw, x, hw, weights, "bf16")
+    exact = _highway_grads(hw.double(), x.double(), lambda v: _highway_by_hand(hw, v), weights.double())
+    hw.float()
+    monkeypatch.setattr(hw, "_train_ops", lambda x: (None, torch.float32))
+    linears = _highway_grads(hw, x, hw, weights, "bf16")
+    for got, old, expected in zip(fused, linears, exact):
+        scale = float(expected.abs().max())
+        assert float((got - expected).abs().max()) <= max(float((old - expected).abs().max()), 1e-2 * scale)
+    assert_close_to_scale(fused[0], exact[0], 1e-2)
+
+
+def test_highway_training_fallbacks_give_the_formula(monkeypatch):
+    """Without the kernels (``ELMOKIT_NATIVE=0``): the nn.Linear calls; with a NaN in x (the kernel assumes finite
+    values): the layer's torch-op form. Both give the formula's values (NaN in that row only) and gradients."""
+    from elmokit.modules import highway as highway_module
+
+    torch.manual_seed(2)
+    hw = highway_module.Highway(32, 1)
+    x, weights = torch.randn(9, 32), torch.randn(9, 32)
+    x[4, 7] = float("nan")
+    fused = _highway_grads(hw, x, hw, weights)
+    by_hand = _highway_grads(hw, x, lambda v: _highway_by_hand(hw, v), weights)
+    assert bool(torch.isnan(fused[0][4]).all()) and not bool(torch.isnan(fused[0][torch.arange(9) != 4]).any())
+    for got, expected in zip(fused[:2], by_hand[:2]):
+        finite = ~torch.isnan(expected)
+        assert torch.equal(finite, ~torch.isnan(got))
+        assert_close_to_scale(got[finite], expected[finite], 1e-5)
+    monkeypatch.setattr(highway_module.native, "train_ops", lambda: None)
+    assert hw._train_ops(x) == (None, torch.float32)
+    x[4, 7] = 0.5
+    plain = _highway_grads(hw, x, hw, weights)
+    for got, expected in zip(plain, _highway_grads(hw, x, lambda v: _highway_by_hand(hw, v), weights)):
+        assert_close_to_scale(got, expected, 1e-5)
+
+
 def test_fused_highway_equals_two_linears_and_follows_weight_changes():
     """Inference runs each highway layer as one cached (F, 2F) GEMM; it equals the autograd path and is remade when a
     weight changes in place (load_state_dict, an optimiser step)."""
@@ -141,13 +233,13 @@ def test_fused_highway_equals_two_linears_and_follows_weight_changes():
     x = torch.randn(5, 16)
     with torch.no_grad():
         fused = hw(x)
-    reference = hw(x.requires_grad_(True)).detach()  # the nn.Linear path (autograd on)
+    reference = _highway_by_hand(hw, x).detach()
     assert_close_to_scale(fused, reference, 1e-6)
     with torch.no_grad():
         hw.gates[1].weight.mul_(-2.0)
         changed = hw(x)
     assert not torch.allclose(changed, fused, atol=1e-3)
-    assert_close_to_scale(changed, hw(x).detach(), 1e-6)
+    assert_close_to_scale(changed, _highway_by_hand(hw, x).detach(), 1e-6)
     with torch.no_grad():  # 3-D input keeps its shape
         assert_close_to_scale(hw(x.detach().view(5, 1, 16)).view(5, 16), changed, 1e-6)
 
@@ -433,3 +525,65 @@ def test_derived_weights_never_match_another_tensor_at_the_same_address():
     assert second is not first and second.data_ptr() == first.data_ptr() and second._version == first._version
     assert float(cache.get("w", (second,), lambda: second + 2.0)[0]) == 2.0
     assert float(cache.get("w", (second,), lambda: second + 3.0)[0]) == 2.0  # and then cached for it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_window_max_hand_case_ties_send_the_gradient_to_the_first_position(dtype):
+    """(1, 3, 2) by hand: filter 0's maximum 3 is at positions 1 and 2 (the first, 1, takes the gradient), filter 1's 5
+    at positions 0 and 1 (0 takes it). Native kernels where built, torch.max elsewhere: the same numbers."""
+    from elmokit.modules.char_cnn import window_max
+
+    y = torch.tensor([[[1.0, 5.0], [3.0, 5.0], [3.0, 2.0]]], dtype=dtype, requires_grad=True)
+    out = window_max(y)
+    assert out.dtype == dtype and out.tolist() == [[3.0, 5.0]]
+    out.backward(torch.tensor([[10.0, 20.0]], dtype=dtype))
+    assert y.grad.dtype == dtype
+    assert y.grad.tolist() == [[[0.0, 20.0], [10.0, 0.0], [0.0, 0.0]]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("positions", [1, 7, 50])
+def test_window_max_equals_torch_max_values_and_gradients(dtype, positions):
+    """Random (N, S, F) with many bfloat16 ties (values drawn from 9 levels): the same maximum bits as torch.max and
+    the gradient at the same position (torch.max on the CPU returns the first)."""
+    from elmokit.modules.char_cnn import window_max
+
+    g = torch.Generator().manual_seed(positions)
+    y = (torch.randint(-4, 5, (33, positions, 70), generator=g).to(dtype) / 4).requires_grad_()
+    ref = y.detach().clone().requires_grad_()
+    grad = torch.randn(33, 70, generator=g).to(dtype)
+    out = window_max(y)
+    expected = ref.max(dim=1).values
+    assert torch.equal(out, expected)
+    out.backward(grad)
+    expected.backward(grad)
+    assert torch.equal(y.grad, ref.grad)
+    assert int((y.grad != 0).sum(dim=1).max()) == 1  # one position per (token, filter), ties or not
+
+
+def test_window_max_inf_and_nan_take_torch_max_and_the_fallback_is_the_same(monkeypatch):
+    """A y holding inf or NaN (the kernel assumes finite values) gives torch.max's values and gradient; without the
+    kernels (``ELMOKIT_NATIVE=0``, no compiler) torch.max runs: the same numbers as the native path."""
+    from elmokit.modules import char_cnn
+
+    y = torch.randn(6, 5, 9)
+    y[1, 3, 2] = float("inf")
+    y[2, 0, 4] = float("nan")
+    y[3, 2, 1] = float("-inf")
+    grad = torch.randn(6, 9)
+    results = []
+    for native_ops in (True, False):
+        if not native_ops:
+            monkeypatch.setattr(char_cnn.native, "train_ops", lambda: None)
+        for values in (y, torch.randn(6, 5, 9, generator=torch.Generator().manual_seed(1))):
+            leaf = values.clone().requires_grad_()
+            out = char_cnn.window_max(leaf)
+            out.backward(grad)
+            results.append((out.detach(), leaf.grad))
+    ref = y.clone().requires_grad_()
+    expected = ref.max(dim=1).values
+    expected.backward(grad)
+    assert torch.allclose(results[0][0], expected, equal_nan=True) and torch.equal(results[0][1], ref.grad)
+    assert float(results[0][0][1, 2]) == float("inf") and torch.isnan(results[0][0][2, 4])
+    for (v_native, g_native), (v_torch, g_torch) in zip(results[:2], results[2:]):
+        assert torch.allclose(v_native, v_torch, equal_nan=True) and torch.equal(g_native, g_torch)

@@ -10,10 +10,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from elmokit.errors import ConfigError, InputError
-from elmokit.modules import invariant
+from elmokit.modules import invariant, native
 from elmokit.modules.derived import DerivedWeights
 
-__all__ = ["CharCNN"]
+__all__ = ["CharCNN", "window_max"]
 
 
 class CharCNN(nn.Module):
@@ -101,10 +101,16 @@ class CharCNN(nn.Module):
         parts = xs.split(self.chunk_size)
         outs = []
         exact = None if self.training else invariant.kernels_for(x, *self.parameters())
+        grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        all_widths = None
+        if exact is None and sorted_tails[min(self.chunk_size, n) - 1] + 1 <= c - w_max + 1:
+            # some chunk runs all widths as one GEMM: their weight made once per call (with autograd, one pad and
+            # concatenation and their backward, not one per chunk)
+            all_widths = self._all_widths(grad)
         for i, part in enumerate(parts):
             last = sorted_tails[min((i + 1) * self.chunk_size, n) - 1]  # the chunk's largest run start
             pooled = None if exact is None else self._pooled_invariant(exact, part, last)
-            outs.append(self._pooled(part, last) if pooled is None else pooled)
+            outs.append(self._pooled(part, last, grad, all_widths) if pooled is None else pooled)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         if not identity:
             inverse = torch.empty_like(order)
@@ -134,10 +140,19 @@ class CharCNN(nn.Module):
         )
         return weight, torch.cat([conv.bias for conv in self.convolutions])
 
-    def _pooled(self, x: torch.Tensor, run_start: int) -> torch.Tensor:
+    def _all_widths(self, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_all_widths_weight`: built now with autograd, the cached copy without."""
+        if grad:
+            return self._all_widths_weight()
+        return self._derived.get("all_widths", tuple(self.parameters()), self._all_widths_weight)
+
+    def _pooled(
+        self, x: torch.Tensor, run_start: int, grad: bool, all_widths: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
         """(N, C, D) char embeddings → (N, F) max-pooled convolution outputs before the activation, computing for each
         width w only the windows starting at 0 … min(run_start, C − w) (``run_start`` ≥ every row's
-        :meth:`tail_starts`; see :meth:`forward`).
+        :meth:`tail_starts`; see :meth:`forward`). ``grad``: whether autograd records this call; ``all_widths``: the
+        (weight, bias) of :meth:`_all_widths_weight` (made by the caller when a chunk may use it, else ``None``).
 
         When every width has all of those start positions (``run_start`` ≤ C − w_max: all but very long tokens in
         the byte scheme), all widths run as **one** GEMM: windows of the widest filter (w_max characters) at each
@@ -146,31 +161,28 @@ class CharCNN(nn.Module):
         each width is its own GEMM over its own windows.
         """
         n, c, d = x.shape
-        # With autograd, max with indices: its backward writes the gradient at the argmax (one zero fill and a
-        # scatter), where amax's backward compares, counts and divides over all (N, S, n) outputs; ties then send
-        # the whole gradient to one of the equal windows instead of splitting it. Windows that tie because they hold
-        # the same characters (repeated pad windows) give the same parameter gradients either way; windows with
-        # different characters tie only when a filter's outputs are exactly equal (e.g. an all-zero filter), and then
-        # the gradient is another valid subgradient than Conv1d's (the value is the same).
+        # With autograd, the max with its argmax (window_max): the backward writes the gradient at the argmax, where
+        # amax's backward compares, counts and divides over all (N, S, n) outputs; ties then send the whole gradient
+        # to one of the equal windows (the first) instead of splitting it. Windows that tie because they hold the same
+        # characters (repeated pad windows) give the same parameter gradients either way; windows with different
+        # characters tie only when a filter's outputs are exactly equal (e.g. an all-zero filter), and then the
+        # gradient is another valid subgradient than Conv1d's (the value is the same).
         # Measured on bilm-tf's training settings: amax's backward was ≈ 30 % of a step.
-        grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        pool = window_max if grad else _amax_positions
         w_max = max(w for w, _ in self.filters)
         if run_start + 1 <= c - w_max + 1:
             positions = run_start + 1
             cols = x[:, : positions + w_max - 1].unfold(1, w_max, 1).reshape(n * positions, d * w_max)
-            if grad:
-                weight, bias = self._all_widths_weight()
-            else:
-                weight, bias = self._derived.get("all_widths", tuple(self.parameters()), self._all_widths_weight)
+            weight, bias = all_widths if all_widths is not None else self._all_widths(grad)
             y = torch.mm(cols, weight.t()).view(n, positions, -1)
-            return (y.max(dim=1).values if grad else y.amax(dim=1)) + bias
+            return pool(y) + bias
         pooled = []
         for (w, count), conv in zip(self.filters, self.convolutions):
             positions = min(run_start + 1, c - w + 1)
             xw = x if positions == c - w + 1 else x[:, : positions + w - 1]
             cols = xw.unfold(1, w, 1).reshape(n * positions, d * w)  # (N·L, D·w), window order matches conv.weight
             y = torch.mm(cols, conv.weight.reshape(count, d * w).t()).view(n, positions, count)
-            pooled.append((y.max(dim=1).values if grad else y.amax(dim=1)) + conv.bias)
+            pooled.append(pool(y) + conv.bias)
         return torch.cat(pooled, dim=-1)
 
     def _pooled_invariant(self, module, x: torch.Tensor, run_start: int) -> torch.Tensor | None:
@@ -203,3 +215,51 @@ class CharCNN(nn.Module):
         x = F.embedding(char_ids, self.embedding_table()).transpose(1, 2)  # (N, D, C)
         out = torch.cat([conv(x).amax(dim=-1) for conv in self.convolutions], dim=-1)
         return torch.relu(out) if self.activation == "relu" else torch.tanh(out)
+
+
+def _amax_positions(y: torch.Tensor) -> torch.Tensor:
+    """(N, S, F) → (N, F): the maximum over the S window positions, without its argmax (no autograd wanted)."""
+    return y.amax(dim=1)
+
+
+class _WindowMax(torch.autograd.Function):
+    """:func:`window_max` through the native kernels (``native_train.cpp``'s ``window_max``)."""
+
+    @staticmethod
+    def forward(ctx, y, ops):
+        found = ops.window_max(y)
+        if found:
+            values, index = found
+        else:  # inf or NaN in y (the kernel assumes finite values): torch's max, the same semantics
+            values, where = y.max(dim=1)
+            index = where.to(torch.uint8)
+        ctx.save_for_backward(index)
+        ctx.meta = (y.shape[1], ops)
+        return values
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        positions, ops = ctx.meta
+        return ops.window_max_backward(grad, index, positions), None
+
+
+def window_max(y: torch.Tensor) -> torch.Tensor:
+    """The char CNN's max-pooling over window positions, with autograd: (N, S, F) → (N, F), y's dtype.
+
+    The gradient goes to the first position holding each maximum (ties: one window takes it all, as ``torch.max``'s
+    backward; see :meth:`CharCNN._pooled`). On the CPU in float32 or bfloat16 with at most 255 positions (every
+    character scheme of ELMo: C ≤ 50 characters a token) the native kernels run (``native_train.cpp``: one pass
+    vectorised over the filters, a uint8 argmax saved; ``torch.max(dim=1)``'s int64 argmax reduction took ≈ 10 % of a
+    bf16 training step at bilm-tf's settings); elsewhere (``ELMOKIT_NATIVE=0``, other devices and dtypes)
+    ``torch.max(dim=1)``.
+
+    Raises nothing of its own: a y holding inf or NaN takes ``torch.max`` inside the native path.
+
+    Source: bilm-tf ``_build_word_char_embeddings`` (``tf.reduce_max`` over the convolution's positions).
+    """
+    ops = native.train_ops() if y.device.type == "cpu" and y.dtype in (torch.float32, torch.bfloat16) else None
+    if ops is None or not hasattr(ops, "window_max") or not 1 <= y.shape[1] <= 255 or y.numel() == 0:
+        return y.max(dim=1).values
+    return _WindowMax.apply(y, ops)
