@@ -104,18 +104,21 @@ def test_native_float32_equals_the_float64_reference():
 
 @needs_native
 @pytest.mark.parametrize(
-    "sizes, b, clips",
+    "sizes, b, clips, h",
     [
-        ((8, 8, 6, 2), 8, (1.0, 0.3)),
+        ((8, 8, 6, 2), 8, (1.0, 0.3), 32),
         # bfloat16's per-step products run on row counts rounded up to 16: rows past n read the next step's rows
         # (written again there) or unwritten ones, with the projection's output aliasing h_raw when it is not clipped
-        ((37, 37, 30, 17, 17, 5, 1), 40, (1.0, 0.3)),
-        ((37, 37, 30, 17, 17, 5, 1), 40, (1.0, 0.0)),
-        ((33, 16, 15), 33, (0.0, 0.0)),
+        ((37, 37, 30, 17, 17, 5, 1), 40, (1.0, 0.3), 32),
+        ((37, 37, 30, 17, 17, 5, 1), 40, (1.0, 0.0), 32),
+        ((33, 16, 15), 33, (0.0, 0.0), 32),
+        # H = 1,024: m (H wide) and dz (4H) take step_product's two per-direction products instead of one batched
+        ((37, 37, 30, 17, 17, 5, 1), 40, (1.0, 0.3), 1024),
+        ((37, 37, 30, 17, 17, 5, 1), 40, (1.0, 0.0), 1024),
     ],
 )
-def test_native_and_torch_paths_agree_in_bf16(sizes, b, clips):
-    a = _layer_args(h=32, p=16, sizes=sizes, b=b, dtype=torch.float32)
+def test_native_and_torch_paths_agree_in_bf16(sizes, b, clips, h):
+    a = _layer_args(h=h, p=16, sizes=sizes, b=b, dtype=torch.float32)
     a["xw"] = a["xw"].detach().bfloat16().requires_grad_()
     got = _grads(a, sizes, clips=clips, low=torch.bfloat16, use_native=True)
     want = _grads(a, sizes, clips=clips, low=torch.bfloat16, use_native=False)

@@ -7,13 +7,14 @@
 //     z = xw + bias + h_{t-1}·W_hh;  i, f, o = σ(z_i, z_f, z_o), j = tanh(z_j)
 //     c_raw = f·c_{t-1} + i·j;  c = clip(c_raw, ±cell_clip);  m = o·tanh(c)
 //     h_raw = m·W_proj;  h = clip(h_raw, ±proj_clip)
-// The products are ATen GEMMs (into preallocated buffers: at::bmm_out, both directions in one call, in float32; one
-// at::mm_out per direction in bfloat16 with float32 accumulation through oneDNN where the weights come in bfloat16); everything between two products is ONE vectorised pass over
-// the step's rows (float32 gate math, whatever the product dtype T). The forward saves the activated gates, c_raw,
-// m and h_raw; the backward runs the reverse time loop the same way (per step: the mask of the projection clip, one
-// GEMM to dm, one fused pass to dz and dc_{t-1}, one GEMM to dh_{t-1}) and then the weight gradients ONCE per layer
-// as two large GEMMs over all steps (dW_hh = Σ h_{t-1}ᵀ·dz, dW_proj = Σ mᵀ·dh_raw), the bias's Σ dz summed in the
-// fused pass (float32, per thread). A clip passes the gradient
+// The products are ATen GEMMs into preallocated buffers (at::bmm_out, both directions in one call; in bfloat16 one
+// at::mm_out per direction where the step's operand is wide, see step_product): float32, or bfloat16 with float32
+// accumulation through oneDNN where the weights come in bfloat16. Everything between two products is ONE vectorised
+// pass over the step's rows (float32 gate math, whatever the product dtype T).
+// The forward saves the activated gates, c_raw, m and h_raw; the backward runs the reverse time loop the same way
+// (per step: the mask of the projection clip, one GEMM to dm, one fused pass to dz and dc_{t-1}, one GEMM to
+// dh_{t-1}) and then the weight gradients ONCE per layer as two large GEMMs over all steps (dW_hh = Σ h_{t-1}ᵀ·dz,
+// dW_proj = Σ mᵀ·dh_raw), the bias's Σ dz summed in the fused pass (float32, per thread). A clip passes the gradient
 // where |x| ≤ clip (as torch.clamp's backward) and zeroes it elsewhere.
 //
 // Built with -ffast-math (expf/tanhf vectorise), which assumes finite values: the forward reports a non-finite
@@ -153,12 +154,16 @@ inline int64_t gemm_rows(int64_t n, int64_t limit, bool bf16) {
   return bf16 ? std::min(limit, (n + 15) / 16 * 16) : n;
 }
 
-// out[d] = a[d]·b[d] for both directions, a and out a step's rows of (2, N, X) or (2, B, X) buffers. float32: one
-// batched product (oneMKL reads the batch stride). bfloat16: one product per direction on the 2-D blocks, each
-// contiguous: oneDNN's batched matmul copied an operand or output whose batch stride is not rows × columns (a step's
-// rows of a (2, N, X) buffer) to a contiguous tensor first, at every step (≈ 0.3 ms for (2, 128, 4096) on one thread).
+// out[d] = a[d]·b[d] for both directions, a and out a step's rows of (2, N, X) or (2, B, X) buffers: one batched
+// product, except in bfloat16 when a is wide (≥ 1,024 columns: m at H ≥ 1,024, dz at 4H ≥ 1,024), then one
+// product per direction on the 2-D blocks. oneDNN's batched matmul copies an operand whose batch stride is not rows × columns (a
+// step's rows of a (2, N, X) buffer) to a contiguous tensor first; two calls cost a second call's overhead instead.
+// Measured (2 threads, rows at an offset of (2, N, K) buffers, ms a call, batched / per direction): (128, 4096)·
+// (4096, 128) 0.72 / 0.61, (128, 1024)·(1024, 128) 0.20 / 0.13, (32, 2048)·(2048, 128) 0.171 / 0.167; narrower a
+// favours the one call: (32, 512)·(512, 128) 0.050 / 0.085, (128, 128)·(128, 4096) 0.61 / 0.66. float32 (oneMKL
+// reads the batch stride): always one call.
 inline void step_product(at::Tensor out, const at::Tensor& a, const at::Tensor& b, bool bf16) {
-  if (!bf16) {
+  if (!bf16 || a.size(2) < 1024) {
     at::bmm_out(out, a, b);
     return;
   }
