@@ -10,12 +10,13 @@ Markdown table per workload:
     …
     | step time | 2.54 s | 2.15 s (1.18×) |
 
-The families: the fused LSTM layer's own time (``elmokit_train::*``: its fused passes; the GEMMs it calls count under
-``mm``/``bmm``), ``bmm``, ``mm`` (``addmm`` included), ``cat``, ``copy_`` (casts, copies), ``add``, the element-wise
-rest of the LSTM cell (``baddbmm``, ``tanh``, ``sigmoid``, ``mul``, their backward, clips), the char CNN's
-convolutions, the sampled softmax's native rows (``elmokit_softmax::*``), the optimiser and the gradient norm, zero
-fills, the embedding/index ops and the rest. Shares are of the profiled steps' total self CPU
-time; the step time is measured without the profiler.
+The families: the char CNN's max over window positions (the native ``window_max`` and its backward, or
+``torch.max``), the fused highway layer's passes, the fused LSTM layer's own time (``elmokit_train::*``: its fused
+passes; the GEMMs it calls count under ``mm``/``bmm``), ``bmm``, ``mm`` (``addmm`` included), ``cat``, ``copy_``
+(casts, copies), ``add``, the element-wise rest of the LSTM cell (``baddbmm``, ``tanh``, ``sigmoid``, ``mul``, their
+backward, clips), the char CNN's convolutions, the sampled softmax's native rows (``elmokit_softmax::*``), the
+optimiser and the gradient norm, zero fills, the embedding/index ops and the rest. Shares are of the profiled steps'
+total self CPU time; the step time is measured without the profiler.
 
 Printed first: ``lscpu``'s model name and the ``torch.mm`` bf16/fp32 ratio at 2048². The last line is one JSON object.
 
@@ -42,6 +43,8 @@ from elmokit.pretraining.trainer import build_trainer, enter_determinism  # noqa
 
 #: (family, op-name prefixes), first match wins; "other" takes the rest
 FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("char CNN max over windows (`window_max`, `max`)", ("elmokit_train::window_max", "aten::max")),
+    ("highway passes (`highway_train_*`)", ("elmokit_train::highway_train",)),
     ("fused LSTM passes (`elmokit_train`)", ("elmokit_train::",)),
     ("sampled softmax rows (`elmokit_softmax`)", ("elmokit_softmax::",)),
     ("`bmm`", ("aten::bmm",)),
@@ -71,7 +74,7 @@ FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("zero fills (`fill_`)", ("aten::fill_", "aten::zero_")),
     ("embedding, gather, scatter", ("aten::embedding", "aten::index", "aten::gather", "aten::scatter")),
-    ("softmax, log-sum-exp", ("aten::_log_softmax", "aten::logsumexp", "aten::exp", "aten::log", "aten::max")),
+    ("softmax, log-sum-exp", ("aten::_log_softmax", "aten::logsumexp", "aten::exp", "aten::log", "aten::amax")),
 )
 
 
