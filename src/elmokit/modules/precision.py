@@ -8,6 +8,8 @@ softmax's logits. Everything else stays float32:
 * the LSTM gates' non-linearities, the **cell state**, the cell and projection **clips** and the carried state
   (:meth:`elmokit.modules.lstm.BiLSTM._run_layer_low_precision`): each step's recurrent product is added to the
   float32 input contribution, so the gates are computed from float32 sums;
+* in training, the highway layers' σ, relu and carry (:class:`~elmokit.modules.highway.Highway`'s fused layer: one
+  bfloat16 product into [transform | gate], the rest float32);
 * the softmax's log-sum-exp and the losses (:mod:`elmokit.modules.softmax` computes them in float32), the loss sum,
   the gradient norm and its clipping (the gradients land in the float32 parameters' ``.grad``).
 
