@@ -24,10 +24,10 @@ class Highway(nn.Module):
     With autograd (training) on the CPU, each layer is :class:`_HighwayTrainLayer`: **one** product
     x·[W_h | W_g]ᵀ (float32, or bfloat16 under bf16 autocast with float32 gates and carry), the relu, the sigmoid and
     the carry in one native pass (``native_train.cpp``'s ``highway_train_forward``), and in the backward one pass to
-    the pre-activations' gradient, then dx, d[W_h | W_g] and the biases' sums. The two ``nn.Linear`` calls and half a
-    dozen element-wise ops and casts it replaces took ≈ 10 % of a bf16 training step at bilm-tf's settings. Where the
-    kernels are unavailable (``ELMOKIT_NATIVE=0``, no compiler), on other devices and dtypes: the two ``nn.Linear``
-    calls with autograd.
+    the pre-activations' gradient, then dx, d[W_h | W_g] and the biases' sums. It replaces two ``nn.Linear`` calls
+    and the casts and element-wise ops around them, which were ≈ 7 % of the self CPU time of a bf16 training step at
+    bilm-tf's settings (one thread, ``torch.profiler``; the products not counted). Where the kernels are unavailable
+    (``ELMOKIT_NATIVE=0``, no compiler), on other devices and dtypes: the two ``nn.Linear`` calls with autograd.
 
     Without autograd (inference) each layer runs as **one** GEMM into ``[transform | gate]`` with the weights held as a
     contiguous (F, 2F) copy: for the few tokens of a single sentence the two ``nn.Linear`` calls (weights (out, in))

@@ -156,8 +156,9 @@ inline int64_t gemm_rows(int64_t n, int64_t limit, bool bf16) {
 
 // out[d] = a[d]·b[d] for both directions, a and out a step's rows of (2, N, X) or (2, B, X) buffers: one batched
 // product, except in bfloat16 when a is wide (≥ 1,024 columns: m at H ≥ 1,024, dz at 4H ≥ 1,024), then one
-// product per direction on the 2-D blocks. oneDNN's batched matmul copies an operand whose batch stride is not rows × columns (a
-// step's rows of a (2, N, X) buffer) to a contiguous tensor first; two calls cost a second call's overhead instead.
+// product per direction on the 2-D blocks. oneDNN's batched matmul copies an operand whose batch stride is not
+// rows × columns (a step's rows of a (2, N, X) buffer) to a contiguous tensor first; two calls cost a second call's
+// overhead instead.
 // Measured (2 threads, rows at an offset of (2, N, K) buffers, ms a call, batched / per direction): (128, 4096)·
 // (4096, 128) 0.72 / 0.61, (128, 1024)·(1024, 128) 0.20 / 0.13, (32, 2048)·(2048, 128) 0.171 / 0.167; narrower a
 // favours the one call: (32, 512)·(512, 128) 0.050 / 0.085, (128, 128)·(128, 4096) 0.61 / 0.66. float32 (oneMKL
@@ -568,7 +569,7 @@ at::Tensor window_max_backward(const at::Tensor& grad, const at::Tensor& index, 
 }
 
 // ---------------------------------------------------------------------------------------------------------- highway
-// One highway layer for training (elmokit/modules/highway.py, _HighwayLayer). a = x·[W_h | W_g]ᵀ + [b_h | b_g]
+// One highway layer for training (elmokit/modules/highway.py, _HighwayTrainLayer). a = x·[W_h | W_g]ᵀ + [b_h | b_g]
 // (N, 2F) comes from one GEMM in the product dtype T; here h = relu(a_h), t = σ(a_g), y = t·h + (1 − t)·x
 // = x + t·(h − x), float32, one vectorised pass. Returns nothing when a holds inf or NaN (-ffast-math; the caller
 // then runs the torch-op path).
